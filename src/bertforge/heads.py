@@ -1,0 +1,254 @@
+"""Pretraining heads (MLM tied to the word embeddings, NSP) and the task models.
+
+Shapes: B batch, T tokens, H hidden, V vocabulary, C choices, M labelled (masked) positions.
+Labels use ignore index -100: positions with -100 contribute nothing to any loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.config import BertConfig
+from bertforge.model import BertModel, BertPreTrainedModel, activation
+
+IGNORE_INDEX = -100
+
+
+class BertPredictionHeadTransform(nn.Module):
+    """dense -> activation -> LayerNorm, applied before the vocabulary projection."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Masked-LM head: transform, then logits = h @ E^T + b with E the (tied) word embedding matrix."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        # A plain attribute, not a submodule, so the tied matrix appears once in state_dict.
+        self._word_embeddings = [word_embeddings]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (..., H) -> logits (..., V)."""
+        return F.linear(self.transform(hidden), self._word_embeddings[0].weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding, *, nsp: bool = True):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2) if nsp else None
+
+
+def masked_lm(head: BertLMPredictionHead, sequence_output: torch.Tensor, labels: torch.Tensor | None):
+    """Run the MLM head, on the labelled positions only when labels are given.
+
+    Returns (logits, loss). With labels, logits are (M, V) for the M positions where labels != -100, in
+    row-major (batch, then position) order, and loss is their mean cross-entropy: exactly the dense loss,
+    at about 15% of the vocabulary projection's cost. Without labels, logits are (B, T, V) and loss None.
+    """
+    if labels is None:
+        return head(sequence_output), None
+    selected = labels != IGNORE_INDEX  # (B, T)
+    logits = head(sequence_output[selected])  # (M, V)
+    loss = F.cross_entropy(logits.float(), labels[selected])
+    return logits, loss
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None  # mean MLM + mean NSP (whichever labels were given)
+    mlm_logits: torch.Tensor  # (M, V) labelled positions only when mlm_labels given, else (B, T, V)
+    nsp_logits: torch.Tensor  # (B, 2): index 0 IsNext, 1 NotNext
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+
+
+@dataclass
+class MaskedLMOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor  # (M, V) with labels, (B, T, V) without
+
+
+@dataclass
+class TaskOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor  # (B, num_labels), (B, T, num_labels) for tagging, (B, C) for multiple choice
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    loss: torch.Tensor | None
+    start_logits: torch.Tensor  # (B, T)
+    end_logits: torch.Tensor  # (B, T)
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """BERT with the masked-LM and next-sentence-prediction heads."""
+
+    hf_architecture = "BertForPreTraining"
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_labels=None,
+                nsp_labels=None) -> PreTrainingOutput:
+        """mlm_labels (B, T): original token ids at predicted positions, -100 elsewhere.
+        nsp_labels (B,): 0 if B follows A in the corpus (IsNext), 1 if B is random (NotNext)."""
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        mlm_logits, mlm_loss = masked_lm(self.cls.predictions, out.sequence_output, mlm_labels)
+        nsp_logits = self.cls.seq_relationship(out.pooled_output)
+        nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels) if nsp_labels is not None else None
+        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        loss = sum(losses[1:], losses[0]) if losses else None
+        return PreTrainingOutput(loss, mlm_logits, nsp_logits, mlm_loss, nsp_loss)
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """BERT with the masked-LM head only (no pooler, no NSP)."""
+
+    hf_architecture = "BertForMaskedLM"
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings, nsp=False)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> MaskedLMOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        logits, loss = masked_lm(self.cls.predictions, out.sequence_output, labels)
+        return MaskedLMOutput(loss, logits)
+
+
+def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p)
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Pooled [CLS] -> dropout -> linear. num_labels == 1 makes it a regression (mean squared error)."""
+
+    hf_architecture = "BertForSequenceClassification"
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> TaskOutput:
+        """labels (B,): class ids, or float targets when num_labels == 1."""
+        pooled = self.bert(input_ids, token_type_ids, attention_mask).pooled_output
+        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            if self.config.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels)
+        return TaskOutput(loss, logits)
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """Every token's final state -> dropout -> linear: one label per token (NER tagging)."""
+
+    hf_architecture = "BertForTokenClassification"
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> TaskOutput:
+        """labels (B, T): label ids, -100 on specials, padding and non-first sub-tokens."""
+        x = self.bert(input_ids, token_type_ids, attention_mask).sequence_output
+        logits = self.classifier(self.dropout(x))  # (B, T, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        return TaskOutput(loss, logits)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Extractive QA: a start and an end logit for every token."""
+
+    hf_architecture = "BertForQuestionAnswering"
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config.replace(num_labels=2, id2label=None)
+        self.bert = BertModel(self.config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
+                end_positions=None) -> QuestionAnsweringOutput:
+        """start_positions, end_positions (B,): token indices of the answer span; positions outside the
+        sequence are ignored (the convention of the reference implementation)."""
+        x = self.bert(input_ids, token_type_ids, attention_mask).sequence_output
+        start_logits, end_logits = self.qa_outputs(x).unbind(-1)  # each (B, T)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            T = start_logits.shape[1]
+            start = start_positions.clamp(0, T)
+            end = end_positions.clamp(0, T)
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=T)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=T)) / 2
+        return QuestionAnsweringOutput(loss, start_logits, end_logits)
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """Each (context, choice) pair scored by pooled [CLS] -> linear -> one logit; softmax over choices."""
+
+    hf_architecture = "BertForMultipleChoice"
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> TaskOutput:
+        """input_ids, token_type_ids, attention_mask (B, C, T); labels (B,) index of the right choice."""
+        B, C, T = input_ids.shape
+
+        def flat(t):
+            return t.reshape(B * C, T) if t is not None else None
+
+        pooled = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask)).pooled_output
+        logits = self.classifier(self.dropout(pooled)).view(B, C)  # (B, C)
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+        return TaskOutput(loss, logits)
+
+
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
+    cls.hf_architecture: cls
+    for cls in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+                BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)
+}

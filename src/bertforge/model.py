@@ -1,0 +1,197 @@
+"""The BERT encoder (Devlin et al. 2018), one module per concept of the paper.
+
+Shapes: B batch, T tokens, H hidden size, N attention heads, D head size (H / N), I intermediate size.
+Conventions: `attention_mask` is 1 for real tokens and 0 for padding; `token_type_ids` are 0 for segment A
+and 1 for segment B; padding may sit anywhere but is usually on the right.
+
+Differences from the Hugging Face module tree, for speed: query, key and value are one (3H, H) projection,
+and the feed-forward and normalisation modules sit directly on the layer. `checkpoint.py` holds the one
+name map between the two layouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge.config import BertConfig
+
+
+def activation(name: str):
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"unknown activation {name!r}")
+
+
+class BertEmbeddings(nn.Module):
+    """Token + segment + position embeddings, summed, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        T = input_ids.shape[-1]
+        x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:T]  # (B, T, H)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention over the whole sequence, with the padding mask."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # rows: query, key, value
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """x (B, T, H); mask (B, 1, 1, T) bool, True where attending is allowed, or None."""
+        B, T, _ = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, N, D)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, N, T, D)
+        p = self.dropout_p if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, N, T, D)
+        return y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H)
+
+
+class BertLayer(nn.Module):
+    """Post-LN Transformer encoder layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        H, inner = config.hidden_size, config.intermediate_size
+        self.attention = BertSelfAttention(config)
+        self.attention_out = nn.Linear(H, H)
+        self.attention_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(H, inner)
+        self.act = activation(config.hidden_act)
+        self.output = nn.Linear(inner, H)
+        self.output_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention_norm(x + self.dropout(self.attention_out(self.attention(x, mask))))
+        x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
+        return x  # (B, T, H)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    """tanh(dense(h_[CLS])): the sentence representation the NSP and classification heads read."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H)
+
+
+@dataclass
+class BertOutput:
+    sequence_output: torch.Tensor  # (B, T, H) last layer, every position
+    pooled_output: torch.Tensor | None  # (B, H) pooler over [CLS]; None for models built without a pooler
+
+
+def attention_mask_for_sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) 1/0 padding mask -> (B, 1, 1, T) bool mask for SDPA, or None when nothing is padded.
+
+    A mask with no padding is dropped so SDPA can take its unmasked fast path.
+    """
+    if attention_mask is None:
+        return None
+    mask = attention_mask.bool()
+    if mask.device.type == "cpu" and bool(mask.all()):
+        return None
+    return mask[:, None, None, :]
+
+
+class BertPreTrainedModel(nn.Module):
+    """Weight init, `from_pretrained` and `save_pretrained` for every model class."""
+
+    config: BertConfig
+
+    def init_weights(self) -> None:
+        self.apply(self._init_module)
+
+    def _init_module(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    @classmethod
+    def from_pretrained(cls, path, *, config: BertConfig | None = None, verbose: bool = True, **overrides):
+        """Load a model directory (ours, Hugging Face's, or a Google-converted one). Keyword arguments
+        override config fields (e.g. `num_labels=3`). Missing task or pretraining heads are initialised
+        and reported; any other missing, unexpected or mis-shaped weight raises a BertforgeError."""
+        from bertforge.checkpoint import load_pretrained
+
+        return load_pretrained(cls, path, config=config, verbose=verbose, **overrides)
+
+    def save_pretrained(self, path) -> None:
+        """Write `config.json` and `model.safetensors` with Hugging Face names, atomically."""
+        from bertforge.checkpoint import save_pretrained
+
+        save_pretrained(self, path)
+
+
+class BertModel(BertPreTrainedModel):
+    """The encoder: embeddings, L encoder layers, and (optionally) the pooler."""
+
+    hf_architecture = "BertModel"
+
+    def __init__(self, config: BertConfig, *, add_pooling_layer: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> BertOutput:
+        """input_ids (B, T); token_type_ids (B, T) or None (all segment A); attention_mask (B, T) 1 = real."""
+        if input_ids.shape[-1] > self.config.max_position_embeddings:
+            raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds max_position_embeddings="
+                             f"{self.config.max_position_embeddings}; truncate the input")
+        x = self.embeddings(input_ids, token_type_ids)
+        x = self.encoder(x, attention_mask_for_sdpa(attention_mask))
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return BertOutput(sequence_output=x, pooled_output=pooled)
