@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: $(STAMP)
-	$(BIN)/bertforge demo $(ARGS)
+	$(BIN)/bertforge model smoke $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
