@@ -24,6 +24,7 @@ from bertforge.errors import BertforgeError
 # Every module listed here exposes COMMANDS: list[Command]. Order is the order of `bertforge --help`.
 COMMAND_MODULES = [
     "bertforge.commands.model",
+    "bertforge.commands.vocab",
 ]
 
 
