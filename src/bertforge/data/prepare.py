@@ -1,0 +1,273 @@
+"""`bertforge prepare`: corpus -> tokenized, sharded, memory-mapped pretraining data (format in shards.py).
+
+Pipeline: the corpus is planned into units (files, or byte ranges of big files; corpus.py); worker processes
+read, sentence-split and tokenize units in batches and append each unit's tokens to temporary part files;
+the main process appends finished parts, in unit order, to the train/val shards and deletes them. Memory is
+bounded by the batch size, not the corpus; the output depends only on the inputs and the seed (not on the
+number of workers): units are merged in a fixed order and the validation split is drawn per document from
+an RNG keyed on (seed, unit).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertforge.data.corpus import ReadStats, Unit, expand_inputs, plan_units, read_unit
+from bertforge.data.shards import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype
+from bertforge.errors import BertforgeError
+from bertforge.io import atomic_dir, write_json
+
+BATCH_CHARS = 1 << 20  # text tokenized per call, per worker
+MAX_DOC_TOKENS = 1 << 20  # longer documents are cut into pieces of about this size
+
+
+def _load_tokenizer(tokenizer: Any):
+    if isinstance(tokenizer, str | os.PathLike):
+        from bertforge.tokenizer import Tokenizer
+
+        path = Path(tokenizer)
+        if not path.is_dir():
+            raise BertforgeError(f"tokenizer directory {path} not found: train one with `bertforge vocab train`")
+        return Tokenizer.from_pretrained(path)
+    return tokenizer
+
+
+class _Part:
+    """Token, sentence-length and document files of one unit and one split, appended as batches finish."""
+
+    def __init__(self, stem: Path, dtype: np.dtype):
+        self.paths = [stem.with_suffix(s) for s in (".tok", ".sent", ".doc")]
+        self.files = [open(p, "wb") for p in self.paths]  # noqa: SIM115 (closed by close())
+        self.dtype = dtype
+        self.doc_sentences = 0  # sentences of the open document
+        self.doc_tokens = 0
+        self.cut = False  # the open document was just cut at max_doc_tokens
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def _process_unit(task: tuple[int, Unit, str, int, float, int]) -> tuple[int, ReadStats]:
+    """Worker: stream one unit into part files `{tmp}/{index}-{split}.*`; return its read statistics."""
+    index, unit, tmp, seed, val_fraction, max_doc_tokens = task
+    tok = _WORKER_TOKENIZER
+    stats = ReadStats()
+    dtype = token_dtype(tok.vocab_size)
+    parts = {s: _Part(Path(tmp) / f"{index:08d}-{s}", dtype) for s in SPLITS}
+    rng = np.random.default_rng([seed, index])
+    specials = np.array(sorted(tok.special_ids - {tok.unk_id}))  # [UNK] stays: it stands for a real word
+    current = ["train"]  # split of the open document
+
+    def draw_split() -> str:
+        return "val" if rng.random() < val_fraction else "train"
+
+    def close_doc(part: _Part) -> None:
+        if part.doc_sentences:
+            np.array([part.doc_sentences], "<i4").tofile(part.files[2])
+        part.doc_sentences = part.doc_tokens = 0
+        part.cut = False
+
+    def flush(batch: list[str | None]) -> None:
+        texts = [s for s in batch if s is not None]
+        ids = iter(_without_special(tok.tokenize_ids(texts), specials, stats) if texts else [])
+        lengths: list[int] = []
+        flat: list[list[int]] = []
+        for item in batch:
+            part = parts[current[0]]
+            if item is None:
+                _write(part, flat, lengths)
+                flat, lengths = [], []
+                if part.doc_sentences == 0 and not part.cut:
+                    stats.counts["documents_without_tokens"] += 1
+                close_doc(part)
+                current[0] = draw_split()
+                continue
+            seq = next(ids)
+            if not seq:
+                stats.counts["sentences_without_tokens"] += 1
+                continue
+            flat.append(seq)
+            lengths.append(len(seq))
+            part.doc_sentences += 1
+            part.doc_tokens += len(seq)
+            part.cut = False
+            if part.doc_tokens >= max_doc_tokens:
+                _write(part, flat, lengths)
+                flat, lengths = [], []
+                stats.counts["long_documents_cut"] += 1
+                close_doc(part)
+                part.cut = True
+        _write(parts[current[0]], flat, lengths)
+
+    current[0] = draw_split()
+    batch: list[str | None] = []
+    size = 0
+    for item in read_unit(unit, stats):
+        batch.append(item)
+        if item is not None:
+            size += len(item)
+            stats.counts["characters"] += len(item)
+        if size >= BATCH_CHARS:
+            flush(batch)
+            batch, size = [], 0
+    flush(batch)
+    for part in parts.values():
+        if part.doc_sentences:  # a unit ends with END after every document; this is defensive
+            close_doc(part)
+        part.close()
+    return index, stats
+
+
+def _without_special(ids: list[list[int]], specials: np.ndarray, stats: ReadStats) -> list[list[int]]:
+    """Drop special tokens spelled out in the text ("[SEP]", "[MASK]"): they would fake structure."""
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64)
+    found = int(np.isin(flat, specials).sum())
+    if not found:
+        return ids
+    stats.counts["special_tokens_in_text_dropped"] += found
+    keep = set(specials.tolist())
+    return [[t for t in seq if t not in keep] for seq in ids]
+
+
+def _write(part: _Part, flat: list[list[int]], lengths: list[int]) -> None:
+    if not lengths:
+        return
+    total = sum(lengths)
+    np.fromiter(itertools.chain.from_iterable(flat), part.dtype, count=total).tofile(part.files[0])
+    np.asarray(lengths, "<i4").tofile(part.files[1])
+
+
+_WORKER_TOKENIZER: Any = None
+
+
+def _init_worker(tokenizer: Any) -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tokenizer
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_seq_len: int = 128,
+            workers: int | None = None, val_fraction: float = 0.01, seed: int = 12345, fmt: str = "auto",
+            shard_tokens: int = 1 << 25, chunk_bytes: int = 64 << 20, max_doc_tokens: int = MAX_DOC_TOKENS,
+            overwrite: bool = False, progress: bool = True) -> dict:
+    """Tokenize `corpus` (files, directories, globs) with `tokenizer` (a Tokenizer or its directory) into
+    shards under `out`; return the manifest. `out` is replaced atomically when complete.
+
+    `workers` defaults to all cores. A `val_fraction` of the documents (chosen at random, by `seed`) goes
+    to the `val` split. Documents longer than `max_doc_tokens` are cut into pieces of about that size.
+    """
+    if max_seq_len < 8:
+        raise BertforgeError(f"--max-seq-len {max_seq_len} is too small: use at least 8 (BERT uses 128 and 512)")
+    if not 0.0 <= val_fraction < 1.0:
+        raise BertforgeError(f"--val-fraction {val_fraction} is out of range: use a value in [0, 1)")
+    tok = _load_tokenizer(tokenizer)
+    out = Path(out)
+    _check_out(out, tok.fingerprint, overwrite)
+    workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+    stats = ReadStats()
+    paths = expand_inputs(list(corpus))
+    units = plan_units(paths, fmt, chunk_bytes=chunk_bytes, stats=stats)
+    if not units:
+        raise BertforgeError(f"no readable text in {list(corpus)} ({len(stats.skipped)} files skipped): "
+                             "check --corpus")
+    dtype = token_dtype(tok.vocab_size)
+    unit_bytes = [(os.path.getsize(u.path) if u.end < 0 else u.end - u.start) for u in units]
+
+    with atomic_dir(out) as tmp_out:
+        parts_dir = tmp_out / ".parts"
+        parts_dir.mkdir()
+        writers = {s: ShardWriter(tmp_out, s, dtype=dtype, shard_tokens=shard_tokens, fingerprint=tok.fingerprint)
+                   for s in SPLITS}
+        tasks = [(i, u, str(parts_dir), seed, val_fraction, max_doc_tokens) for i, u in enumerate(units)]
+        bar = _progress(sum(unit_bytes), progress)
+        if workers == 1 or len(units) == 1:
+            _init_worker(tok)
+            results = map(_process_unit, tasks)
+            pool = None
+        else:
+            ctx = multiprocessing.get_context("spawn" if os.name == "nt" else "fork")
+            pool = ctx.Pool(min(workers, len(units)), initializer=_init_worker, initargs=(tok,))
+            results = pool.imap(_process_unit, tasks, chunksize=1)
+        try:
+            for index, unit_stats in results:
+                stats.add(unit_stats)
+                for split in SPLITS:
+                    _merge_part(parts_dir / f"{index:08d}-{split}", writers[split], dtype)
+                bar.update(unit_bytes[index])
+                bar.set_postfix(docs=stats.counts["documents"], refresh=False)
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+        shutil.rmtree(parts_dir)
+        manifest = _manifest(tok, dtype, max_seq_len, seed, val_fraction, fmt, paths,
+                             {s: w.finish() for s, w in writers.items()}, stats)
+        if manifest["splits"]["train"]["documents"] == 0:
+            raise BertforgeError(f"no documents with text in {list(corpus)}: check --corpus (and --val-fraction)")
+        tok.save_pretrained(tmp_out / "tokenizer")
+        write_json(tmp_out / "manifest.json", manifest)
+    return manifest
+
+
+def _merge_part(stem: Path, writer: ShardWriter, dtype: np.dtype) -> None:
+    tok_p, sent_p, doc_p = (stem.with_suffix(s) for s in (".tok", ".sent", ".doc"))
+    lengths = np.fromfile(sent_p, "<i4")
+    docs = np.fromfile(doc_p, "<i4")
+    if len(docs):
+        tokens = np.memmap(tok_p, dtype=dtype, mode="r") if tok_p.stat().st_size else np.zeros(0, dtype)
+        writer.add(tokens, lengths, docs)
+        del tokens
+    for p in (tok_p, sent_p, doc_p):
+        p.unlink()
+
+
+def _check_out(out: Path, fingerprint: str, overwrite: bool) -> None:
+    if not out.exists() or overwrite:
+        return
+    if not out.is_dir():
+        raise BertforgeError(f"--out {out} exists and is not a directory: choose another --out")
+    if (out / "manifest.json").is_file():
+        old = read_manifest(out)
+        if old.get("tokenizer_fingerprint") != fingerprint:
+            raise BertforgeError(
+                f"{out} holds data prepared with a different tokenizer ({old.get('tokenizer_fingerprint')}): "
+                "choose another --out, or pass --overwrite to replace it")
+        return
+    if any(out.iterdir()):
+        raise BertforgeError(f"--out {out} is a non-empty directory without prepared data: choose another --out "
+                             "or pass --overwrite")
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not enabled, smoothing=0.1)
+
+
+def _manifest(tok: Any, dtype: np.dtype, max_seq_len: int, seed: int, val_fraction: float, fmt: str,
+              paths: list[Path], shards: dict[str, list[dict]], stats: ReadStats) -> dict:
+    splits = {}
+    for split, metas in shards.items():
+        splits[split] = {key: sum(m[key] for m in metas) for key in ("documents", "sentences", "tokens")}
+        splits[split]["shards"] = metas
+    return {
+        "format": FORMAT,
+        "tokenizer_fingerprint": tok.fingerprint,
+        "vocab_size": tok.vocab_size,
+        "dtype": dtype.str,
+        "max_seq_len": max_seq_len,
+        "settings": {"seed": seed, "val_fraction": val_fraction, "format": fmt},
+        "counts": {s: {k: v for k, v in splits[s].items() if k != "shards"} for s in SPLITS},
+        "splits": splits,
+        "inputs": {"files": len(paths), "bytes": sum(p.stat().st_size for p in paths)},
+        "reading": stats.summary(),
+    }
