@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "bertforge.commands.model",
     "bertforge.commands.vocab",
     "bertforge.commands.data",
+    "bertforge.commands.train",
 ]
 
 

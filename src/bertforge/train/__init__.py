@@ -1,0 +1,1 @@
+"""Training: the optimizer and schedule, the one training loop, distributed setup, run reports."""

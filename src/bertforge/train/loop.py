@@ -1,0 +1,395 @@
+"""The one training loop: pretraining and every fine-tuning task run through `Trainer`.
+
+Nothing here knows about BERT's heads or tasks. A task supplies
+- data: an object with `batches(micro_batch_size, position=...)` returning an iterator of dict batches whose
+  `.position` attribute (a small JSON-able dict) says where the next batch starts, so a run can resume;
+- an `Objective`: per-term example counts of a batch (known before the forward pass) and per-term mean losses;
+- optionally `evaluate(model) -> dict of metrics`, run every `eval_every` steps and at the end.
+
+Gradient accumulation is exact: each term's mean loss is re-weighted by its share of the global batch
+(micro-batches x processes), so one process with batch 32, four micro-batches of 8, and two processes with
+16 each all take the same step, whatever the number of masked tokens in each part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from bertforge.checkpoint import load_state, read_weights, unwrap
+from bertforge.errors import BertforgeError
+from bertforge.io import MetricsLog, atomic_dir, read_jsonl, write_json, write_text
+from bertforge.train import distributed
+from bertforge.train.optim import build_optimizer, build_scheduler
+
+STATE_FILE = "trainer_state.pt"
+
+
+class Objective(Protocol):
+    def counts(self, batch: dict) -> dict[str, float]:
+        """Per loss term, how many examples (sequences, masked tokens, ...) this batch holds."""
+
+    def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+        """Per loss term, the mean loss over this batch's examples of that term."""
+
+
+@dataclass
+class LoopConfig:
+    steps: int  # optimizer steps in the whole run
+    batch_size: int  # global batch: sequences per optimizer step, over all processes
+    micro_batch_size: int | None = None  # sequences per forward pass per process; None: batch / processes
+    lr: float = 1e-4
+    warmup_steps: int = 10000
+    weight_decay: float = 0.01
+    optimizer: str = "adamw"  # or "lamb"
+    clip_grad_norm: float = 1.0
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    save_every: int = 0  # 0: only at the end (and on SIGINT/SIGTERM)
+    keep_last: int = 3  # checkpoints kept in checkpoints/
+    seed: int = 0
+    compile: bool = False
+    device: str | None = None  # default: cuda when available, else cpu
+    best_metric: str | None = None  # evaluation metric whose best value is kept in best/ (fine-tuning)
+    progress: bool = True
+
+    def accumulation(self, world_size: int) -> tuple[int, int]:
+        """(micro_batch_size, micro-batches per step) for `world_size` processes; refuses what cannot be."""
+        if self.steps < 1:
+            raise BertforgeError(f"--steps {self.steps} must be at least 1")
+        micro = self.micro_batch_size or self.batch_size // world_size
+        if micro < 1 or self.batch_size % (micro * world_size):
+            raise BertforgeError(
+                f"batch size {self.batch_size} is not divisible by micro-batch size {micro} x {world_size} "
+                f"process(es); choose --batch-size a multiple of {max(micro, 1) * world_size}")
+        return micro, self.batch_size // (micro * world_size)
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT/SIGTERM arrived; a checkpoint was written and the run can be resumed."""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    final_metrics: dict[str, float]
+    out_dir: Path
+
+
+class _StopFlag:
+    """Turns the first SIGINT/SIGTERM into a request to checkpoint and stop after the current step."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal is not None:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under out_dir/checkpoints, oldest first."""
+    root = Path(out_dir) / "checkpoints"
+    found = []
+    if root.is_dir():
+        for p in root.iterdir():
+            m = re.fullmatch(r"step-(\d+)", p.name)
+            if m and (p / STATE_FILE).is_file():
+                found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+class Trainer:
+    """Runs `config.steps` optimizer steps of `objective` on `data`, writing into `out_dir`:
+    metrics.jsonl, checkpoints/step-N/, the final model (via `save_model`, into `final_dir`, by default
+    `out_dir` itself) and, with `best_metric`, the model of the best evaluation in best/."""
+
+    def __init__(self, model: nn.Module, data: Any, objective: Objective, config: LoopConfig, out_dir: str | Path,
+                 *, evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+                 save_model: Callable[[nn.Module, Path], None] | None = None,
+                 dist: distributed.Dist | None = None, resume: bool = False, on_log: Callable | None = None,
+                 final_dir: str | Path | None = None):
+        self.model, self.data, self.objective, self.config = model, data, objective, config
+        self.out_dir = Path(out_dir)
+        self.final_dir = Path(final_dir) if final_dir is not None else self.out_dir
+        self.evaluate_fn, self.resume = evaluate, resume
+        self.save_model_fn = save_model or (lambda m, path: unwrap(m).save_pretrained(path))
+        self.dist = dist or distributed.Dist(device=distributed.pick_device(config.device))
+        self.on_log = on_log
+        self.micro, self.accum = config.accumulation(self.dist.world_size)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def _save_checkpoint(self, step: int, position: dict) -> None:
+        if not self.dist.is_main:
+            return
+        root = self.out_dir / "checkpoints"
+        with atomic_dir(root / f"step-{step}") as tmp:
+            self.save_model_fn(self.model, tmp)
+            torch.save({"step": step, "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(), "rng": _rng_state(),
+                        "data_position": position, "world_size": self.dist.world_size,
+                        "best": self.best}, tmp / STATE_FILE)
+            write_json(tmp / "state.json", {"step": step, "data_position": position, "best": self.best})
+        for _, old in checkpoints(self.out_dir)[:-self.config.keep_last or None]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _load_checkpoint(self) -> tuple[int, dict | None]:
+        found = checkpoints(self.out_dir)
+        if not found:
+            if self.dist.is_main:
+                print(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'}; starting from step 0")
+            return 0, None
+        step, path = found[-1]
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        if state.get("world_size", 1) != self.dist.world_size:
+            raise BertforgeError(f"{path} was written by {state['world_size']} process(es), not "
+                                 f"{self.dist.world_size}: resume with the same --nproc-per-node")
+        load_state(unwrap(self.model), read_weights(path), source=str(path), verbose=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        self.best = state.get("best")
+        if self.dist.is_main:
+            print(f"resumed from {path} (step {step})")
+            self._truncate_metrics(step)
+        return step, state["data_position"]
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop records a killed run logged after its last checkpoint, so the log has each step once."""
+        path = self.out_dir / "metrics.jsonl"
+        if path.is_file():
+            kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg, d = self.config, self.dist
+        torch.manual_seed(cfg.seed + d.rank)
+        self.model.to(d.device)
+        self.optimizer = build_optimizer(self.model, name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
+        self.best: dict | None = None
+        start, position = self._load_checkpoint() if self.resume else (0, None)
+        if start >= cfg.steps:
+            raise BertforgeError(f"{self.out_dir} already holds a checkpoint at step {start} >= --steps "
+                                 f"{cfg.steps}: raise --steps to train further, or use a new --out")
+        model = self.model
+        if cfg.compile:
+            model = torch.compile(model)
+        if d.enabled:
+            model = nn.parallel.DistributedDataParallel(
+                model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+        self.train_model = model
+        batches = self.data.batches(self.micro, position=position) if position else self.data.batches(self.micro)
+        metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=d.is_main)
+        writer = _tensorboard(self.out_dir) if d.is_main else None
+        final: dict[str, float] = {}
+        with _StopFlag() as stop, metrics, _progress(cfg, start, d.is_main) as bar:
+            window = _Window()
+            step = start
+            for step in range(start + 1, cfg.steps + 1):
+                terms, tokens = self._step(model, batches)
+                window.add(terms, tokens)
+                lr = self.scheduler.get_last_lr()[0]
+                self.scheduler.step()
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    record = {"step": step, "split": "train", **window.mean(), "lr": lr, **window.rates(d)}
+                    metrics.log(**record)
+                    if writer is not None:
+                        for k, v in record.items():
+                            if isinstance(v, (int, float)) and k != "step":
+                                writer.add_scalar(f"train/{k}", v, step)
+                    if self.on_log is not None:
+                        self.on_log(record)
+                    window = _Window()
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{terms['loss']:.3f}", lr=f"{lr:.2e}", refresh=False)
+                last = step == cfg.steps
+                if (cfg.eval_every and step % cfg.eval_every == 0) or last:
+                    final = self._evaluate(step, metrics, writer)
+                if (cfg.save_every and step % cfg.save_every == 0) or last:
+                    self._save_checkpoint(step, dict(batches.position))
+                if distributed.broadcast_flag(stop.signal is not None, d) and not last:
+                    self._save_checkpoint(step, dict(batches.position))
+                    raise TrainingInterrupted(
+                        f"stopped at step {step}; checkpoint saved in {self.out_dir / 'checkpoints'}; "
+                        f"continue with --resume")
+        if d.is_main:
+            self.save_model_fn(self.model, self.final_dir)
+        if writer is not None:
+            writer.close()
+        return TrainResult(step=cfg.steps, final_metrics=final, out_dir=self.out_dir)
+
+    def _step(self, model: nn.Module, batches: Iterator[dict]) -> tuple[dict[str, float], int]:
+        """One optimizer step over `accum` micro-batches; returns the global mean of each loss term."""
+        d = self.dist
+        parts = [_to_device(next(batches), d.device) for _ in range(self.accum)]
+        local = [self.objective.counts(b) for b in parts]
+        names = list(local[0])
+        tokens = sum(int(b["attention_mask"].sum()) for b in parts if "attention_mask" in b)
+        totals = torch.tensor([[float(c[n]) for n in names] for c in local]).sum(0).tolist()
+        totals = distributed.all_reduce_sum(torch.tensor(totals + [float(tokens)]), d).tolist()
+        global_counts, tokens = dict(zip(names, totals[:-1], strict=True)), int(totals[-1])
+        logged = torch.zeros(len(names) + 1, dtype=torch.float64)
+        model.train()
+        for i, (batch, counts) in enumerate(zip(parts, local, strict=True)):
+            sync = i == len(parts) - 1
+            ctx = model.no_sync() if (d.enabled and not sync) else contextlib.nullcontext()
+            with ctx, _autocast(d.device):
+                term_losses = self.objective.losses(model, batch)
+                weighted = [term_losses[n] * (counts[n] / global_counts[n]) for n in names if global_counts[n] > 0]
+                loss = torch.stack(weighted).sum()
+            (loss * d.world_size).backward()  # DDP averages over processes; we want the sum of shares
+            with torch.no_grad():
+                logged[:-1] += torch.tensor([float(term_losses[n]) * counts[n] / global_counts[n]
+                                             if global_counts[n] > 0 else 0.0 for n in names], dtype=torch.float64)
+                logged[-1] += float(loss)
+        logged = distributed.all_reduce_sum(logged, d)
+        total = float(logged[-1])
+        if not math.isfinite(total):
+            last = checkpoints(self.out_dir)
+            where = f"the last good checkpoint is {last[-1][1]}" if last else "no checkpoint was written yet"
+            raise BertforgeError(f"the loss became {total} at step {self.scheduler.last_epoch + 1}; {where} "
+                                 f"(untouched). Lower --lr or check the data, then --resume or start again")
+        if self.config.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.clip_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        terms = {f"{n}_loss" if n != "loss" else n: float(v) for n, v in zip(names, logged[:-1], strict=True)}
+        terms["loss"] = total
+        return terms, tokens
+
+    def _evaluate(self, step: int, metrics: MetricsLog, writer) -> dict[str, float]:
+        if self.evaluate_fn is None:
+            return {}
+        results: dict[str, float] = {}
+        if self.dist.is_main:
+            model = unwrap(self.model)
+            was_training = model.training
+            model.eval()
+            with torch.no_grad(), _autocast(self.dist.device):
+                results = self.evaluate_fn(model)
+            model.train(was_training)
+            metrics.log(step=step, split="eval", **results)
+            if writer is not None:
+                for k, v in results.items():
+                    writer.add_scalar(f"eval/{k}", v, step)
+            print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
+            key = self.config.best_metric
+            if key is not None and key in results and (self.best is None or results[key] > self.best["value"]):
+                self.best = {"metric": key, "value": results[key], "step": step}
+                with atomic_dir(self.out_dir / "best") as tmp:
+                    self.save_model_fn(self.model, tmp)
+                    write_json(tmp / "metrics.json", {"step": step, **results})
+        distributed.barrier(self.dist)
+        return results
+
+
+class _Window:
+    """Running sums between two log lines."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.steps = 0
+        self.tokens = 0
+        self.start = time.perf_counter()
+
+    def add(self, terms: dict[str, float], tokens: int) -> None:
+        for k, v in terms.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.steps += 1
+        self.tokens += tokens
+
+    def mean(self) -> dict[str, float]:
+        return {k: v / max(self.steps, 1) for k, v in self.sums.items()}
+
+    def rates(self, d: distributed.Dist) -> dict[str, float]:
+        seconds = time.perf_counter() - self.start
+        return {"tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0, "step_time_s": seconds / self.steps}
+
+
+@contextlib.contextmanager
+def _progress(cfg: LoopConfig, start: int, enabled: bool):
+    if not (enabled and cfg.progress):
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def _tensorboard(out_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # tensorboard is optional
+        return None
+    return SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+
+
+def write_run_config(out_dir: Path, **sections: Any) -> None:
+    """The resolved configuration of a run, as JSON, into out_dir/run_config.json."""
+    def plain(x):
+        if hasattr(x, "__dataclass_fields__"):
+            return {k: plain(v) for k, v in asdict(x).items()}
+        if isinstance(x, dict):
+            return {str(k): plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        if isinstance(x, Path):
+            return os.fspath(x)
+        return x
+
+    write_json(out_dir / "run_config.json", {k: plain(v) for k, v in sections.items()})

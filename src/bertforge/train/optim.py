@@ -1,0 +1,83 @@
+"""AdamW (or LAMB) with BERT's parameter groups, and warmup followed by linear decay."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+NO_DECAY_SUFFIXES = ("bias", "LayerNorm.weight", "_norm.weight", "norm.weight")
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: weight decay on matrices and embeddings, none on biases and LayerNorm (as BERT did)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if name.endswith(NO_DECAY_SUFFIXES) or p.ndim == 1 else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, *, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
+                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6) -> torch.optim.Optimizer:
+    groups = parameter_groups(model, weight_decay)
+    if name == "adamw":
+        # fused=True is a single kernel over all tensors: measured 97 ms against 588 ms per step on BERT-Base
+        # here (DESIGN.md). It exists for CPU and CUDA floating-point parameters.
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
+    if name == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=eps)
+    raise ValueError(f"unknown optimizer {name!r}; use adamw or lamb")
+
+
+def warmup_linear_decay(warmup_steps: int, total_steps: int):
+    """lr multiplier: 0 -> 1 linearly over `warmup_steps`, then 1 -> 0 linearly at `total_steps`."""
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return step / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(warmup_steps, total_steps))
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019): Adam's update rescaled per tensor by ||w|| / ||update||, for large batches.
+
+    Decoupled weight decay is part of the update before the trust ratio, as in the paper's Algorithm 2.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = float(state["step"])
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                update = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                w_norm, u_norm = p.norm().item(), update.norm().item()
+                trust = w_norm / u_norm if w_norm > 0 and u_norm > 0 and math.isfinite(u_norm) else 1.0
+                p.add_(update, alpha=-group["lr"] * trust)
+        return loss

@@ -1,0 +1,171 @@
+"""Pretraining: MLM + NSP on prepared data, through the one training loop."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bertforge.config import PRESETS, BertConfig
+from bertforge.errors import BertforgeError
+from bertforge.heads import IGNORE_INDEX, BertForPreTraining
+from bertforge.train import distributed
+from bertforge.train.loop import LoopConfig, Trainer, TrainResult, write_run_config
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass
+class DataOptions:
+    """How instances are made from the prepared shards (defaults: the paper's)."""
+
+    short_seq_prob: float = 0.1
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int | None = None  # None: round(0.15 * max_seq_len), 20 at 128 as in the paper
+    whole_word_mask: bool = False
+    dupe_factor: int | None = None  # None: dynamic masking (new masks every epoch)
+    seed: int = 12345
+    eval_batches: int = 20  # validation batches (of the micro-batch size) per evaluation
+    num_workers: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class PretrainingObjective:
+    """loss = mean MLM cross-entropy over masked positions + mean NSP cross-entropy over sequences."""
+
+    def counts(self, batch: dict) -> dict[str, float]:
+        return {"mlm": int((batch["mlm_labels"] != IGNORE_INDEX).sum()), "nsp": int(batch["nsp_labels"].numel())}
+
+    def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+        out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                    mlm_labels=batch["mlm_labels"], nsp_labels=batch["nsp_labels"])
+        return {"mlm": out.mlm_loss, "nsp": out.nsp_loss}
+
+
+def evaluate_pretraining(model: BertForPreTraining, batches: list[dict], device: torch.device) -> dict[str, float]:
+    """MLM accuracy and perplexity over masked positions, NSP accuracy, on fixed validation batches."""
+    mlm_loss_sum = mlm_correct = mlm_n = nsp_correct = nsp_n = 0.0
+    for batch in batches:
+        b = {k: v.to(device) for k, v in batch.items()}
+        out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"], mlm_labels=b["mlm_labels"],
+                    nsp_labels=b["nsp_labels"])
+        targets = b["mlm_labels"][b["mlm_labels"] != IGNORE_INDEX]
+        mlm_loss_sum += float(torch.nn.functional.cross_entropy(out.mlm_logits.float(), targets, reduction="sum"))
+        mlm_correct += float((out.mlm_logits.argmax(-1) == targets).sum())
+        mlm_n += targets.numel()
+        nsp_correct += float((out.nsp_logits.argmax(-1) == b["nsp_labels"]).sum())
+        nsp_n += b["nsp_labels"].numel()
+    mean = mlm_loss_sum / max(mlm_n, 1)
+    return {"mlm_accuracy": mlm_correct / max(mlm_n, 1), "mlm_loss": mean,
+            "mlm_perplexity": math.exp(min(mean, 50.0)), "nsp_accuracy": nsp_correct / max(nsp_n, 1)}
+
+
+def resolve_model_config(spec: str, vocab_size: int, max_seq_len: int) -> BertConfig:
+    """A preset name, a config.json, or a model directory; the vocabulary size comes from the tokenizer."""
+    if spec in PRESETS:
+        config = BertConfig.from_preset(spec, vocab_size=vocab_size)
+    else:
+        path = Path(spec)
+        if not path.exists():
+            raise BertforgeError(f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json "
+                                 f"or model directory")
+        config = BertConfig.from_json(path)
+        if config.vocab_size != vocab_size:
+            raise BertforgeError(f"{spec} has vocab_size {config.vocab_size} but the data's tokenizer has "
+                                 f"{vocab_size}: set vocab_size to {vocab_size} or prepare the data with the "
+                                 f"model's tokenizer")
+    if max_seq_len > config.max_position_embeddings:
+        raise BertforgeError(f"the data's sequence length {max_seq_len} exceeds the model's "
+                             f"max_position_embeddings {config.max_position_embeddings}: prepare shorter "
+                             f"sequences or raise max_position_embeddings")
+    return config
+
+
+def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", loop: LoopConfig,
+             data_options: DataOptions | None = None, init: str | Path | None = None, resume: bool = False,
+             max_seq_len: int | None = None) -> TrainResult:
+    """Pretrain a BERT with MLM + NSP on `data_dir` (made by `bertforge prepare`) into `out_dir`.
+
+    `init` starts from a model directory's weights (the paper's second phase at length 512 starts from the
+    first phase's model); the optimizer and schedule start fresh. `resume` continues exactly from the last
+    checkpoint in `out_dir`.
+    """
+    from bertforge.data.loader import PretrainingData
+
+    opts = data_options or DataOptions()
+    d = distributed.setup(loop.device)
+    out_dir = Path(out_dir)
+    try:
+        def load(split: str, rank: int, world: int) -> PretrainingData:
+            return PretrainingData(data_dir, split, max_seq_len=max_seq_len, short_seq_prob=opts.short_seq_prob,
+                                   masked_lm_prob=opts.masked_lm_prob,
+                                   max_predictions_per_seq=opts.max_predictions_per_seq,
+                                   whole_word_mask=opts.whole_word_mask, dupe_factor=opts.dupe_factor,
+                                   seed=opts.seed, rank=rank, world_size=world)
+
+        train_data = load("train", d.rank, d.world_size)
+        tokenizer = train_data.tokenizer
+        config = resolve_model_config(model, tokenizer.vocab_size, train_data.max_seq_len)
+        if init is not None:
+            net = BertForPreTraining.from_pretrained(init, verbose=d.is_main)
+            if net.config.vocab_size != tokenizer.vocab_size:
+                raise BertforgeError(f"--init {init} has vocab_size {net.config.vocab_size} but the data's "
+                                     f"tokenizer has {tokenizer.vocab_size}: prepare the data with its tokenizer")
+            config = net.config
+        else:
+            torch.manual_seed(loop.seed)
+            net = BertForPreTraining(config)
+        tokenizer.check_compatible(config)
+
+        micro, _ = loop.accumulation(d.world_size)
+        evaluate = None
+        if d.is_main and opts.eval_batches > 0:
+            val = load("val", 0, 1) if _has_split(data_dir, "val") else None
+            if val is not None:
+                it = val.batches(micro)
+                val_batches = [next(it) for _ in range(opts.eval_batches)]
+                evaluate = lambda m: evaluate_pretraining(m, val_batches, d.device)  # noqa: E731
+
+        tok_dir = Path(data_dir) / "tokenizer"
+
+        def save_model(m: nn.Module, path: Path) -> None:
+            from bertforge.checkpoint import unwrap
+
+            unwrap(m).save_pretrained(path)
+            for name in TOKENIZER_FILES:
+                if (tok_dir / name).is_file():
+                    shutil.copyfile(tok_dir / name, path / name)
+
+        if d.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_run_config(out_dir, command="pretrain", data=str(data_dir), model=config.to_dict(), loop=loop,
+                             data_options=opts, init=str(init) if init else None, world_size=d.world_size,
+                             manifest={k: v for k, v in train_data.manifest.items() if not isinstance(v, list)})
+
+        class _Data:
+            def batches(self, micro_batch_size: int, position: dict | None = None):
+                return train_data.batches(micro_batch_size, position=position or 0, num_workers=opts.num_workers)
+
+        trainer = Trainer(net, _Data(), PretrainingObjective(), loop, out_dir, evaluate=evaluate,
+                          save_model=save_model, dist=d, resume=resume)
+        result = trainer.run()
+        if d.is_main:
+            from bertforge.train.report import plot_metrics
+
+            plot_metrics(out_dir / "metrics.jsonl", out_dir / "training_curves.png")
+        return result
+    finally:
+        distributed.teardown()
+
+
+def _has_split(data_dir: str | Path, split: str) -> bool:
+    from bertforge.data.shards import read_manifest
+
+    manifest = read_manifest(Path(data_dir))
+    splits = manifest.get("splits", {})
+    info = splits.get(split) if isinstance(splits, dict) else None
+    return bool(info) and info.get("documents", 0) > 0

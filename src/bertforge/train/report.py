@@ -1,0 +1,50 @@
+"""A PNG of a run's curves from its metrics.jsonl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertforge.io import atomic_path, read_jsonl
+
+_TRAIN_KEYS = ("loss", "mlm_loss", "nsp_loss")
+
+
+def plot_metrics(metrics_path: str | Path, png_path: str | Path) -> Path | None:
+    """Training losses on the left, evaluation metrics on the right. Returns the PNG path, or None if the
+    log is empty."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_jsonl(metrics_path) if Path(metrics_path).is_file() else []
+    train = [r for r in records if r.get("split") == "train"]
+    evals = [r for r in records if r.get("split") == "eval"]
+    if not train and not evals:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for key in _TRAIN_KEYS:
+        points = [(r["step"], r[key]) for r in train if key in r]
+        if points:
+            left.plot(*zip(*points, strict=True), label=key)
+    left.set_xlabel("step")
+    left.set_ylabel("training loss")
+    left.set_title("training")
+    left.legend()
+    left.grid(alpha=0.3)
+    keys = sorted({k for r in evals for k, v in r.items() if isinstance(v, (int, float))
+                   and k not in ("step", "time") and not k.endswith(("loss", "perplexity"))})
+    for key in keys:
+        points = [(r["step"], r[key]) for r in evals if key in r]
+        right.plot(*zip(*points, strict=True), marker="o", label=key)
+    right.set_xlabel("step")
+    right.set_title("evaluation")
+    if keys:
+        right.legend()
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    png_path = Path(png_path)
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return png_path

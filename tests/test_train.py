@@ -1,0 +1,227 @@
+"""The training loop and `bertforge pretrain`: loss falls, exact accumulation, exact resume after SIGKILL,
+checkpoints on SIGTERM, NaN stops, bad configurations refused, and 2-process DDP equals 1 process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge import BertForPreTraining
+from bertforge.cli import main
+from bertforge.errors import BertforgeError
+from bertforge.io import read_jsonl
+from bertforge.train.loop import LoopConfig
+from bertforge.train.optim import parameter_groups, warmup_linear_decay
+from bertforge.train.pretrain import DataOptions, pretrain
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, shared_data) -> Path:
+    """12 State of the Union addresses -> a 2k WordPiece vocabulary -> data prepared at length 64."""
+    root = tmp_path_factory.mktemp("pretrain")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for f in sorted((shared_data / "corpus" / "sotu").glob("18*.txt"))[:12]:
+        shutil.copy(f, corpus / f.name)
+    assert main(["vocab", "train", "--corpus", str(corpus), "--vocab-size", "2000", "--out", str(root / "tok")]) == 0
+    assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(root / "tok"), "--out", str(root / "data"),
+                 "--max-seq-len", "64", "--val-fraction", "0.2", "--workers", "1", "--no-progress"]) == 0
+    return root / "data"
+
+
+def loop(**kw) -> LoopConfig:
+    base = dict(steps=8, batch_size=8, lr=1e-3, warmup_steps=2, log_every=1, progress=False, seed=3)
+    return LoopConfig(**{**base, **kw})
+
+
+def tiny_model_config(tmp_path: Path, **overrides) -> str:
+    config = {"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 64, "max_position_embeddings": 64, **overrides}
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "model.safetensors")
+
+
+def test_tiny_pretraining_loss_falls_and_model_loads_here_and_in_transformers(prepared, tmp_path):
+    out = tmp_path / "run"
+    result = pretrain(prepared, out, model="tiny", loop=loop(steps=30, batch_size=16, lr=2e-3, eval_every=15),
+                      data_options=DataOptions(eval_batches=4))
+    train = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
+    first = sum(r["loss"] for r in train[:5]) / 5
+    last = sum(r["loss"] for r in train[-5:]) / 5
+    assert last < first - 0.5, (first, last)
+    assert all(abs(r["loss"] - r["mlm_loss"] - r["nsp_loss"]) < 1e-4 for r in train)
+    assert set(result.final_metrics) == {"mlm_accuracy", "mlm_loss", "mlm_perplexity", "nsp_accuracy"}
+    assert (out / "training_curves.png").stat().st_size > 1000
+    assert {"vocab.txt", "tokenizer.json", "config.json", "model.safetensors", "run_config.json"} <= {
+        p.name for p in out.iterdir()}
+    ours = BertForPreTraining.from_pretrained(out)
+    transformers = pytest.importorskip("transformers")
+    hf, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ids = torch.randint(5, 2000, (2, 12))
+    torch.testing.assert_close(ours.eval()(ids).nsp_logits, hf.eval()(input_ids=ids).seq_relationship_logits,
+                               atol=1e-5, rtol=0)
+
+
+def test_gradient_accumulation_takes_the_same_step(prepared, tmp_path):
+    cfg = tiny_model_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    pretrain(prepared, tmp_path / "whole", model=cfg, loop=loop(steps=3),
+             data_options=DataOptions(eval_batches=0))
+    pretrain(prepared, tmp_path / "parts", model=cfg, loop=loop(steps=3, micro_batch_size=2),
+             data_options=DataOptions(eval_batches=0))
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "parts")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=2e-6, rtol=1e-5, msg=k)
+    la = [r["loss"] for r in read_jsonl(tmp_path / "whole" / "metrics.jsonl") if r["split"] == "train"]
+    lb = [r["loss"] for r in read_jsonl(tmp_path / "parts" / "metrics.jsonl") if r["split"] == "train"]
+    assert la == pytest.approx(lb, abs=1e-5)
+
+
+def test_schedule_and_weight_decay_groups():
+    f = warmup_linear_decay(10, 110)
+    assert [f(0), f(5), f(10), f(60), f(110)] == [0.0, 0.5, 1.0, 0.5, 0.0]
+    model = BertForPreTraining(__import__("bertforge").BertConfig.from_preset("tiny", vocab_size=50))
+    decay, no_decay = parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(names[id(p)].endswith(("bias", "norm.weight", "LayerNorm.weight")) for p in no_decay["params"])
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_lamb_trains(prepared, tmp_path):
+    out = tmp_path / "lamb"
+    pretrain(prepared, out, model=tiny_model_config(tmp_path), loop=loop(steps=12, optimizer="lamb", lr=5e-3),
+             data_options=DataOptions(eval_batches=0))
+    losses = [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
+    assert sum(losses[-3:]) < sum(losses[:3])
+
+
+def test_bad_configurations_fail_before_training(prepared, tmp_path):
+    with pytest.raises(BertforgeError, match="not divisible by micro-batch size 3"):
+        pretrain(prepared, tmp_path / "a", model="tiny", loop=loop(batch_size=8, micro_batch_size=3))
+    with pytest.raises(BertforgeError, match="exceeds the model's max_position_embeddings 32"):
+        pretrain(prepared, tmp_path / "b", model=tiny_model_config(tmp_path, max_position_embeddings=32),
+                 loop=loop())
+    with pytest.raises(BertforgeError, match="vocab_size 3000 but the data's tokenizer has 2000"):
+        pretrain(prepared, tmp_path / "c", model=tiny_model_config(tmp_path, vocab_size=3000), loop=loop())
+    assert not (tmp_path / "a" / "metrics.jsonl").exists()
+
+
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(prepared, tmp_path, monkeypatch):
+    from bertforge.train import pretrain as pretrain_module
+
+    out = tmp_path / "run"
+    calls = {"n": 0}
+    real = pretrain_module.PretrainingObjective.losses
+
+    def poisoned(self, model, batch):
+        calls["n"] += 1
+        losses = real(self, model, batch)
+        if calls["n"] > 5:
+            losses["mlm"] = losses["mlm"] * float("nan")
+        return losses
+
+    monkeypatch.setattr(pretrain_module.PretrainingObjective, "losses", poisoned)
+    with pytest.raises(BertforgeError, match=r"loss became nan at step 6; the last good checkpoint is .*step-4"):
+        pretrain(prepared, out, model=tiny_model_config(tmp_path), loop=loop(steps=10, save_every=2),
+                 data_options=DataOptions(eval_batches=0))
+    kept = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert kept == ["step-2", "step-4"]
+    BertForPreTraining.from_pretrained(out / "checkpoints" / "step-4")  # intact
+
+
+def _cli(args: list[str], **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "bertforge", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _pretrain_args(prepared: Path, out: Path, cfg: str, steps: int) -> list[str]:
+    return ["pretrain", "--data", str(prepared), "--out", str(out), "--model", cfg, "--steps", str(steps),
+            "--batch-size", "8", "--lr", "1e-3", "--warmup-steps", "2", "--save-every", "4", "--eval-batches", "0",
+            "--log-every", "1"]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, f"{path} did not appear"
+        time.sleep(0.01)
+
+
+def test_resume_after_sigkill_is_bitwise_identical(prepared, tmp_path):
+    cfg = tiny_model_config(tmp_path)  # dropout on: the RNG state must be restored too
+    steps = 40
+    full = _cli(_pretrain_args(prepared, tmp_path / "full", cfg, steps))
+    killed_out = tmp_path / "killed"
+    killed = _cli(_pretrain_args(prepared, killed_out, cfg, steps))
+    _wait_for(killed_out / "checkpoints" / "step-8", killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert not (killed_out / "model.safetensors").exists()  # really killed part-way
+    resumed = _cli(_pretrain_args(prepared, killed_out, cfg, steps) + ["--resume"])
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert "resumed from" in out
+    full_out, _ = full.communicate(timeout=300)
+    assert full.returncode == 0, full_out
+    a, b = weights(tmp_path / "full"), weights(killed_out)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    steps_logged = [r["step"] for r in read_jsonl(killed_out / "metrics.jsonl") if r["split"] == "train"]
+    assert steps_logged == list(range(1, steps + 1))
+
+
+def test_sigterm_checkpoints_and_exits(prepared, tmp_path):
+    out = tmp_path / "run"
+    proc = _cli(_pretrain_args(prepared, out, tiny_model_config(tmp_path), 400))
+    _wait_for(out / "checkpoints" / "step-4", proc)
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, text
+    assert "continue with --resume" in text
+    state = json.loads(max((out / "checkpoints").iterdir(), key=lambda p: int(p.name[5:])).joinpath(
+        "state.json").read_text())
+    assert state["step"] >= 4 and state["data_position"]["position"] > 0
+
+
+def test_two_processes_match_one(prepared, tmp_path):
+    pytest.importorskip("torch.distributed.run")
+    cfg = tiny_model_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    args = ["pretrain", "--data", str(prepared), "--model", cfg, "--steps", "4", "--batch-size", "8",
+            "--lr", "1e-3", "--warmup-steps", "1", "--eval-batches", "0", "--log-every", "1"]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "bertforge", *args, "--out", str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "bertforge", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                         text=True)
+    assert two.returncode == 0, two.stderr[-3000:]
+    la = [r["loss"] for r in read_jsonl(tmp_path / "one" / "metrics.jsonl")]
+    lb = [r["loss"] for r in read_jsonl(tmp_path / "two" / "metrics.jsonl")]
+    assert len(la) == len(lb) == 4
+    # Same global batches, exact loss weighting: equal up to float summation order.
+    assert la == pytest.approx(lb, abs=1e-4)
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
