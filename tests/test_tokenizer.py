@@ -58,6 +58,7 @@ def toks(tok: Tokenizer, text: str) -> list[str]:
     ("L\u00f3w\u00c9st", ["lowest"]),             # uncased: lowercase and strip accents
     ("Lo\u0301w", ["low"]),                       # a combining accent goes too
     ("low [MASK]low [mask]", ["low", "[MASK]", "low", "[UNK]", "[UNK]", "[UNK]"]),  # "[" is not in VOCAB
+    ("lo\ud800west x\udfff", ["lowest", "x"]),  # lone surrogates (a JSON escape can make them) are dropped
 ])
 def test_uncased_rules(uncased, text, expected):
     assert toks(uncased, text) == expected

@@ -15,14 +15,17 @@ The character classes are generated from Python's `unicodedata` (the tables the 
 the engine as regular expressions. The engine's built-in BertNormalizer/BertPreTokenizer are not used: their
 Unicode tables are older, and a sweep over every code point found 830k disagreements with the reference
 (unassigned code points kept instead of dropped, newer punctuation not split, a shifted CJK range, no NFC).
+So the tokenization of code points that a newer Python assigns can differ between Python versions, exactly
+as the reference's does. ASCII text without control characters skips the normalizer (`Tokenizer._segments`).
 
 Conventions:
 - ids index `vocab` (the line number in vocab.txt); [PAD] [UNK] [CLS] [SEP] [MASK] must be in the vocab.
 - Sequences are `[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]`; type ids 0 up to and including the first [SEP], 1 after.
 - `offsets` are (start, end) character indices into the original string of the token's own segment
   (A or B); special tokens added around the segments get (0, 0).
-- `word_ids` number the words (pre-tokens: a run of letters/digits, or one punctuation character or CJK
-  ideograph) within their own segment, from 0; None for the special tokens added around the segments.
+- `word_ids` number the words (pre-tokens: a run of characters other than spaces, punctuation and CJK, or
+  one punctuation character or CJK ideograph) within their own segment, from 0; None for the special tokens
+  added around the segments. The pieces of an [UNK] word share one word id like any other.
 - Truncation follows the reference (transformers' `truncate_sequences`), not the engine's: longest-first
   cuts the longer segment down to the shorter, then splits what remains, the odd token coming from B.
 - Batches are padded on the right with [PAD], type id 0 and attention mask 0 (1 = real token).
@@ -149,6 +152,9 @@ def _pipeline(lowercase: bool) -> tuple[normalizers.Normalizer, pre_tokenizers.P
 # ASCII text without these takes the fast path (see Tokenizer._segments): control characters need the
 # normalizer to drop them, and "[" may open a special token, which is matched before lowercasing.
 _NOT_FAST = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\[]")
+# Lone surrogates (from JSON escapes such as "\ud800") cannot enter the engine; the reference drops them (Cs),
+# so they become U+FFFD, which it drops too: one character for one, offsets unchanged.
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def _backend(vocab: Sequence[str], lowercase: bool) -> tokenizers.Tokenizer:
@@ -406,8 +412,7 @@ class Tokenizer:
         """Encode many texts (or pairs) at once, on all cores; pad per `padding`.
 
         padding: "longest" (to the longest in the batch), "max_length" (to max_length), False (ragged).
-        The padded ids come from the fast path; `.encodings` (offsets, word ids, tokens) is computed on
-        first access, so a caller that needs only ids does not pay for it.
+        `.encodings` (offsets, word ids, tokens per item) are assembled on first access.
         """
         texts = list(texts)
         pairs = None if pairs is None else list(pairs)
@@ -420,10 +425,11 @@ class Tokenizer:
             raise ValueError(f"padding must be 'longest', 'max_length' or False, not {padding!r}")
         if padding == "max_length" and max_length is None:
             raise ValueError("padding='max_length' needs max_length")
-        a_ids = [e.ids for e in self._segments(texts, offsets=False)]
-        b_ids = [None] * len(texts) if pairs is None else [e.ids for e in self._segments(pairs, offsets=False)]
+        a_all = self._segments(texts)
+        b_all = [None] * len(texts) if pairs is None else self._segments(pairs)
         ids, type_ids = [], []
-        for a, b in zip(a_ids, b_ids, strict=True):
+        for a, b in zip(a_all, b_all, strict=True):
+            a, b = a.ids, None if b is None else b.ids
             len_a, len_b = self._lengths(len(a), None if b is None else len(b), max_length, strategy,
                                          add_special_tokens)
             row, types = self._join(a[:len_a], None if b is None else b[:len_b], add_special_tokens)
@@ -437,8 +443,6 @@ class Tokenizer:
             mask = [r + [0] * (width - len(r)) for r in mask]
 
         def encodings() -> list[Encoding]:
-            a_all = self._segments(texts)
-            b_all = [None] * len(texts) if pairs is None else self._segments(pairs)
             return [self._assemble(a, b, max_length, strategy, add_special_tokens)
                     for a, b in zip(a_all, b_all, strict=True)]
 
@@ -466,6 +470,8 @@ class Tokenizer:
             batch = [texts[i] for i in idx]
             if route and self.lowercase:
                 batch = [t.lower() for t in batch]
+            elif not route:
+                batch = [_SURROGATES.sub("\ufffd", t) for t in batch]
             for i, enc in zip(idx, getattr(engine, method)(batch, add_special_tokens=False), strict=True):
                 out[i] = enc
         return out
@@ -633,7 +639,7 @@ def iter_corpus_texts(files: Iterable[Path]) -> Iterator[str]:
                 if not isinstance(text, str):
                     raise BertforgeError(f'{path}:{lineno} has no string "text" field; a .jsonl corpus has '
                                          'one {"text": ...} object per line')
-                yield text
+                yield _SURROGATES.sub("\ufffd", text)
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:

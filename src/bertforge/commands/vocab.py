@@ -25,7 +25,7 @@ class VocabTrainArgs:
     out: str = arg(help="output directory")
     vocab_size: int = arg(30522, help="number of tokens, special tokens included")
     cased: bool = arg(False, help="keep case and accents (default: lowercase and strip accents, 'uncased')")
-    min_frequency: int = arg(2, help="ignore pieces seen fewer times than this")
+    min_frequency: int = arg(2, help="merge only pieces that occur together at least this often")
     limit_alphabet: int = arg(1000, help="keep at most this many distinct characters; rarer ones become [UNK]")
     progress: bool = arg(True, help="show progress bars")
 
@@ -53,6 +53,9 @@ def vocab_train(args: VocabTrainArgs) -> None:
     tok.save_pretrained(out)
     print(f"vocabulary: {tok.vocab_size:,} tokens ({'uncased' if tok.lowercase else 'cased'}) in {seconds:.1f} s "
           f"-> {out}/vocab.txt")
+    if tok.vocab_size < args.vocab_size:
+        print(f"  (fewer than the {args.vocab_size:,} asked: the corpus has no more pieces seen "
+              f"{args.min_frequency}+ times; add text or lower --min-frequency)")
     summary = corpus_summary(tok, iter_corpus_texts(files))
     write_json(out / "vocab_summary.json", {
         "command": "vocab train", "args": dataclasses.asdict(args), "files": len(files), "bytes": size,
