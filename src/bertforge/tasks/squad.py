@@ -20,6 +20,7 @@ context. Scores: exact match and F1 by the official v1.1 rules.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +47,22 @@ def _locate(context: str, text: str, start: Any) -> int | None:
     return min(hits, key=lambda h: abs(h - start)) if isinstance(start, int) else hits[0]
 
 
+_ID = re.compile(r'"id"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+def _id_lines(text: str) -> dict[str, int]:
+    """{question id: line of the file where it is declared}, in one pass, so messages can say file:line."""
+    lines, line, pos = {}, 1, 0
+    for m in _ID.finditer(text):
+        line += text.count("\n", pos, m.start())
+        pos = m.start()
+        try:
+            lines.setdefault(str(json.loads(m.group(1))), line)
+        except ValueError:
+            continue
+    return lines
+
+
 def read_squad(path: Path, *, require_answers: bool) -> list[QAExample]:
     text = path.read_text(encoding="utf-8-sig")
     if not text.strip():
@@ -56,6 +73,7 @@ def read_squad(path: Path, *, require_answers: bool) -> list[QAExample]:
         raise BertforgeError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); expected the SQuAD v1.1 format") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise BertforgeError(f"{path}: no top-level 'data' list; expected the SQuAD v1.1 JSON format")
+    lines = _id_lines(text)
     examples = []
     for article in data["data"]:
         title = article.get("title", "")
@@ -64,17 +82,19 @@ def read_squad(path: Path, *, require_answers: bool) -> list[QAExample]:
             if not isinstance(context, str):
                 raise BertforgeError(f"{path}: a paragraph of '{title}' has no 'context' text; fix the file")
             for qa in paragraph.get("qas", []):
-                examples.append(_example(qa, context, title, path, require_answers))
+                examples.append(_example(qa, context, title, path, require_answers, lines))
     if not examples:
         raise BertforgeError(f"{path} has no questions; expected data[].paragraphs[].qas[] entries")
     return examples
 
 
-def _example(qa: dict, context: str, title: str, path: Path, require_answers: bool) -> QAExample:
+def _example(qa: dict, context: str, title: str, path: Path, require_answers: bool,
+             lines: dict[str, int]) -> QAExample:
     qid = str(qa.get("id", ""))
     question = qa.get("question")
     if not qid or not isinstance(question, str):
         raise BertforgeError(f"{path}: a question of '{title}' lacks an 'id' or 'question'; fix the file")
+    place = f"{path}:{lines[qid]}" if qid in lines else str(path)
     answers = [a for a in qa.get("answers", []) if isinstance(a, dict) and isinstance(a.get("text"), str)]
     start = text = None
     if answers:
@@ -83,13 +103,13 @@ def _example(qa: dict, context: str, title: str, path: Path, require_answers: bo
         text = first["text"] if start is not None else None
     if require_answers:
         if not answers or qa.get("is_impossible"):
-            raise BertforgeError(f"{path}: question {qid} has no answer (SQuAD v2.0 unanswerable questions are not "
+            raise BertforgeError(f"{place}: question {qid} has no answer (SQuAD v2.0 unanswerable questions are not "
                                  "supported); remove it or give its answer")
         if start is None:
-            raise BertforgeError(f"{path}: question {qid}: answer {answers[0]['text']!r} does not occur in its "
+            raise BertforgeError(f"{place}: question {qid}: answer {answers[0]['text']!r} does not occur in its "
                                  "context; fix the answer text or answer_start, or remove the question")
     return QAExample(id=qid, question=question, context=context, answers=[a["text"] for a in answers],
-                     answer_start=start, answer_text=text, title=title, source=f"{path}: question {qid}")
+                     answer_start=start, answer_text=text, title=title, source=f"{place}: question {qid}")
 
 
 def _windows(n: int, size: int, stride: int) -> list[tuple[int, int]]:
