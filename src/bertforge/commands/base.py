@@ -82,3 +82,18 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 def build_args(cls: type, namespace: argparse.Namespace) -> Any:
     return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
+
+
+def emit_jsonl(records: typing.Iterable[dict], out: str | None, what: str) -> None:
+    """Write one JSON object per line to `out` (atomically, then say how many) or, without `out`, to stdout."""
+    import json
+    import sys
+
+    lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in records]
+    if out:
+        from bertforge.io import write_text
+
+        write_text(out, "".join(lines))
+        print(f"{len(lines)} {what} written to {out}")
+    else:
+        sys.stdout.write("".join(lines))

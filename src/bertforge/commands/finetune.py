@@ -1,0 +1,157 @@
+"""`bertforge finetune`, `bertforge evaluate` and `bertforge predict`.
+
+    bertforge finetune --task sst2 --data glue/SST-2 --init runs/mini --out runs/sst2
+    bertforge finetune --task csv --data reviews/ --text-column text --label-column label --init runs/mini \\
+        --out runs/reviews --seeds 3
+    bertforge evaluate --model runs/sst2 --data glue/SST-2 --split dev
+    bertforge predict  --model runs/sst2 --text "a gorgeous, witty film"
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from bertforge.commands.base import Command, arg, emit_jsonl
+from bertforge.errors import BertforgeError
+
+
+@dataclass
+class FinetuneArgs:
+    task: str = arg(help="cola sst2 mrpc qqp stsb mnli qnli rte wnli swag squad conll2003, or csv / jsonl "
+                         "for your own data")
+    data: str = arg(help="the task's data directory in its official layout (or a file)")
+    init: str = arg(help="model directory to start from (pretrained BERT with its tokenizer)")
+    out: str = arg(help="output directory: the best model on dev, metrics.json, predictions")
+    lr: float = arg(3e-5, help="peak learning rate (the paper: 5e-5, 3e-5 or 2e-5)")
+    batch_size: int = arg(32, help="batch size (the paper: 16 or 32)")
+    epochs: float = arg(3.0, help="epochs (the paper: 2 to 4)")
+    warmup_ratio: float = arg(0.1, help="fraction of steps with linear warmup")
+    weight_decay: float = arg(0.01, help="AdamW weight decay")
+    seed: int = arg(42, help="random seed")
+    max_length: int | None = arg(None, help="sequence length (default: 128; SQuAD 384)")
+    micro_batch_size: int | None = arg(None, help="sequences per forward pass (gradient accumulation)")
+    grid: bool = arg(False, help="run the paper's grid (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), "
+                                 "keep the best on dev")
+    seeds: int = arg(1, help="repeat with this many seeds and report mean and standard deviation")
+    from_scratch: bool = arg(False, help="random weights with --init's architecture and tokenizer (a baseline)")
+    text_column: str | None = arg(None, help="csv/jsonl: column with the text (default: text)")
+    text_pair_column: str | None = arg(None, help="csv/jsonl: column with the second text of a pair")
+    label_column: str | None = arg(None, help="csv/jsonl: column with the label (default: label)")
+    regression: bool = arg(False, help="csv/jsonl: labels are numbers to predict (regression)")
+    max_train_examples: int | None = arg(None, help="use only the first N training examples")
+    device: str | None = arg(None, help="cpu or cuda (default: cuda when available)")
+
+
+def task_options(args) -> dict:
+    options = {"text_column": args.text_column, "text_pair_column": args.text_pair_column,
+               "label_column": args.label_column, "regression": args.regression or None}
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _print_metrics(title: str, metrics: dict) -> None:
+    print(title + ": " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, (int, float))))
+
+
+def run_finetune(args: FinetuneArgs) -> int:
+    from bertforge.train.loop import TrainingInterrupted
+
+    try:
+        return _finetune(args)
+    except TrainingInterrupted as e:
+        print(str(e), file=sys.stderr)
+        return 130
+
+
+def _finetune(args: FinetuneArgs) -> int:
+    from bertforge.train.finetune import FinetuneOptions, finetune, finetune_many
+
+    opts = FinetuneOptions(lr=args.lr, batch_size=args.batch_size, epochs=args.epochs,
+                           warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
+                           max_length=args.max_length, micro_batch_size=args.micro_batch_size,
+                           from_scratch=args.from_scratch, max_train_examples=args.max_train_examples,
+                           device=args.device)
+    if args.seeds < 1:
+        raise BertforgeError(f"--seeds {args.seeds} must be at least 1")
+    if args.grid or args.seeds > 1:
+        report = finetune_many(args.task, args.data, args.init, args.out, task_options=task_options(args),
+                               options=opts, grid=args.grid, seeds=args.seeds)
+        for run in report["all"]:
+            mean = ", ".join(f"{k} {v:.2f} ± {run['std'][k]:.2f}" for k, v in run["mean"].items())
+            print(f"{run['settings'] or 'runs'}: {mean} (over {len(run['runs'])} seed(s))")
+        print(f"best settings: {report['best_settings'] or 'default'}")
+        _print_metrics("best dev", report["metrics"])
+    else:
+        result = finetune(args.task, args.data, args.init, args.out, task_options=task_options(args), options=opts)
+        _print_metrics(f"best dev (step {result['best_step']})", result["metrics"])
+    print(f"model saved to {args.out}")
+    return 0
+
+
+@dataclass
+class EvaluateArgs:
+    model: str = arg(help="fine-tuned model directory (from `bertforge finetune`)")
+    data: str = arg(help="the task's data directory or file")
+    split: str = arg("dev", help="split to evaluate: dev, test (MNLI also dev_mismatched); a split without "
+                                 "labels (GLUE's test files) gets predictions only")
+    out: str | None = arg(None, help="write metrics, example ids and predictions to this JSON file")
+    batch_size: int = arg(64, help="sequences per forward pass")
+    device: str | None = arg(None, help="cpu or cuda")
+
+
+def run_evaluate(args: EvaluateArgs) -> int:
+    from bertforge.io import write_json
+    from bertforge.train.finetune import evaluate_examples, load_task_model
+
+    tm = load_task_model(args.model, device=args.device)
+    examples = tm.task.read(args.data, args.split)
+    metrics, predictions = evaluate_examples(tm, examples, batch_size=args.batch_size)
+    if metrics:
+        _print_metrics(f"{tm.task.name} {args.split} ({len(examples)} examples)", metrics)
+    else:
+        print(f"{tm.task.name} {args.split} ({len(examples)} examples): no gold labels, predictions only"
+              + ("" if args.out else "; pass --out FILE to save them"))
+    if args.out:
+        if hasattr(predictions, "tolist"):
+            predictions = predictions.tolist()
+        report = {"task": tm.task.name, "split": args.split, "data": args.data, "metrics": metrics,
+                  "predictions": predictions}
+        if isinstance(predictions, list):  # SQuAD's are already {question id: answer}
+            report["ids"] = [ex.id for ex in examples]
+        write_json(args.out, report)
+        print(f"metrics and predictions written to {args.out}")
+    return 0
+
+
+@dataclass
+class PredictArgs:
+    model: str = arg(help="fine-tuned model directory (from `bertforge finetune`)")
+    text: list[str] = arg([], help="text(s) to predict on; for QA the question")
+    text_pair: str | None = arg(None, help="second text of a pair; for QA the context")
+    input: str | None = arg(None, help="JSONL file of inputs: {\"text\", \"text_pair\"} per line (QA: "
+                                       "{\"question\", \"context\"}; multiple choice: {\"context\", \"choices\"})")
+    out: str | None = arg(None, help="write JSONL predictions here instead of standard output")
+    batch_size: int = arg(64, help="sequences per forward pass")
+    device: str | None = arg(None, help="cpu or cuda")
+
+
+def run_predict(args: PredictArgs) -> int:
+    from bertforge.infer import predict_records, read_input_records
+
+    if bool(args.text) == bool(args.input):
+        raise BertforgeError("give either --text (one or more) or --input FILE.jsonl")
+    records = read_input_records(args.input) if args.input else [
+        {"text": t, "text_pair": args.text_pair} for t in args.text]
+    results = predict_records(args.model, records, batch_size=args.batch_size, device=args.device)
+    emit_jsonl(results, args.out, "predictions")
+    return 0
+
+
+COMMANDS = [
+    Command("finetune", FinetuneArgs, run_finetune, help="fine-tune a pretrained model on a task",
+            description=__doc__),
+    Command("evaluate", EvaluateArgs, run_evaluate, help="score a fine-tuned model on a split",
+            description=__doc__),
+    Command("predict", PredictArgs, run_predict, help="predict with a fine-tuned model on new text",
+            description=__doc__),
+]

@@ -1,0 +1,451 @@
+"""Fine-tuning and evaluation: any task of `bertforge.tasks` through the one training loop.
+
+A fine-tuned model directory holds the model (config.json with the label map, model.safetensors), the
+tokenizer, `task.json` (task name, options, labels, sequence length), `metrics.json` (best dev scores and
+the history), `metrics.jsonl` (training progress), `run_config.json` and `predictions_dev.json`.
+
+A run works in a temporary directory beside `--out` and puts it in place whole when it ends, so a failed or
+interrupted run leaves `--out` as it was: no half model, no mixed logs. An existing `--out` must be empty or
+hold an earlier fine-tuning run (which is replaced); anything else is refused rather than overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertforge.checkpoint import unwrap
+from bertforge.errors import BertforgeError
+from bertforge.heads import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bertforge.io import atomic_dir, atomic_path, write_json
+from bertforge.train import distributed
+from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, write_run_config
+
+MODEL_FOR_KIND = {
+    "classification": BertForSequenceClassification,
+    "regression": BertForSequenceClassification,
+    "token_classification": BertForTokenClassification,
+    "question_answering": BertForQuestionAnswering,
+    "multiple_choice": BertForMultipleChoice,
+}
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+TARGETS = ("labels", "start_positions", "end_positions")
+TASK_FILE = "task.json"
+
+
+def _length(feature: dict) -> int:
+    ids = feature["input_ids"]
+    return max(len(s) for s in ids) if ids and isinstance(ids[0], list) else len(ids)
+
+
+class FeatureBatches:
+    """Shuffled batches of task features, padded per batch, grouped by length so little work is padding.
+
+    Epoch e shuffles with (seed, e); consecutive runs of 50 batches' worth of features are sorted by length
+    and cut into batches, whose order is shuffled again. `position` = {"epoch", "batch"}. With several
+    processes, rank r takes batches r, r + W, ... of each global step's W x accumulation batches.
+    """
+
+    def __init__(self, features: Sequence[dict], pad_id: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 group_by_length: bool = True):
+        self.features, self.pad_id, self.seed = list(features), pad_id, seed
+        self.rank, self.world_size, self.group = rank, world_size, group_by_length
+        self.lengths = np.array([_length(f) for f in self.features])
+
+    def epoch_batches(self, epoch: int, size: int) -> list[np.ndarray]:
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(len(self.features))
+        if self.group:
+            chunk = size * 50
+            order = np.concatenate([c[np.argsort(self.lengths[c], kind="stable")]
+                                    for c in np.split(order, range(chunk, len(order), chunk))])
+        batches = [order[i:i + size] for i in range(0, len(order), size)]
+        if self.group:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def batches(self, micro_batch_size: int, position: dict | None = None):
+        return _FeatureIterator(self, micro_batch_size, position or {"epoch": 0, "batch": 0})
+
+
+class _FeatureIterator:
+    def __init__(self, source: FeatureBatches, size: int, position: dict):
+        self.source, self.size = source, size
+        self.position = {"epoch": int(position["epoch"]), "batch": int(position["batch"])}
+        self._cache: tuple[int, list] | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        from bertforge.tasks import collate
+
+        s = self.source
+        while True:
+            epoch, k = self.position["epoch"], self.position["batch"]
+            if self._cache is None or self._cache[0] != epoch:
+                self._cache = (epoch, s.epoch_batches(epoch, self.size))
+            batches = self._cache[1]
+            usable = len(batches) - len(batches) % s.world_size  # every rank gets the same number
+            if k * s.world_size >= usable:
+                self.position = {"epoch": epoch + 1, "batch": 0}
+                continue
+            self.position = {"epoch": epoch, "batch": k + 1}
+            idx = batches[k * s.world_size + s.rank]
+            batch = collate([s.features[i] for i in idx], s.pad_id)
+            return {k2: v for k2, v in batch.items() if k2 in MODEL_INPUTS or k2 in TARGETS}
+
+
+class TaskObjective:
+    """The task head's own loss: mean over sequences, or over labelled tokens for tagging."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def counts(self, batch: dict) -> dict[str, float]:
+        if self.kind == "token_classification":
+            return {"loss": int((batch["labels"] != -100).sum())}
+        return {"loss": int(batch["input_ids"].shape[0])}
+
+    def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+        return {"loss": model(**batch).loss}
+
+
+@torch.no_grad()
+def run_model(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int = 64,
+              device: torch.device | None = None) -> Any:
+    """The head's outputs for every feature, in feature order, with no work on padding beyond each
+    length-sorted batch's longest: (N, L) logits, (N, C) for multiple choice, a list of (T_i, L) arrays for
+    tagging, and (start list, end list) of (T_i,) arrays for QA."""
+    from bertforge.tasks import collate
+
+    model.eval()
+    device = device or next(model.parameters()).device
+    lengths = np.array([_length(f) for f in features])
+    order = np.argsort(-lengths, kind="stable")
+    results: list[Any] = [None] * len(features)
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        batch = collate([features[j] for j in idx], pad_id)
+        inputs = {k: batch[k].to(device) for k in MODEL_INPUTS}
+        out = model(**inputs)
+        if isinstance(out, tuple) or hasattr(out, "start_logits"):
+            start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+            for row, j in enumerate(idx):
+                results[j] = (start[row, :lengths[j]], end[row, :lengths[j]])
+        elif out.logits.ndim == 3:
+            logits = out.logits.float().cpu().numpy()
+            for row, j in enumerate(idx):
+                results[j] = logits[row, :lengths[j]]
+        else:
+            logits = out.logits.float().cpu().numpy()
+            for row, j in enumerate(idx):
+                results[j] = logits[row]
+    if results and isinstance(results[0], tuple):
+        return [r[0] for r in results], [r[1] for r in results]
+    if results and results[0].ndim == 1:
+        return np.stack(results)
+    return results
+
+
+def _jsonable(predictions: Any) -> Any:
+    if isinstance(predictions, np.ndarray):
+        return predictions.tolist()
+    return predictions
+
+
+@dataclass
+class TaskModel:
+    """A fine-tuned model with everything needed to use it."""
+
+    task: Any
+    model: nn.Module
+    tokenizer: Any
+    max_length: int
+    spec: dict = field(default_factory=dict)
+
+
+def load_task_model(path: str | Path, *, device: str | None = None) -> TaskModel:
+    """Load a fine-tuned model directory (written by `finetune`)."""
+    from bertforge.tasks import get_task
+    from bertforge.tokenizer import Tokenizer
+
+    path = Path(path)
+    spec_path = path / TASK_FILE
+    if not spec_path.is_file():
+        raise BertforgeError(f"{path} has no {TASK_FILE}: it is not a fine-tuned model; pass the --out "
+                             f"directory of `bertforge finetune`")
+    spec = json.loads(spec_path.read_text())
+    task = get_task(spec["task"], **spec.get("options", {}))
+    if spec.get("labels") is not None:
+        task.labels = list(spec["labels"])
+    model_cls = MODEL_FOR_KIND[task.kind]
+    model = model_cls.from_pretrained(path, verbose=False).to(distributed.pick_device(device)).eval()
+    tokenizer = Tokenizer.from_pretrained(path)
+    tokenizer.check_compatible(model.config)
+    return TaskModel(task, model, tokenizer, int(spec.get("max_length", task.max_length)), spec)
+
+
+def is_labelled(example: Any) -> bool:
+    """Does the example carry a gold answer to score against?"""
+    from bertforge.tasks import QAExample, TaggedExample
+
+    if isinstance(example, QAExample):
+        return bool(example.answers)
+    if isinstance(example, TaggedExample):
+        return example.tags is not None
+    return example.label is not None
+
+
+def evaluate_examples(tm: TaskModel, examples: Sequence, *, batch_size: int = 64) -> tuple[dict[str, float], Any]:
+    """(metrics, predictions) of a task model on examples. Metrics are {} when no example has a gold answer
+    (a test split): then only the predictions are made."""
+    labelled = any(is_labelled(ex) for ex in examples)
+    label_map = tm.task.label_map() if tm.task.labels else None
+    features = tm.task.features(examples, tm.tokenizer, tm.max_length, label_map)
+    outputs = run_model(tm.model, features, tm.tokenizer.pad_id, batch_size=batch_size)
+    predictions = tm.task.decode(examples, features, outputs)
+    if not labelled:
+        return {}, predictions
+    return tm.task.metric(predictions, tm.task.references(examples)), predictions
+
+
+def _is_run_dir(path: Path) -> bool:
+    if (path / TASK_FILE).is_file():
+        return True
+    try:
+        return json.loads((path / "run_config.json").read_text()).get("command") == "finetune"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse an --out that a run would clobber: a file, or a non-empty directory that is not a fine-tuning
+    run (a pretraining run, a data directory, `.`)."""
+    if out.exists() and not out.is_dir():
+        raise BertforgeError(f"--out {out} is a file: give a directory for the fine-tuned model")
+    if out.is_dir() and any(out.iterdir()) and not _is_run_dir(out):
+        raise BertforgeError(f"--out {out} is not empty and holds no fine-tuning run, so it will not be "
+                             "replaced: choose a new directory")
+
+
+@dataclass
+class FinetuneOptions:
+    lr: float = 3e-5
+    batch_size: int = 32
+    epochs: float = 3.0
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    seed: int = 42
+    max_length: int | None = None  # default: the task's (128; SQuAD 384)
+    micro_batch_size: int | None = None
+    from_scratch: bool = False  # random weights with --init's architecture and tokenizer (a baseline)
+    max_train_examples: int | None = None  # use the first N training examples (quick runs)
+    eval_batch_size: int = 64
+    device: str | None = None
+    progress: bool = True
+    compile: bool = False
+
+
+def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
+             task_options: dict | None = None, options: FinetuneOptions | None = None) -> dict:
+    """Fine-tune `init` (a model directory with a tokenizer) on a task; the best dev model ends in `out`.
+    Returns {"metrics": best dev metrics, "best_step", "history": per-evaluation metrics, ...}.
+
+    Every input is read and checked before training starts; `out` appears (or is replaced) only when the
+    run has finished, see the module docstring."""
+    from bertforge.tasks import get_task
+    from bertforge.tokenizer import Tokenizer
+
+    o = options or FinetuneOptions()
+    out = Path(out)
+    check_out_dir(out)
+    task = get_task(task_name, **(task_options or {}))
+    train = task.read(data, "train")
+    if o.max_train_examples is not None:
+        if o.max_train_examples < 1:
+            raise BertforgeError(f"--max-train-examples {o.max_train_examples} must be at least 1")
+        train = train[:o.max_train_examples]
+    dev = task.read(data, "dev")
+    if not train:
+        raise BertforgeError(f"no training examples in {data}: check the file and its columns")
+    task.label_list(train)
+    if task.kind == "classification" and len(task.labels) < 2:
+        raise BertforgeError(f"{train[0].source.rsplit(':', 1)[0]}: every training example has the label "
+                             f"{task.labels[0]!r}; classification needs at least two labels")
+    tokenizer = Tokenizer.from_pretrained(init)
+    max_length = o.max_length or task.max_length
+    labels = task.labels if task.kind in ("classification", "token_classification") else None
+    label_map = task.label_map() if labels else None
+    train_features = task.features(train, tokenizer, max_length, label_map)
+    dev_features = task.features(dev, tokenizer, max_length, label_map)
+    task.references(dev)  # a dev split without gold answers fails now, not after the first epoch
+
+    d = distributed.setup(o.device)
+    try:
+        model_cls = MODEL_FOR_KIND[task.kind]
+        overrides: dict[str, Any] = {"num_labels": task.num_labels if task.kind != "multiple_choice" else 1,
+                                     "task": task.name,
+                                     "id2label": dict(enumerate(labels)) if labels else None}
+        if o.from_scratch:
+            from bertforge.config import BertConfig
+
+            torch.manual_seed(o.seed)
+            model = model_cls(BertConfig.from_json(init).replace(**overrides))
+        else:
+            torch.manual_seed(o.seed)  # the fresh head's initialisation
+            model = model_cls.from_pretrained(init, verbose=d.is_main, **overrides)
+        tokenizer.check_compatible(model.config)
+        if max_length > model.config.max_position_embeddings:
+            raise BertforgeError(f"--max-length {max_length} exceeds the model's max_position_embeddings "
+                                 f"{model.config.max_position_embeddings}")
+
+        steps_per_epoch = math.ceil(len(train_features) / o.batch_size)
+        steps = max(1, round(o.epochs * steps_per_epoch))
+        loop = LoopConfig(steps=steps, batch_size=o.batch_size, micro_batch_size=o.micro_batch_size, lr=o.lr,
+                          warmup_steps=round(o.warmup_ratio * steps), weight_decay=o.weight_decay,
+                          log_every=max(1, min(50, steps_per_epoch // 4)), eval_every=steps_per_epoch,
+                          seed=o.seed, best_metric=task.main_metric, progress=o.progress, device=o.device,
+                          compile=o.compile, keep_last=1)
+        loop.accumulation(d.world_size)  # a bad batch size fails before anything is written
+        spec = {"task": task.name, "kind": task.kind, "options": {k: v for k, v in (task_options or {}).items()
+                                                                   if v is not None},
+                "labels": task.labels, "max_length": max_length}
+        with atomic_dir(out) if d.is_main else contextlib.nullcontext(out) as work:
+            try:
+                result = _train(task, model, tokenizer, train_features, dev, dev_features, loop, spec, o, d,
+                                work, run_config=dict(data=str(data), init=str(init), train_examples=len(train),
+                                                      train_features=len(train_features), dev_examples=len(dev)))
+            except TrainingInterrupted:
+                raise TrainingInterrupted(f"interrupted; {out} was left as it was (fine-tuning does not resume: "
+                                          "run the command again)") from None
+            except BertforgeError as e:
+                if "the loss became" not in str(e):
+                    raise
+                # the loop's advice (--resume from a checkpoint) is for pretraining; a fine-tuning run keeps nothing
+                raise BertforgeError(f"{str(e).split(';')[0]}; {out} was left as it was: lower --lr or check the "
+                                     "data") from None
+        return result
+    finally:
+        distributed.teardown()
+
+
+def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, dev: list, dev_features: list,
+           loop: LoopConfig, spec: dict, o: FinetuneOptions, d: distributed.Dist, work: Path,
+           run_config: dict) -> dict:
+    """The training run of `finetune`, writing into the work directory `work`."""
+    last_eval: dict[str, Any] = {}
+    history: list[dict] = []
+
+    def evaluate(m: nn.Module) -> dict[str, float]:
+        outputs = run_model(m, dev_features, tokenizer.pad_id, batch_size=o.eval_batch_size, device=d.device)
+        predictions = task.decode(dev, dev_features, outputs)
+        scores = task.metric(predictions, task.references(dev))
+        last_eval.update(predictions=predictions, scores=scores)
+        history.append(dict(scores))
+        return scores
+
+    def save_model(m: nn.Module, path: Path) -> None:
+        unwrap(m).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        write_json(path / TASK_FILE, spec)
+        if last_eval:
+            write_json(path / "predictions_dev.json", _jsonable(last_eval["predictions"]))
+
+    if d.is_main:
+        write_run_config(work, command="finetune", task=spec, options=o, loop=loop, **run_config)
+    source = FeatureBatches(train_features, tokenizer.pad_id, seed=o.seed, rank=d.rank, world_size=d.world_size)
+    trainer = Trainer(model, source, TaskObjective(task.kind), loop, work, evaluate=evaluate,
+                      save_model=save_model, dist=d, final_dir=work / "last")
+    trainer.run()
+    best = trainer.best or {}
+    result = {"task": task.name, "metrics": {}, "best_step": best.get("step"), "history": history,
+              "main_metric": task.main_metric, "steps": loop.steps, "epochs": o.epochs}
+    if d.is_main:
+        best_dir = work / "best"
+        if not best_dir.is_dir():
+            raise RuntimeError(f"no best model in {work}: the dev metric {task.main_metric} was never reported")
+        best_metrics = json.loads((best_dir / "metrics.json").read_text())
+        result["metrics"] = {k: v for k, v in best_metrics.items() if k != "step"}
+        for f in best_dir.iterdir():
+            if f.name != "metrics.json":
+                os.replace(f, work / f.name)
+        for name in ("best", "checkpoints", "last"):
+            shutil.rmtree(work / name, ignore_errors=True)
+        write_json(work / "metrics.json", result)
+        from bertforge.train.report import plot_metrics
+
+        plot_metrics(work / "metrics.jsonl", work / "training_curves.png")
+    return result
+
+
+PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
+
+
+def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
+                  task_options: dict | None = None, options: FinetuneOptions | None = None, grid: bool = False,
+                  seeds: int = 1) -> dict:
+    """The paper's grid (batch x lr x epochs, best mean dev score) and/or several seeds (mean and sample
+    standard deviation reported). Each run goes to `out/runs/<settings>-seed<N>/`; the best run of the best
+    settings is copied to `out` with a `metrics.json` holding every run's scores. Only that run keeps its
+    weights (the others keep their metrics and predictions), so a grid costs the disk of one model."""
+    if seeds < 1:
+        raise BertforgeError(f"--seeds {seeds} must be at least 1")
+    base = options or FinetuneOptions()
+    out = Path(out)
+    check_out_dir(out)
+    combos = [dict(batch_size=b, lr=lr, epochs=e) for b in PAPER_GRID["batch_size"] for lr in PAPER_GRID["lr"]
+              for e in PAPER_GRID["epochs"]] if grid else [{}]
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_config(out, command="finetune", task=task_name, task_options=task_options or {}, data=str(data),
+                     init=str(init), options=base, grid=combos if grid else None, seeds=seeds)
+    runs: list[dict] = []
+    best: dict | None = None
+    for combo in combos:
+        per_seed = []
+        for s in range(seeds):
+            opts = FinetuneOptions(**{**base.__dict__, **combo, "seed": base.seed + s})
+            name = "-".join(f"{k}{v}" for k, v in combo.items()) or "run"
+            run_dir = out / "runs" / f"{name}-seed{opts.seed}"
+            result = finetune(task_name, data, init, run_dir, task_options=task_options, options=opts)
+            per_seed.append({"dir": str(run_dir), "seed": opts.seed, **combo, "metrics": result["metrics"]})
+        main = result["main_metric"]
+        keys = list(per_seed[0]["metrics"])
+        summary = {"settings": combo, "runs": per_seed, "main_metric": main,
+                   "mean": {k: statistics.fmean(r["metrics"][k] for r in per_seed) for k in keys},
+                   "std": {k: statistics.stdev([r["metrics"][k] for r in per_seed]) if len(per_seed) > 1 else 0.0
+                           for k in keys},
+                   "best_run": max(per_seed, key=lambda r: r["metrics"][main])}
+        runs.append(summary)
+        if best is None or summary["mean"][main] > best["mean"][main]:
+            best = summary
+        for r in (r for summary in runs for r in summary["runs"]):  # keep one model's weights on disk
+            if r is not best["best_run"]:
+                Path(r["dir"], "model.safetensors").unlink(missing_ok=True)
+    assert best is not None
+    main = best["main_metric"]
+    for f in Path(best["best_run"]["dir"]).iterdir():
+        if f.is_file() and f.name not in ("metrics.json", "run_config.json"):  # ours describe the grid
+            with atomic_path(out / f.name) as tmp:
+                shutil.copyfile(f, tmp)
+    report = {"task": task_name, "main_metric": main, "best_settings": best["settings"], "best": best,
+              "all": runs, "metrics": best["best_run"]["metrics"]}
+    write_json(out / "metrics.json", report)  # last: its presence marks a finished run
+    return report
