@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: $(STAMP)
-	$(BIN)/bertforge model smoke $(ARGS)
+	$(BIN)/bertforge demo $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -27,6 +27,9 @@ COMMAND_MODULES = [
     "bertforge.commands.vocab",
     "bertforge.commands.data",
     "bertforge.commands.train",
+    "bertforge.commands.finetune",
+    "bertforge.commands.infer",
+    "bertforge.commands.demo",
 ]
 
 

@@ -1,0 +1,35 @@
+"""`bertforge demo`: the whole journey on public-domain demo data (see `bertforge.demo`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bertforge.commands.base import Command, arg
+
+
+@dataclass
+class DemoArgs:
+    out: str = arg("runs/demo", help="output directory (a re-run reuses finished stages)")
+    minutes: float = arg(10.0, help="pretraining budget in minutes")
+    corpus: list[str] = arg([], help="pretrain on your own text (files, directories, globs) instead")
+    cache: str | None = arg(None, help="where fetched demo data is cached (default: ~/.cache/bertforge)")
+    model: str = arg("mini", help="model preset to pretrain")
+    finetune_epochs: float = arg(2.0, help="fine-tuning epochs on Rotten Tomatoes")
+    finetune_examples: int | None = arg(None, help="fine-tune on only the first N training reviews")
+    seed: int = arg(12345, help="random seed")
+
+
+def run(args: DemoArgs) -> int:
+    from pathlib import Path
+
+    from bertforge.demo import DemoOptions, run_demo
+
+    run_demo(DemoOptions(out=Path(args.out), minutes=args.minutes, corpus=args.corpus or None,
+                         cache=Path(args.cache) if args.cache else None, model=args.model,
+                         finetune_epochs=args.finetune_epochs, finetune_examples=args.finetune_examples,
+                         seed=args.seed))
+    return 0
+
+
+COMMANDS = [Command("demo", DemoArgs, run, help="the whole journey end to end on public-domain demo data",
+                    description=__doc__)]

@@ -1,0 +1,291 @@
+"""Inference: fill-mask, embeddings, task predictions, length-grouped batching and int8, from Python and the CLI.
+
+Models are tiny and random (H 32, 2 layers) with an inline vocabulary, so every expected value is computed
+here by hand, one text at a time and unpadded.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge import BertConfig, BertforgeError, BertForMaskedLM, BertModel
+from bertforge.cli import main
+from bertforge.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertforge.infer import Encoder, MaskFiller, Predictor, length_batches, predict_records, read_input_records
+from bertforge.tokenizer import Tokenizer
+
+WORDS = ["the", "a", "of", "and", "to", "in", "is", "was", "it", "that", "film", "movie", "good", "bad", "great",
+         "awful", "plot", "acting", "story", "quick", "brown", "fox", "dog", "jumps", "over", "lazy", "john",
+         "smith", "paris", "lives", "works", "where", "does", "who", "what", ",", ".", "?", "!", "'s"]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+TEXTS = ["the film was good .", "bad", "the quick brown fox jumps over the lazy dog , and the dog was lazy .",
+         "john smith lives in paris", "", "what a great movie ! the acting , the plot , the story", "awful acting"]
+MASKED = ["the [MASK] was good .", "[MASK]", "the quick [MASK] fox jumps over the [MASK] dog , and [MASK] .",
+          "a [MASK] movie", "john [MASK] lives in paris and works in the [MASK] of the film"]
+
+
+def tiny_config(**kw) -> BertConfig:
+    return BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=64, **kw)
+
+
+def save(model, tokenizer, path, task: dict | None = None):
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    if task is not None:
+        (path / "task.json").write_text(json.dumps(task))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer(VOCAB, lowercase=True)
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory, tokenizer):
+    torch.manual_seed(0)
+    model = BertForMaskedLM(tiny_config())
+    with torch.no_grad():  # a random head is nearly uniform; sharpen it so the top-k order means something
+        model.cls.predictions.bias.normal_(0, 3)
+    return save(model, tokenizer, tmp_path_factory.mktemp("mlm"))
+
+
+@pytest.fixture(scope="module")
+def clf_dir(tmp_path_factory, tokenizer):
+    """A classification model directory as `bertforge finetune --task csv` writes it."""
+    torch.manual_seed(1)
+    labels = ["negative", "positive"]
+    model = BertForSequenceClassification(tiny_config(num_labels=2, id2label=dict(enumerate(labels)), task="csv"))
+    spec = {"task": "csv", "kind": "classification", "options": {}, "labels": labels, "max_length": 32}
+    return save(model, tokenizer, tmp_path_factory.mktemp("clf"), spec)
+
+
+def unpadded_states(model: BertModel, tokenizer: Tokenizer, text: str) -> torch.Tensor:
+    ids = torch.tensor([tokenizer.encode(text).ids])
+    with torch.no_grad():
+        return model(ids).sequence_output[0]  # (T, H), no mask, no padding
+
+
+# --- batching ------------------------------------------------------------------------------------------
+
+
+def test_length_batches_cover_every_index_once_within_the_token_budget():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 100, size=500)
+    batches = list(length_batches(lengths, max_tokens=400, max_batch=16))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(500))
+    for b in batches:
+        assert len(b) <= 16 and (len(b) == 1 or len(b) * lengths[b].max() <= 400)
+    widths = [lengths[b].max() for b in batches]
+    assert widths == sorted(widths, reverse=True)  # longest first: padding only within a batch's own range
+    assert [len(b) for b in length_batches([500, 3], max_tokens=100)] == [1, 1]  # too long for the budget: alone
+
+
+# --- fill-mask -----------------------------------------------------------------------------------------
+
+
+def test_fill_mask_top1_is_the_token_the_head_favours(tmp_path, tokenizer):
+    torch.manual_seed(0)
+    model = BertForMaskedLM(tiny_config())
+    with torch.no_grad():
+        model.cls.predictions.bias[tokenizer.token_to_id("fox")] = 50.0
+    filler = MaskFiller(save(model, tokenizer, tmp_path))
+    masks = filler.fill("the quick brown [MASK] jumps", top_k=3)
+    assert len(masks) == 1 and masks[0][0]["token"] == "fox" and masks[0][0]["score"] > 0.99
+
+
+def test_fill_mask_matches_the_dense_head_one_text_at_a_time_in_mask_order(mlm_dir, tokenizer):
+    filler = MaskFiller(mlm_dir)
+    batched = filler.fill(MASKED, top_k=4, max_tokens=40)  # small budget: several batches, padding in each
+    model = BertForMaskedLM.from_pretrained(mlm_dir, verbose=False).eval()
+    for text, got in zip(MASKED, batched, strict=True):
+        ids = tokenizer.encode(text).ids
+        with torch.no_grad():
+            probs = model(torch.tensor([ids])).logits[0].softmax(-1)  # (T, V): the head on every position
+        positions = [i for i, t in enumerate(ids) if t == tokenizer.mask_id]
+        assert len(got) == len(positions) == text.count("[MASK]")
+        for pos, candidates in zip(positions, got, strict=True):
+            p, top = probs[pos].topk(4)
+            assert [c["token"] for c in candidates] == [tokenizer.id_to_token(int(t)) for t in top]
+            np.testing.assert_allclose([c["score"] for c in candidates], p.numpy(), atol=1e-5)
+            scores = [c["score"] for c in candidates]
+            assert scores == sorted(scores, reverse=True) and sum(scores) <= 1 + 1e-6
+
+
+def test_fill_mask_refuses_text_without_mask_and_model_without_head(mlm_dir, clf_dir, capsys):
+    with pytest.raises(BertforgeError, match="no \\[MASK\\] token"):
+        MaskFiller(mlm_dir).fill(["a [MASK] film", "no mask here"])
+    with pytest.raises(BertforgeError, match="top-k"):
+        MaskFiller(mlm_dir).fill("a [MASK] film", top_k=0)
+    assert main(["fill-mask", "--model", str(mlm_dir), "no mask here"]) == 2
+    assert main(["fill-mask", "--model", str(clf_dir), "a [MASK] film"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0].startswith("error: no [MASK]") and "has no masked-LM head" in err[1]
+
+
+def test_fill_mask_cli_table_json_input_file_and_int8(mlm_dir, tmp_path, capsys):
+    expected = MaskFiller(mlm_dir).fill(MASKED[:3], top_k=2)
+    (tmp_path / "in.txt").write_text(MASKED[1] + "\n\n" + MASKED[2] + "\n")
+    assert main(["fill-mask", "--model", str(mlm_dir), MASKED[0], "--input", str(tmp_path / "in.txt"),
+                 "--top-k", "2", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in lines] == MASKED[:3] and [r["masks"] for r in lines] == expected
+    assert main(["fill-mask", "--model", str(mlm_dir), MASKED[0], "--top-k", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == MASKED[0] and out[1].startswith(f"  [MASK] 1: {expected[0][0][0]['token']} ")
+    assert main(["fill-mask", "--model", str(mlm_dir), MASKED[0], "--quantize", "int8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["masks"][0][0]["token"] == expected[0][0][0]["token"]
+
+
+# --- embeddings ----------------------------------------------------------------------------------------
+
+
+def test_embed_cls_and_mean_pooling_equal_unpadded_one_at_a_time(mlm_dir, tokenizer):
+    encoder = Encoder(mlm_dir)
+    model = BertModel.from_pretrained(mlm_dir, verbose=False).eval()
+    cls_vecs = encoder.embed(TEXTS, pooling="cls", max_tokens=48)  # several batches of mixed lengths
+    mean_vecs = encoder.embed(TEXTS, pooling="mean", max_tokens=48)
+    assert cls_vecs.shape == (len(TEXTS), 32) and cls_vecs.dtype == np.float32
+    for i, text in enumerate(TEXTS):
+        states = unpadded_states(model, tokenizer, text)
+        np.testing.assert_allclose(cls_vecs[i], states[0].numpy(), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(mean_vecs[i], states.mean(0).numpy(), atol=1e-5, rtol=0)
+    unit = encoder.embed(TEXTS, pooling="mean", normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(unit, mean_vecs / np.linalg.norm(mean_vecs, axis=1, keepdims=True), atol=1e-6)
+    assert encoder.embed([]).shape == (0, 32)
+
+
+def test_embed_pooler_only_when_the_model_has_one(mlm_dir, clf_dir, tokenizer):
+    with pytest.raises(BertforgeError, match="no pooler weights"):
+        Encoder(mlm_dir).embed(TEXTS, pooling="pooler")  # a masked-LM model: never a random pooler
+    pooled = Encoder(clf_dir).embed(TEXTS[:2], pooling="pooler")
+    model = BertModel.from_pretrained(clf_dir, verbose=False).eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([tokenizer.encode(TEXTS[0]).ids])).pooled_output[0]
+    np.testing.assert_allclose(pooled[0], expected.numpy(), atol=1e-5, rtol=0)
+
+
+def test_embed_cli_writes_npy_and_jsonl(mlm_dir, tmp_path, capsys):
+    expected = Encoder(mlm_dir).embed(TEXTS[:4], pooling="mean", normalize=True)
+    records = [{"text": t, "id": i} for i, t in enumerate(TEXTS[2:4])]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    common = ["embed", "--model", str(mlm_dir), "--text", *TEXTS[:2], "--input", str(tmp_path / "in.jsonl"),
+              "--pooling", "mean", "--normalize"]
+    assert main([*common, "--out", str(tmp_path / "v.npy")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), expected, atol=1e-6)
+    assert main([*common, "--out", str(tmp_path / "v.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == TEXTS[:4]
+    np.testing.assert_allclose([r["embedding"] for r in rows], expected, atol=1e-6)  # rounded to 6 decimals
+    capsys.readouterr()
+    assert main(["embed", "--model", str(mlm_dir), "--text", "x", "--out", str(tmp_path / "v.txt")]) == 2
+    assert capsys.readouterr().err.startswith("error: --out")
+
+
+# --- int8 ----------------------------------------------------------------------------------------------
+
+
+def test_int8_stays_close_to_fp32(mlm_dir):
+    fp32 = Encoder(mlm_dir).embed(TEXTS, pooling="mean")
+    int8 = Encoder(mlm_dir, quantize="int8").embed(TEXTS, pooling="mean")
+    assert isinstance(Encoder(mlm_dir, quantize="int8").model.encoder.layer[0].intermediate,
+                      torch.ao.nn.quantized.dynamic.Linear)
+    # Seen on this tiny random model: max abs difference 8e-4 on vectors of std 0.66, cosine 0.9999999; top-1
+    # probabilities within 1.2e-3, same top-1 tokens. (On fine-tuned MiniLM: bench/inference.py.)
+    cosine = (fp32 * int8).sum(1) / np.linalg.norm(fp32, axis=1) / np.linalg.norm(int8, axis=1)
+    assert cosine.min() > 0.9999 and np.abs(fp32 - int8).max() < 0.01
+    a = MaskFiller(mlm_dir).fill(MASKED, top_k=1)
+    b = MaskFiller(mlm_dir, quantize="int8").fill(MASKED, top_k=1)
+    assert np.abs(np.array([m[0]["score"] for t in a for m in t]) - [m[0]["score"] for t in b for m in t]).max() < 0.01
+    with pytest.raises(BertforgeError, match="CPU only"):
+        Encoder(mlm_dir, quantize="int8", device="cuda")
+    with pytest.raises(BertforgeError, match="only int8"):
+        Encoder(mlm_dir, quantize="int4")
+
+
+# --- predict -------------------------------------------------------------------------------------------
+
+
+def test_predict_classification_matches_the_model_python_and_cli(clf_dir, tokenizer, tmp_path, capsys):
+    model = BertForSequenceClassification.from_pretrained(clf_dir, verbose=False).eval()
+    texts = TEXTS[:4]
+    results = predict_records(clf_dir, [{"text": t} for t in texts])
+    for text, r in zip(texts, results, strict=True):
+        with torch.no_grad():
+            p = model(torch.tensor([tokenizer.encode(text, max_length=32).ids])).logits[0].softmax(-1)
+        assert r["label"] == ["negative", "positive"][int(p.argmax())]
+        np.testing.assert_allclose([r["probabilities"]["negative"], r["probabilities"]["positive"]], p, atol=1e-5)
+        assert r["score"] == max(r["probabilities"].values())
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert main(["predict", "--model", str(clf_dir), "--input", str(tmp_path / "in.jsonl")]) == 0
+    cli = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["label"] for r in cli] == [r["label"] for r in results]
+    np.testing.assert_allclose([r["score"] for r in cli], [r["score"] for r in results], atol=1e-6)
+    assert main(["predict", "--model", str(clf_dir), "--text", *texts[:2]]) == 0
+    assert [json.loads(line)["label"] for line in capsys.readouterr().out.splitlines()] == \
+        [r["label"] for r in results[:2]]
+    int8 = Predictor(clf_dir, quantize="int8").predict([{"text": t} for t in texts])
+    np.testing.assert_allclose([r["score"] for r in int8], [r["score"] for r in results], atol=0.02)
+
+
+def test_predict_after_a_real_finetune(tmp_path, mlm_dir, capsys):
+    from bertforge.train.finetune import FinetuneOptions, finetune
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [("the film was good", "positive"), ("great acting", "positive"), ("bad plot", "negative"),
+            ("awful movie", "negative")] * 2
+    for split in ("train", "dev"):
+        (data / f"{split}.csv").write_text("text,label\n" + "".join(f"{t},{lab}\n" for t, lab in rows))
+    options = FinetuneOptions(epochs=1, batch_size=4, max_length=32, progress=False)
+    finetune("csv", data, mlm_dir, tmp_path / "out", options=options)
+    capsys.readouterr()
+    assert main(["predict", "--model", str(tmp_path / "out"), "--text", "good film", "bad film"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(out) == 2 and all(r["label"] in ("negative", "positive") for r in out)
+    assert all(set(r["probabilities"]) == {"negative", "positive"} for r in out)
+
+
+def test_predict_entities_and_answers_carry_character_spans(tmp_path, tokenizer):
+    from bertforge.tasks.conll import STANDARD_LABELS
+
+    torch.manual_seed(2)
+    ner = BertForTokenClassification(tiny_config(num_labels=len(STANDARD_LABELS)))
+    with torch.no_grad():  # every word B-PER, so every word is an entity
+        ner.classifier.weight.zero_()
+        ner.classifier.bias[STANDARD_LABELS.index("B-PER")] = 5.0
+    ner_dir = save(ner, tokenizer, tmp_path / "ner", {"task": "conll2003", "kind": "token_classification",
+                                                     "options": {}, "labels": list(STANDARD_LABELS),
+                                                     "max_length": 32})
+    text = "john  smith lives in paris."
+    [r] = predict_records(ner_dir, [{"text": text}])
+    assert [e["text"] for e in r["entities"]] == ["john", "smith", "lives", "in", "paris", "."]
+    assert all(text[e["start"]:e["end"]] == e["text"] and e["type"] == "PER" for e in r["entities"])
+
+    qa = BertForQuestionAnswering(tiny_config(num_labels=2))
+    qa_dir = save(qa, tokenizer, tmp_path / "qa", {"task": "squad", "kind": "question_answering", "options": {},
+                                                  "labels": None, "max_length": 32})
+    context = "john smith lives in paris and works in the film"
+    answers = predict_records(qa_dir, [{"question": "where does john live ?", "context": context},
+                                       {"text": "who works ?", "text_pair": context}])
+    for a in answers:
+        assert a["answer"] and context[a["start"]:a["end"]] == a["answer"] and 0 < a["score"] <= 1
+    with pytest.raises(BertforgeError, match="question answering needs"):
+        predict_records(qa_dir, [{"text": "no context"}])
+
+
+def test_read_input_records_text_and_jsonl(tmp_path):
+    (tmp_path / "a.txt").write_text("{braces} are text here\n\nsecond line\n")
+    assert read_input_records(tmp_path / "a.txt") == [{"text": "{braces} are text here"}, {"text": "second line"}]
+    (tmp_path / "b.txt").write_text('{"text": "x", "text_pair": "y"}\n{"text": "z"}\n')
+    assert read_input_records(tmp_path / "b.txt") == [{"text": "x", "text_pair": "y"}, {"text": "z"}]
+    (tmp_path / "c.jsonl").write_text('{"text": "x"}\nnot json\n')
+    with pytest.raises(BertforgeError, match="c.jsonl:2 is not valid JSON"):
+        read_input_records(tmp_path / "c.jsonl")
+    (tmp_path / "d.txt").write_text("\n\n")
+    with pytest.raises(BertforgeError, match="no inputs"):
+        read_input_records(tmp_path / "d.txt")
