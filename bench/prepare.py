@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -59,21 +58,23 @@ def _tree_rss_kb(pid: int) -> int:
 
 
 def run(cmd: list[str], env: dict | None = None) -> dict:
-    """Run `cmd`; return wall seconds, peak tree RSS (MB, sampled) and peak single-process RSS (MB)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Run `cmd`; return wall seconds, peak tree RSS (MB, sampled) and peak single-process RSS (MB: the
+    largest of the child and the descendants it waited for, from wait4's resource usage)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak_tree = 0
-    while proc.poll() is None:
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
         peak_tree = max(peak_tree, _tree_rss_kb(proc.pid))
         time.sleep(0.02)
     wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
     err = proc.stderr.read()
     if proc.returncode:
         raise SystemExit(f"{cmd} failed:\n{err}")
-    single = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"wall": wall, "tree_mb": peak_tree / 1024,
-            "single_mb": single / 1024 if single > before else float("nan"), "stderr": err.strip()}
+    return {"wall": wall, "tree_mb": peak_tree / 1024, "single_mb": usage.ru_maxrss / 1024, "stderr": err.strip()}
 
 
 def corpus_bytes(corpus: Path) -> int:
