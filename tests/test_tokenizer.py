@@ -155,6 +155,17 @@ def test_bad_arguments(uncased):
         uncased.encode_batch(["a"], padding="max_length")
 
 
+def test_encode_many_is_encode_for_each_item(uncased):
+    texts, pairs = ["low lowest", "a\tlow, x", "lo\u0301w [MASK] y"], ["x a", "low low low low", "a"]
+    for kw in ({"max_length": 6}, {"max_length": 7, "truncation": "only_second"}, {"truncation": False}):
+        many = uncased.encode_many(texts, pairs, **kw)
+        assert many == [uncased.encode(t, p, **kw) for t, p in zip(texts, pairs, strict=True)]
+        batch = uncased.encode_batch(texts, pairs, padding=False, **kw)
+        assert batch.encodings == many and batch.ids == [e.ids for e in many]
+    plain = uncased.encode_many(texts, add_special_tokens=False)
+    assert [e.ids for e in plain] == uncased.tokenize_ids(texts)
+
+
 def test_batch_padding(uncased):
     b = uncased.encode_batch(["low", "low lowest abcd"], ["a", "x"])
     assert b.ids == [[2, 15, 3, 18, 3, 0, 0, 0], [2, 15, 16, 20, 23, 3, 28, 3]]

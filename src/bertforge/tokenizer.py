@@ -406,30 +406,36 @@ class Tokenizer:
         strategy = _strategy(truncation, pair is not None)
         return self._assemble(a[0], None if b is None else b[0], max_length, strategy, add_special_tokens)
 
+    def encode_many(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
+                    max_length: int | None = None, truncation: bool | str = True,
+                    add_special_tokens: bool = True) -> list[Encoding]:
+        """`encode` for many texts (or pairs) at once, on all cores: unpadded, with offsets and word ids."""
+        texts, pairs, strategy = self._batch_inputs(texts, pairs, truncation)
+        a_all = self._segments(texts)
+        b_all = [None] * len(texts) if pairs is None else self._segments(pairs)
+        return [self._assemble(a, b, max_length, strategy, add_special_tokens)
+                for a, b in zip(a_all, b_all, strict=True)]
+
     def encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
                      max_length: int | None = None, truncation: bool | str = True,
                      padding: bool | str = "longest", add_special_tokens: bool = True) -> BatchEncoding:
-        """Encode many texts (or pairs) at once, on all cores; pad per `padding`.
+        """Model inputs for many texts (or pairs) at once, on all cores; pad per `padding`.
 
         padding: "longest" (to the longest in the batch), "max_length" (to max_length), False (ragged).
-        `.encodings` (offsets, word ids, tokens per item) are assembled on first access.
+        The ids come from the engine's pass without offset bookkeeping; `.encodings` (offsets, word ids,
+        tokens per item) costs a second pass, made on first access: call `encode_many` when you need only those.
         """
-        texts = list(texts)
-        pairs = None if pairs is None else list(pairs)
-        if pairs is not None and len(pairs) != len(texts):
-            raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
-        strategy = _strategy(truncation, pairs is not None)
+        texts, pairs, strategy = self._batch_inputs(texts, pairs, truncation)
         if padding is True:
             padding = "longest"
         if padding not in ("longest", "max_length", False):
             raise ValueError(f"padding must be 'longest', 'max_length' or False, not {padding!r}")
         if padding == "max_length" and max_length is None:
             raise ValueError("padding='max_length' needs max_length")
-        a_all = self._segments(texts)
-        b_all = [None] * len(texts) if pairs is None else self._segments(pairs)
+        a_ids = [e.ids for e in self._segments(texts, offsets=False)]
+        b_ids = [None] * len(texts) if pairs is None else [e.ids for e in self._segments(pairs, offsets=False)]
         ids, type_ids = [], []
-        for a, b in zip(a_all, b_all, strict=True):
-            a, b = a.ids, None if b is None else b.ids
+        for a, b in zip(a_ids, b_ids, strict=True):
             len_a, len_b = self._lengths(len(a), None if b is None else len(b), max_length, strategy,
                                          add_special_tokens)
             row, types = self._join(a[:len_a], None if b is None else b[:len_b], add_special_tokens)
@@ -441,12 +447,17 @@ class Tokenizer:
             ids = [r + [self.pad_id] * (width - len(r)) for r in ids]
             type_ids = [r + [0] * (width - len(r)) for r in type_ids]
             mask = [r + [0] * (width - len(r)) for r in mask]
+        return BatchEncoding(ids, type_ids, mask, lambda: self.encode_many(
+            texts, pairs, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens))
 
-        def encodings() -> list[Encoding]:
-            return [self._assemble(a, b, max_length, strategy, add_special_tokens)
-                    for a, b in zip(a_all, b_all, strict=True)]
-
-        return BatchEncoding(ids, type_ids, mask, encodings)
+    @staticmethod
+    def _batch_inputs(texts: Sequence[str], pairs: Sequence[str] | None,
+                      truncation: bool | str) -> tuple[list[str], list[str] | None, str | None]:
+        texts = list(texts)
+        pairs = None if pairs is None else list(pairs)
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
+        return texts, pairs, _strategy(truncation, pairs is not None)
 
     def _segments(self, texts: list[str], *, offsets: bool = True) -> list[tokenizers.Encoding]:
         """Engine encodings of texts, without special tokens, on all cores.

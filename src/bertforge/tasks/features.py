@@ -8,7 +8,7 @@ A feature is a dict of plain Python lists, unpadded (padding happens per batch i
     example_index               the example a feature came from (tagging and QA may split one example into
                                 several features)
 
-The tokenizer is a bertforge.Tokenizer (or anything with its `encode`, `encode_batch`, `tokenize_ids`,
+The tokenizer is a bertforge.Tokenizer (or anything with its `encode`, `encode_many`, `tokenize_ids`,
 `cls_id`, `sep_id`); offsets are character spans in the text given to `encode`.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from bertforge.errors import BertforgeError
 from bertforge.tasks.base import IGNORE_INDEX, ChoiceExample, Feature, TaggedExample, TextExample
 
-_BATCH = 1024  # texts per encode_batch call
+_BATCH = 1024  # texts per encode_many call
 
 
 def encode_pairs(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int) -> list:
@@ -29,9 +29,8 @@ def encode_pairs(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | No
     out = []
     for i in range(0, len(texts), _BATCH):
         chunk_pairs = list(pairs[i:i + _BATCH]) if pairs is not None else None
-        batch = tokenizer.encode_batch(list(texts[i:i + _BATCH]), chunk_pairs, max_length=max_length,
-                                       truncation=True, padding=False)
-        out.extend(batch.encodings)
+        out.extend(tokenizer.encode_many(list(texts[i:i + _BATCH]), chunk_pairs, max_length=max_length,
+                                         truncation=True))
     return out
 
 
@@ -39,9 +38,7 @@ def encode_plain(tokenizer: Any, texts: Sequence[str]) -> list:
     """Encodings (ids, offsets) of texts without special tokens or truncation."""
     out = []
     for i in range(0, len(texts), _BATCH):
-        batch = tokenizer.encode_batch(list(texts[i:i + _BATCH]), truncation=False, padding=False,
-                                       add_special_tokens=False)
-        out.extend(batch.encodings)
+        out.extend(tokenizer.encode_many(list(texts[i:i + _BATCH]), truncation=False, add_special_tokens=False))
     return out
 
 
