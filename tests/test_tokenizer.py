@@ -174,6 +174,9 @@ def test_batch_padding(uncased):
     assert [e.tokens for e in b.encodings][0] == ["[CLS]", "low", "[SEP]", "a", "[SEP]"]  # items stay unpadded
     fixed = uncased.encode_batch(["low", "a a a a a a a a a"], max_length=6, padding="max_length")
     assert [len(r) for r in fixed.ids] == [6, 6] and fixed.ids[0] == [2, 15, 3, 0, 0, 0]
+    over = uncased.encode_batch(["low", "low low low low low"], max_length=5, padding="max_length", truncation=False)
+    assert over.ids == [[2, 15, 3, 0, 0], [2] + [15] * 5 + [3]] and over.attention_mask == [[1, 1, 1, 0, 0], [1] * 7]
+    assert over.type_ids == [[0] * 5, [0] * 7]
     ragged = uncased.encode_batch(["low", "low low"], padding=False)
     assert [len(r) for r in ragged.ids] == [3, 4]
     with pytest.raises(ValueError, match="differ in length"):

@@ -441,12 +441,17 @@ class Tokenizer:
             row, types = self._join(a[:len_a], None if b is None else b[:len_b], add_special_tokens)
             ids.append(row)
             type_ids.append(types)
-        mask = [[1] * len(row) for row in ids]
         if padding:
             width = max_length if padding == "max_length" else max((len(r) for r in ids), default=0)
-            ids = [r + [self.pad_id] * (width - len(r)) for r in ids]
-            type_ids = [r + [0] * (width - len(r)) for r in type_ids]
-            mask = [r + [0] * (width - len(r)) for r in mask]
+            # Padding is sliced from three prebuilt rows, not rebuilt per row. A row longer than max_length
+            # (truncation off) stays as it is.
+            pads, zeros, ones = [self.pad_id] * width, [0] * width, [1] * width
+            mask = [ones[:len(r)] + zeros[:max(0, width - len(r))] if len(r) <= width else [1] * len(r)
+                    for r in ids]
+            ids = [r + pads[:max(0, width - len(r))] for r in ids]
+            type_ids = [r + zeros[:max(0, width - len(r))] for r in type_ids]
+        else:
+            mask = [[1] * len(row) for row in ids]
         return BatchEncoding(ids, type_ids, mask, lambda: self.encode_many(
             texts, pairs, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens))
 
