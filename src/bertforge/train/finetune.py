@@ -342,6 +342,7 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
                 # the loop's advice (--resume from a checkpoint) is for pretraining; a fine-tuning run keeps nothing
                 raise BertforgeError(f"{str(e).split(';')[0]}; {out} was left as it was: lower --lr or check the "
                                      "data") from None
+        distributed.barrier(d)  # the other ranks wait for rank 0's writes: gloo aborts a peer that leaves early
         return result
     finally:
         distributed.teardown()

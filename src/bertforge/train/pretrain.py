@@ -157,6 +157,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
             from bertforge.train.report import plot_metrics
 
             plot_metrics(out_dir / "metrics.jsonl", out_dir / "training_curves.png")
+        distributed.barrier(d)  # the other ranks wait for rank 0's writes: gloo aborts a peer that leaves early
         return result
     finally:
         distributed.teardown()
