@@ -443,11 +443,10 @@ class Tokenizer:
             type_ids.append(types)
         if padding:
             width = max_length if padding == "max_length" else max((len(r) for r in ids), default=0)
-            # Padding is sliced from three prebuilt rows, not rebuilt per row. A row longer than max_length
+            # Padding is sliced from prebuilt rows, not rebuilt per row. A row longer than max_length
             # (truncation off) stays as it is.
-            pads, zeros, ones = [self.pad_id] * width, [0] * width, [1] * width
-            mask = [ones[:len(r)] + zeros[:max(0, width - len(r))] if len(r) <= width else [1] * len(r)
-                    for r in ids]
+            pads, zeros = [self.pad_id] * width, [0] * width
+            mask = [[1] * len(r) + zeros[:max(0, width - len(r))] for r in ids]
             ids = [r + pads[:max(0, width - len(r))] for r in ids]
             type_ids = [r + zeros[:max(0, width - len(r))] for r in type_ids]
         else:
