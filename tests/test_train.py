@@ -94,6 +94,49 @@ def test_gradient_accumulation_takes_the_same_step(prepared, tmp_path):
     assert la == pytest.approx(lb, abs=1e-5)
 
 
+def test_a_pretraining_run_equals_a_plain_reference_loop(prepared, tmp_path):
+    """`pretrain` (loop, loss weighting, parameter groups, schedule, clipping) ends where a textbook loop with
+    transformers' BertForPreTraining and torch's AdamW ends, from the same weights on the same batches."""
+    transformers = pytest.importorskip("transformers")
+    from bertforge.checkpoint import from_hf_state_dict
+    from bertforge.config import BertConfig
+    from bertforge.data.loader import PretrainingData
+
+    config = BertConfig.from_dict(json.loads(Path(tiny_model_config(
+        tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).read_text()))
+    torch.manual_seed(5)
+    BertForPreTraining(config).save_pretrained(tmp_path / "init")
+    steps, warmup, lr = 12, 3, 3e-3
+    pretrain(prepared, tmp_path / "ours", init=tmp_path / "init",
+             loop=loop(steps=steps, warmup_steps=warmup, lr=lr, clip_grad_norm=0.5),
+             data_options=DataOptions(eval_batches=0))
+
+    ref = transformers.BertForPreTraining.from_pretrained(tmp_path / "init").train()
+    decay = [p for n, p in ref.named_parameters() if "LayerNorm" not in n and not n.endswith("bias")]
+    no_decay = [p for n, p in ref.named_parameters() if "LayerNorm" in n or n.endswith("bias")]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    batches = PretrainingData(prepared, "train", seed=DataOptions().seed).batches(8)
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr * (step / warmup if step < warmup else (steps - step) / (steps - warmup))
+        b = next(batches)
+        ref(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"], attention_mask=b["attention_mask"],
+            labels=b["mlm_labels"], next_sentence_label=b["nsp_labels"]).loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+
+    expected = from_hf_state_dict(ref.state_dict(), with_bert_prefix=True)
+    got = BertForPreTraining.from_pretrained(tmp_path / "ours", verbose=False).state_dict()
+    initial = BertForPreTraining.from_pretrained(tmp_path / "init", verbose=False).state_dict()
+    moved = 0
+    for name, value in got.items():
+        torch.testing.assert_close(value, expected[name], atol=2e-5, rtol=1e-4, msg=name)
+        moved += not torch.equal(value, initial[name])
+    assert moved > len(got) // 2  # the weights did change: the comparison is not between two initial states
+
+
 def test_schedule_and_weight_decay_groups():
     f = warmup_linear_decay(10, 110)
     assert [f(0), f(5), f(10), f(60), f(110)] == [0.0, 0.5, 1.0, 0.5, 0.0]
@@ -225,3 +268,25 @@ def test_two_processes_match_one(prepared, tmp_path):
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_a_val_split_of_one_document_reports_no_nsp_accuracy(prepared, tmp_path, shared_data, capsys):
+    """One validation document gives IsNext pairs only: an NSP accuracy on it would be meaningless."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for f in sorted((shared_data / "corpus" / "sotu").glob("18*.txt"))[:4]:
+        shutil.copy(f, corpus / f.name)
+    for seed in range(50):  # the split is drawn per document: find a seed that leaves exactly one in val
+        out = tmp_path / f"data{seed}"
+        assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(prepared / "tokenizer"), "--out",
+                     str(out), "--max-seq-len", "64", "--val-fraction", "0.3", "--seed", str(seed), "--workers",
+                     "1", "--no-progress"]) == 0
+        if json.loads((out / "manifest.json").read_text())["counts"]["val"]["documents"] == 1:
+            break
+    else:
+        pytest.fail("no seed put exactly one document in val")
+    assert "the val split has a single document" in capsys.readouterr().out
+    result = pretrain(out, tmp_path / "run", model=tiny_model_config(tmp_path), loop=loop(steps=2),
+                      data_options=DataOptions(eval_batches=2))
+    assert set(result.final_metrics) == {"mlm_accuracy", "mlm_loss", "mlm_perplexity"}
+    assert "NSP accuracy is not reported" in capsys.readouterr().out

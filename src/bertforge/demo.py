@@ -199,7 +199,7 @@ def _table(s: dict) -> str:
     p, ft = s["pretraining"], s["finetune"]
     rows = [
         ("pretraining MLM accuracy (val)", f"{100 * p['mlm_accuracy']:.1f}%"),
-        ("pretraining NSP accuracy (val)", f"{100 * p['nsp_accuracy']:.1f}%"),
+        ("pretraining NSP accuracy (val)", f"{100 * p['nsp_accuracy']:.1f}%" if "nsp_accuracy" in p else "n/a"),
         ("Rotten Tomatoes test accuracy, from pretrained", f"{ft['pretrained']['test']['accuracy']:.1f}%"),
         ("Rotten Tomatoes test accuracy, from scratch", f"{ft['scratch']['test']['accuracy']:.1f}%"),
     ]

@@ -85,6 +85,10 @@ def _counts_text(m: dict) -> str:
         lines.append("reading: " + json.dumps(counts))
     if reading["skipped_files"]:
         lines.append("skipped files: " + ", ".join(f"{n} {why}" for why, n in reading["skipped_files"].items()))
+    val_docs = m["counts"].get("val", {}).get("documents", 0)
+    if val_docs == 1:
+        lines.append("warning: the val split has a single document, so it has no NotNext pairs (B must come from "
+                     "another document) and pretraining reports no NSP accuracy; raise --val-fraction")
     return "\n".join(lines)
 
 

@@ -46,8 +46,10 @@ class PretrainingObjective:
         return {"mlm": out.mlm_loss, "nsp": out.nsp_loss}
 
 
-def evaluate_pretraining(model: BertForPreTraining, batches: list[dict], device: torch.device) -> dict[str, float]:
-    """MLM accuracy and perplexity over masked positions, NSP accuracy, on fixed validation batches."""
+def evaluate_pretraining(model: BertForPreTraining, batches: list[dict], device: torch.device, *,
+                         nsp: bool = True) -> dict[str, float]:
+    """MLM accuracy and perplexity over masked positions, NSP accuracy (unless `nsp` is False: a split of one
+    document has IsNext pairs only), on fixed validation batches."""
     mlm_loss_sum = mlm_correct = mlm_n = nsp_correct = nsp_n = 0.0
     for batch in batches:
         b = {k: v.to(device) for k, v in batch.items()}
@@ -60,8 +62,11 @@ def evaluate_pretraining(model: BertForPreTraining, batches: list[dict], device:
         nsp_correct += float((out.nsp_logits.argmax(-1) == b["nsp_labels"]).sum())
         nsp_n += b["nsp_labels"].numel()
     mean = mlm_loss_sum / max(mlm_n, 1)
-    return {"mlm_accuracy": mlm_correct / max(mlm_n, 1), "mlm_loss": mean,
-            "mlm_perplexity": math.exp(min(mean, 50.0)), "nsp_accuracy": nsp_correct / max(nsp_n, 1)}
+    results = {"mlm_accuracy": mlm_correct / max(mlm_n, 1), "mlm_loss": mean,
+               "mlm_perplexity": math.exp(min(mean, 50.0))}
+    if nsp:
+        results["nsp_accuracy"] = nsp_correct / max(nsp_n, 1)
+    return results
 
 
 def resolve_model_config(spec: str, vocab_size: int, max_seq_len: int) -> BertConfig:
@@ -124,11 +129,14 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
         micro, _ = loop.accumulation(d.world_size)
         evaluate = None
         if d.is_main and opts.eval_batches > 0:
-            val = load("val", 0, 1) if _has_split(data_dir, "val") else None
-            if val is not None:
-                it = val.batches(micro)
+            val_docs = _split_documents(data_dir, "val")
+            if val_docs:
+                it = load("val", 0, 1).batches(micro)
                 val_batches = [next(it) for _ in range(opts.eval_batches)]
-                evaluate = lambda m: evaluate_pretraining(m, val_batches, d.device)  # noqa: E731
+                if val_docs == 1:
+                    print("the val split has a single document, so no NotNext pairs: NSP accuracy is not reported "
+                          "(prepare with a larger --val-fraction to have it)")
+                evaluate = lambda m: evaluate_pretraining(m, val_batches, d.device, nsp=val_docs > 1)  # noqa: E731
 
         tok_dir = Path(data_dir) / "tokenizer"
 
@@ -163,10 +171,10 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
         distributed.teardown()
 
 
-def _has_split(data_dir: str | Path, split: str) -> bool:
+def _split_documents(data_dir: str | Path, split: str) -> int:
     from bertforge.data.shards import read_manifest
 
     manifest = read_manifest(Path(data_dir))
     splits = manifest.get("splits", {})
     info = splits.get(split) if isinstance(splits, dict) else None
-    return bool(info) and info.get("documents", 0) > 0
+    return int(info.get("documents", 0)) if info else 0
