@@ -188,6 +188,22 @@ def test_batch_padding(uncased):
     assert uncased.encode_batch([]).ids == []
 
 
+def test_tensors_are_the_padded_lists(uncased):
+    """to_tensors pads on its own (vectorised) path; it must give exactly what the padded lists hold."""
+    texts, pairs = ["low", "low lowest abcd", "", "a a a"], ["a", "x", "low low", ""]
+    for kw in ({}, {"max_length": 9, "padding": "max_length"}, {"max_length": 5}):
+        for p in (None, pairs):
+            t = uncased.encode_batch(texts, p, **kw).to_tensors()  # before any list is built
+            lists = uncased.encode_batch(texts, p, **kw)
+            assert t["input_ids"].tolist() == lists.ids
+            assert t["token_type_ids"].tolist() == lists.type_ids
+            assert t["attention_mask"].tolist() == lists.attention_mask
+    over = uncased.encode_batch(["low", "low low low low low"], max_length=5, padding="max_length", truncation=False)
+    with pytest.raises(ValueError, match="differ in length"):
+        over.to_tensors()
+    assert uncased.encode_batch(["low", "a"], padding=False).to_tensors()["input_ids"].shape == (2, 3)
+
+
 def test_tokenize_ids_has_no_special_tokens(uncased):
     assert uncased.tokenize_ids(["low lowest", "", "abcd!"]) == [[15, 16], [], [20, 23, 13]]
 

@@ -221,14 +221,44 @@ class Encoding:
 
 
 class BatchEncoding:
-    """A padded batch: `ids`, `type_ids`, `attention_mask` are lists of equal-length lists (unless
-    padding=False); `encodings` holds each item unpadded, with its offsets and word ids (computed on first
-    access)."""
+    """A batch of model inputs: `ids`, `type_ids`, `attention_mask` are lists of equal-length lists (unless
+    padding=False, or a row is longer than max_length with truncation off); `to_tensors()` gives them as
+    tensors; `encodings` holds each item unpadded, with its offsets and word ids (computed on first access).
 
-    def __init__(self, ids: list[list[int]], type_ids: list[list[int]], attention_mask: list[list[int]],
+    Padding is applied when it is first asked for: `to_tensors()` pads in one vectorised pass, without ever
+    building the padded Python lists, and the lists are built only when `ids` and friends are read."""
+
+    def __init__(self, ids: list[list[int]], type_ids: list[list[int]], *, width: int | None, pad_id: int,
                  encodings: list[Encoding] | Callable[[], list[Encoding]]):
-        self.ids, self.type_ids, self.attention_mask = ids, type_ids, attention_mask
+        self._rows, self._type_rows = ids, type_ids  # unpadded
+        self.width, self.pad_id = width, pad_id  # width None: no padding
+        self._padded: tuple[list[list[int]], list[list[int]], list[list[int]]] | None = None
         self._encodings = encodings
+
+    def _lists(self) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+        if self._padded is None:
+            rows, types, width = self._rows, self._type_rows, self.width
+            if width is None:
+                self._padded = rows, types, [[1] * len(r) for r in rows]
+            else:
+                # Sliced from prebuilt rows, not rebuilt per row. A row longer than width stays as it is.
+                pads, zeros = [self.pad_id] * width, [0] * width
+                self._padded = ([r + pads[:max(0, width - len(r))] for r in rows],
+                                [r + zeros[:max(0, width - len(r))] for r in types],
+                                [[1] * len(r) + zeros[:max(0, width - len(r))] for r in rows])
+        return self._padded
+
+    @property
+    def ids(self) -> list[list[int]]:
+        return self._lists()[0]
+
+    @property
+    def type_ids(self) -> list[list[int]]:
+        return self._lists()[1]
+
+    @property
+    def attention_mask(self) -> list[list[int]]:
+        return self._lists()[2]
 
     @property
     def encodings(self) -> list[Encoding]:
@@ -237,20 +267,30 @@ class BatchEncoding:
         return self._encodings
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self._rows)
 
     def __repr__(self) -> str:
-        return f"BatchEncoding(size={len(self.ids)}, length={max(map(len, self.ids), default=0)})"
+        length = max(map(len, self._rows), default=0) if self.width is None else max(self.width, max(
+            map(len, self._rows), default=0))
+        return f"BatchEncoding(size={len(self._rows)}, length={length})"
 
     def to_tensors(self) -> dict[str, Any]:
         """{"input_ids", "token_type_ids", "attention_mask"}: torch LongTensors of shape (B, T)."""
+        import numpy as np
         import torch
 
-        if len({len(row) for row in self.ids}) > 1:
+        lengths = np.fromiter(map(len, self._rows), dtype=np.int64, count=len(self._rows))
+        width = self.width if self.width is not None else int(lengths.max(initial=0))
+        if (lengths > width).any() or (self.width is None and (lengths != width).any()):
             raise ValueError("rows differ in length; encode with padding='longest' or 'max_length' first")
-        return {"input_ids": torch.tensor(self.ids, dtype=torch.long),
-                "token_type_ids": torch.tensor(self.type_ids, dtype=torch.long),
-                "attention_mask": torch.tensor(self.attention_mask, dtype=torch.long)}
+        total = int(lengths.sum())
+        mask = np.arange(width) < lengths[:, None]  # (B, T), True on real tokens, row-major like the rows
+        ids = np.full(mask.shape, self.pad_id, dtype=np.int64)
+        ids[mask] = np.fromiter(itertools.chain.from_iterable(self._rows), dtype=np.int64, count=total)
+        types = np.zeros(mask.shape, dtype=np.int64)
+        types[mask] = np.fromiter(itertools.chain.from_iterable(self._type_rows), dtype=np.int64, count=total)
+        return {"input_ids": torch.from_numpy(ids), "token_type_ids": torch.from_numpy(types),
+                "attention_mask": torch.from_numpy(mask.astype(np.int64))}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -441,17 +481,10 @@ class Tokenizer:
             row, types = self._join(a[:len_a], None if b is None else b[:len_b], add_special_tokens)
             ids.append(row)
             type_ids.append(types)
+        width = None
         if padding:
             width = max_length if padding == "max_length" else max((len(r) for r in ids), default=0)
-            # Padding is sliced from prebuilt rows, not rebuilt per row. A row longer than max_length
-            # (truncation off) stays as it is.
-            pads, zeros = [self.pad_id] * width, [0] * width
-            mask = [[1] * len(r) + zeros[:max(0, width - len(r))] for r in ids]
-            ids = [r + pads[:max(0, width - len(r))] for r in ids]
-            type_ids = [r + zeros[:max(0, width - len(r))] for r in type_ids]
-        else:
-            mask = [[1] * len(row) for row in ids]
-        return BatchEncoding(ids, type_ids, mask, lambda: self.encode_many(
+        return BatchEncoding(ids, type_ids, width=width, pad_id=self.pad_id, encodings=lambda: self.encode_many(
             texts, pairs, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens))
 
     @staticmethod
