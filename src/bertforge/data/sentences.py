@@ -44,6 +44,8 @@ what which who whom whose where why how let no not all some many most each every
 to by from with without under over during through among between let's it's i'm we're
 """)
 
+_ABBREVIATIONS = _TITLES | _OTHER | _BEFORE_NUMBER  # a lowercase word outside these ends a sentence at once
+
 _CLOSERS = "\"')]}\u2019\u201d\u00bb"
 _OPENERS = "\"'([{\u2018\u201c\u00ab\u00bf\u00a1"
 
@@ -54,25 +56,22 @@ _INITIALISM = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")  # U.S, e.g, i.e, Ph.D is
 
 
 def _is_boundary(text: str, m: re.Match) -> bool:
-    term = m.group("term")
-    if m.end() >= len(text):
+    end = m.end()
+    if end >= len(text):
         return False
-    nxt = text[m.end()]
-    if nxt.islower():
+    nxt = text[end]
+    if nxt.islower() or nxt in "-\u2013\u2014,;:%)]}":
         return False
-    if nxt in "-\u2013\u2014,;:%)]}":
-        return False
-    nm = _NEXT_WORD.match(text, m.end())
-    next_word = nm.group(1) if nm else ""
-    if term != ".":
+    if m.group("term") != ".":
         # `!`, `?` and ellipses: a boundary before anything that can start a sentence.
         return True
     if m.group("close"):
         return True  # `... he said "Stop." Then ...`: the period closed a quotation or parenthesis
-    word = text[text.rfind(" ", 0, m.start()) + 1:m.start()]
-    stem = word.lstrip(_OPENERS).rstrip(".")
+    start = m.start()
+    stem = text[text.rfind(" ", 0, start) + 1:start].lstrip(_OPENERS).rstrip(".")
+    if len(stem) > 1 and stem.islower() and stem.isalpha() and stem not in _ABBREVIATIONS:
+        return True  # the common case: a plain lowercase word ends the sentence
     low = stem.lower()
-    starter = next_word.lower() in _STARTERS
     if nxt.isdigit():
         # `No. 5` continues; `in 1990. 2000 was` is a boundary.
         return low not in _BEFORE_NUMBER
@@ -80,10 +79,16 @@ def _is_boundary(text: str, m: re.Match) -> bool:
         return False
     if len(stem) == 1 and stem.isupper():
         # A single initial (`John F. Kennedy`, `Section A. The ...`): split only before a starter word.
-        return starter
+        return _next_word_starts(text, end)
     if _INITIALISM.match(stem) or low in _OTHER:
-        return starter
+        return _next_word_starts(text, end)
     return True
+
+
+def _next_word_starts(text: str, at: int) -> bool:
+    """Whether the word at `at` (after opening marks) is one that usually starts a sentence."""
+    nm = _NEXT_WORD.match(text, at)
+    return nm is not None and nm.group(1).lower() in _STARTERS
 
 
 def _spans(text: str) -> list[tuple[int, int]]:
