@@ -191,7 +191,8 @@ def test_batch_padding(uncased):
 def test_tensors_are_the_padded_lists(uncased):
     """to_tensors pads on its own (vectorised) path; it must give exactly what the padded lists hold."""
     texts, pairs = ["low", "low lowest abcd", "", "a a a"], ["a", "x", "low low", ""]
-    for kw in ({}, {"max_length": 9, "padding": "max_length"}, {"max_length": 5}):
+    for kw in ({}, {"max_length": 9, "padding": "max_length"}, {"max_length": 5}, {"add_special_tokens": False},
+               {"max_length": 4, "add_special_tokens": False}):
         for p in (None, pairs):
             t = uncased.encode_batch(texts, p, **kw).to_tensors()  # before any list is built
             lists = uncased.encode_batch(texts, p, **kw)

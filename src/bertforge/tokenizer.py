@@ -220,33 +220,61 @@ class Encoding:
         return [None if w is None else t for w, t in zip(self.word_ids, self.type_ids, strict=True)]
 
 
+def _join(a: list[int], b: list[int] | None, specials: tuple[int, int] | None) -> tuple[list[int], list[int]]:
+    """(ids, type_ids) of `[CLS] a [SEP] b [SEP]` with specials = (cls_id, sep_id), or of a + b without."""
+    if specials is not None:
+        ids = [specials[0], *a, specials[1]]
+        n_a = len(ids)
+        if b is not None:
+            ids += [*b, specials[1]]
+    else:
+        ids = list(a) if b is None else [*a, *b]
+        n_a = len(a)
+    return ids, [0] * n_a + [1] * (len(ids) - n_a)
+
+
 class BatchEncoding:
     """A batch of model inputs: `ids`, `type_ids`, `attention_mask` are lists of equal-length lists (unless
     padding=False, or a row is longer than max_length with truncation off); `to_tensors()` gives them as
     tensors; `encodings` holds each item unpadded, with its offsets and word ids (computed on first access).
 
-    Padding is applied when it is first asked for: `to_tensors()` pads in one vectorised pass, without ever
-    building the padded Python lists, and the lists are built only when `ids` and friends are read."""
+    Rows are assembled when first asked for: `to_tensors()` places the segments, special tokens and padding
+    straight into arrays in a few vectorised steps, never building per-row Python lists; `ids` and friends
+    build the lists on first read."""
 
-    def __init__(self, ids: list[list[int]], type_ids: list[list[int]], *, width: int | None, pad_id: int,
+    def __init__(self, a: list[list[int]], b: list[list[int]] | None, len_a: list[int], len_b: list[int] | None,
+                 *, specials: tuple[int, int] | None, width: int | None, pad_id: int,
                  encodings: list[Encoding] | Callable[[], list[Encoding]]):
-        self._rows, self._type_rows = ids, type_ids  # unpadded
+        self._a, self._b, self._len_a, self._len_b = a, b, len_a, len_b  # segments and their truncated lengths
+        self._specials = specials  # (cls_id, sep_id), or None without special tokens
         self.width, self.pad_id = width, pad_id  # width None: no padding
-        self._padded: tuple[list[list[int]], list[list[int]], list[list[int]]] | None = None
+        self._lists_cache: tuple[list[list[int]], list[list[int]], list[list[int]]] | None = None
         self._encodings = encodings
 
+    def _rows(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Unpadded (ids, type_ids) per item: `[CLS] a [SEP] b [SEP]`, or a + b without special tokens."""
+        ids, types = [], []
+        b_all = self._b if self._b is not None else [None] * len(self._a)
+        lb_all = self._len_b if self._len_b is not None else [0] * len(self._a)
+        for a, b, la, lb in zip(self._a, b_all, self._len_a, lb_all, strict=True):
+            row, row_types = _join(a[:la], None if b is None else b[:lb], self._specials)
+            ids.append(row)
+            types.append(row_types)
+        return ids, types
+
     def _lists(self) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
-        if self._padded is None:
-            rows, types, width = self._rows, self._type_rows, self.width
+        if self._lists_cache is None:
+            rows, types = self._rows()
+            width = self.width
             if width is None:
-                self._padded = rows, types, [[1] * len(r) for r in rows]
+                self._lists_cache = rows, types, [[1] * len(r) for r in rows]
             else:
                 # Sliced from prebuilt rows, not rebuilt per row. A row longer than width stays as it is.
                 pads, zeros = [self.pad_id] * width, [0] * width
-                self._padded = ([r + pads[:max(0, width - len(r))] for r in rows],
-                                [r + zeros[:max(0, width - len(r))] for r in types],
-                                [[1] * len(r) + zeros[:max(0, width - len(r))] for r in rows])
-        return self._padded
+                self._lists_cache = ([r + pads[:max(0, width - len(r))] for r in rows],
+                                     [r + zeros[:max(0, width - len(r))] for r in types],
+                                     [[1] * len(r) + zeros[:max(0, width - len(r))] for r in rows])
+        return self._lists_cache
 
     @property
     def ids(self) -> list[list[int]]:
@@ -267,30 +295,58 @@ class BatchEncoding:
         return self._encodings
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._a)
+
+    def _lengths(self):
+        import numpy as np
+
+        la = np.asarray(self._len_a, dtype=np.int64)
+        lb = np.asarray(self._len_b, dtype=np.int64) if self._len_b is not None else np.zeros_like(la)
+        n_special = 0 if self._specials is None else (2 if self._b is None else 3)
+        return la, lb, la + lb + n_special
 
     def __repr__(self) -> str:
-        length = max(map(len, self._rows), default=0) if self.width is None else max(self.width, max(
-            map(len, self._rows), default=0))
-        return f"BatchEncoding(size={len(self._rows)}, length={length})"
+        lengths = self._lengths()[2]
+        longest = int(lengths.max(initial=0))
+        return f"BatchEncoding(size={len(self)}, length={longest if self.width is None else max(self.width, longest)})"
 
     def to_tensors(self) -> dict[str, Any]:
         """{"input_ids", "token_type_ids", "attention_mask"}: torch LongTensors of shape (B, T)."""
         import numpy as np
         import torch
 
-        lengths = np.fromiter(map(len, self._rows), dtype=np.int64, count=len(self._rows))
+        la, lb, lengths = self._lengths()
         width = self.width if self.width is not None else int(lengths.max(initial=0))
         if (lengths > width).any() or (self.width is None and (lengths != width).any()):
             raise ValueError("rows differ in length; encode with padding='longest' or 'max_length' first")
-        total = int(lengths.sum())
-        mask = np.arange(width) < lengths[:, None]  # (B, T), True on real tokens, row-major like the rows
-        ids = np.full(mask.shape, self.pad_id, dtype=np.int64)
-        ids[mask] = np.fromiter(itertools.chain.from_iterable(self._rows), dtype=np.int64, count=total)
-        types = np.zeros(mask.shape, dtype=np.int64)
-        types[mask] = np.fromiter(itertools.chain.from_iterable(self._type_rows), dtype=np.int64, count=total)
+        n, cols = len(la), np.arange(width)
+        if n == 0:
+            empty = torch.zeros((0, width), dtype=torch.long)
+            return {"input_ids": empty, "token_type_ids": empty.clone(), "attention_mask": empty.clone()}
+        rows = np.arange(n)
+        ids = np.full((n, width), self.pad_id, dtype=np.int64)
+        types = np.zeros((n, width), dtype=np.int64)
+        start = 0 if self._specials is None else 1  # where segment A begins
+        a_end = start + la
+        a_cells = (cols >= start) & (cols < a_end[:, None])  # (B, T), row-major like the flattened segments
+        ids[a_cells] = np.fromiter(itertools.chain.from_iterable(map(itertools.islice, self._a, self._len_a)),
+                                   dtype=np.int64, count=int(la.sum()))
+        if self._specials is not None:
+            cls, sep = self._specials
+            ids[:, 0] = cls
+            ids[rows, a_end] = sep
+            a_end = a_end + 1
+        if self._b is not None:
+            b_cells = (cols >= a_end[:, None]) & (cols < (a_end + lb)[:, None])
+            ids[b_cells] = np.fromiter(itertools.chain.from_iterable(map(itertools.islice, self._b, self._len_b)),
+                                       dtype=np.int64, count=int(lb.sum()))
+            types[b_cells] = 1
+            if self._specials is not None:
+                ids[rows, a_end + lb] = self._specials[1]
+                types[rows, a_end + lb] = 1
+        mask = (cols < lengths[:, None]).astype(np.int64)
         return {"input_ids": torch.from_numpy(ids), "token_type_ids": torch.from_numpy(types),
-                "attention_mask": torch.from_numpy(mask.astype(np.int64))}
+                "attention_mask": torch.from_numpy(mask)}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -473,19 +529,24 @@ class Tokenizer:
         if padding == "max_length" and max_length is None:
             raise ValueError("padding='max_length' needs max_length")
         a_ids = [e.ids for e in self._segments(texts, offsets=False)]
-        b_ids = [None] * len(texts) if pairs is None else [e.ids for e in self._segments(pairs, offsets=False)]
-        ids, type_ids = [], []
-        for a, b in zip(a_ids, b_ids, strict=True):
-            len_a, len_b = self._lengths(len(a), None if b is None else len(b), max_length, strategy,
-                                         add_special_tokens)
-            row, types = self._join(a[:len_a], None if b is None else b[:len_b], add_special_tokens)
-            ids.append(row)
-            type_ids.append(types)
+        b_ids = None if pairs is None else [e.ids for e in self._segments(pairs, offsets=False)]
+        specials = (self.cls_id, self.sep_id) if add_special_tokens else None
+        n_special = 0 if specials is None else (2 if b_ids is None else 3)
+        len_a, len_b, longest = [], None if b_ids is None else [], 0
+        for i, a in enumerate(a_ids):
+            la, lb = self._lengths(len(a), None if b_ids is None else len(b_ids[i]), max_length, strategy,
+                                   add_special_tokens)
+            len_a.append(la)
+            if len_b is not None:
+                len_b.append(lb)
+            longest = max(longest, la + (lb or 0) + n_special)
         width = None
         if padding:
-            width = max_length if padding == "max_length" else max((len(r) for r in ids), default=0)
-        return BatchEncoding(ids, type_ids, width=width, pad_id=self.pad_id, encodings=lambda: self.encode_many(
-            texts, pairs, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens))
+            width = max_length if padding == "max_length" else longest
+        return BatchEncoding(a_ids, b_ids, len_a, len_b, specials=specials, width=width, pad_id=self.pad_id,
+                             encodings=lambda: self.encode_many(texts, pairs, max_length=max_length,
+                                                                truncation=truncation,
+                                                                add_special_tokens=add_special_tokens))
 
     @staticmethod
     def _batch_inputs(texts: Sequence[str], pairs: Sequence[str] | None,
@@ -534,24 +595,14 @@ class Tokenizer:
             raise ValueError(f"max_length {max_length} leaves no room for the {n_special} special tokens")
         return _truncated_lengths(len_a, len_b, len_a + (len_b or 0) + n_special - max_length, strategy)
 
-    def _join(self, a: list, b: list | None, add_special_tokens: bool) -> tuple[list[int], list[int]]:
-        """(ids, type_ids) of `[CLS] a [SEP] b [SEP]`, or of a + b without special tokens."""
-        if add_special_tokens:
-            ids = [self.cls_id, *a, self.sep_id]
-            n_a = len(ids)
-            if b is not None:
-                ids += [*b, self.sep_id]
-        else:
-            ids = list(a) if b is None else [*a, *b]
-            n_a = len(a)
-        return ids, [0] * n_a + [1] * (len(ids) - n_a)
 
     def _assemble(self, a: tokenizers.Encoding, b: tokenizers.Encoding | None, max_length: int | None,
                   strategy: str | None, add_special_tokens: bool) -> Encoding:
         """Truncate the special-free segment encodings by the reference's rule, then add [CLS]/[SEP]."""
         len_a, len_b = self._lengths(len(a.ids), None if b is None else len(b.ids), max_length, strategy,
                                      add_special_tokens)
-        ids, type_ids = self._join(a.ids[:len_a], None if b is None else b.ids[:len_b], add_special_tokens)
+        specials = (self.cls_id, self.sep_id) if add_special_tokens else None
+        ids, type_ids = _join(a.ids[:len_a], None if b is None else b.ids[:len_b], specials)
         edge = [None] if add_special_tokens else []  # what the [CLS]/[SEP] positions get
         offsets, words = a.offsets[:len_a], a.word_ids[:len_a]
         if add_special_tokens:
