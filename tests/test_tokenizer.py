@@ -410,3 +410,19 @@ def test_ascii_fast_path_equals_full_pipeline(lowercase):
     assert fast_share > 0.5  # the comparison mostly exercises the fast path
     for text, f, g in zip(texts, routed, full, strict=True):
         assert (f.ids, f.offsets, f.word_ids) == (g.ids, g.offsets, g.word_ids), repr(text)
+
+
+def test_unicode_classes_are_cached_on_disk_and_a_bad_cache_is_rebuilt(tmp_path, monkeypatch):
+    from bertforge import tokenizer as module
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = module._build_unicode_classes()
+    assert module._unicode_classes.__wrapped__() == built
+    (path,) = (tmp_path / "bertforge").glob("unicode-classes-*.json")
+    assert json.loads(path.read_text()) == built
+    path.write_text('{"control": "[')  # truncated: ignored, rebuilt and rewritten
+    assert module._unicode_classes.__wrapped__() == built
+    assert json.loads(path.read_text()) == built
+    planted = {name: "[a]" for name in built}  # a well-formed cache is believed, not rebuilt
+    path.write_text(json.dumps(planted))
+    assert module._unicode_classes.__wrapped__() == planted

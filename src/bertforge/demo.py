@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
-from bertforge.io import write_json, write_text
+from bertforge.io import cache_dir, write_json, write_text
 
 FILL_MASK_EXAMPLES = [
     "the congress of the united [MASK] shall meet.",
@@ -48,12 +48,6 @@ class DemoOptions:
 def _say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
-
-def _default_cache() -> Path:
-    import os
-
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "bertforge"
 
 
 def calibrate_steps(data_dir: Path, model: str, batch_size: int, minutes: float, seed: int) -> tuple[int, float]:
@@ -98,7 +92,7 @@ def run_demo(o: DemoOptions) -> dict:
     started = time.time()
 
     _say("1/6 demo data")
-    data = fetch_demo_data(Path(o.cache) if o.cache else _default_cache(), progress=o.progress)
+    data = fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
     corpus = o.corpus or [str(data.corpus_dir)]
     print(f"corpus: {', '.join(corpus)}\nsentiment task: {data.sentiment_dir}")
 

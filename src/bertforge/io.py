@@ -17,6 +17,12 @@ from pathlib import Path
 from typing import Any
 
 
+def cache_dir() -> Path:
+    """bertforge's cache directory: $XDG_CACHE_HOME/bertforge, by default ~/.cache/bertforge."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bertforge"
+
+
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)

@@ -34,6 +34,7 @@ Conventions:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import gzip
@@ -72,14 +73,38 @@ _ASCII_PUNCT_RANGES = ((33, 47), (58, 64), (91, 96), (123, 126))
 # The pipeline
 
 
+_CLASS_NAMES = ("control", "space", "mark", "split", "cased", "case_ignorable")
+
+
 @functools.cache
 def _unicode_classes() -> dict[str, str]:
     """Regex character classes (Oniguruma syntax) built from this Python's Unicode tables.
 
     Keys: control (dropped), space (becomes " "), mark (Mn, dropped when uncased), split (isolated:
-    punctuation and CJK), cased and case_ignorable (the context of Python's final-sigma rule). Takes about
-    half a second once per process; unpickled tokenizers do not need it.
+    punctuation and CJK), cased and case_ignorable (the context of Python's final-sigma rule). Building
+    them takes about 0.3 s, so they are kept in the cache directory, keyed by the Unicode version and a hash
+    of the code that builds them; unpickled tokenizers do not need them at all.
     """
+    import inspect
+
+    from bertforge.io import cache_dir, write_json
+
+    source = inspect.getsource(_build_unicode_classes) + inspect.getsource(_char_class) + repr(
+        (_CJK_RANGES, _ASCII_PUNCT_RANGES))
+    key = hashlib.sha256(f"{unicodedata.unidata_version} {sys.maxunicode} {source}".encode()).hexdigest()[:16]
+    path = cache_dir() / f"unicode-classes-{key}.json"
+    with contextlib.suppress(OSError, ValueError):
+        cached = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(cached, dict) and set(cached) == set(_CLASS_NAMES) and all(
+                isinstance(v, str) for v in cached.values()):
+            return cached
+    classes = _build_unicode_classes()
+    with contextlib.suppress(OSError):  # a read-only home only costs the 0.3 s again next time
+        write_json(path, classes)
+    return classes
+
+
+def _build_unicode_classes() -> dict[str, str]:
     n = sys.maxunicode + 1
     flags = {name: bytearray(n) for name in ("control", "space", "mark", "split")}
     letters: list[tuple[int, int]] = []  # runs that can hold cased or case-ignorable characters
