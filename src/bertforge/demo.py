@@ -134,8 +134,9 @@ def run_demo(o: DemoOptions) -> dict:
             write_json(plan_file, plan)
         steps = plan["steps"]
         print(f"{steps} steps of {o.batch_size} x 128 tokens (measured {plan['seconds_per_step']:.2f} s/step)")
+        # Rounded up, so no evaluation falls a step or two before the final one.
         loop = LoopConfig(steps=steps, batch_size=o.batch_size, lr=o.lr, warmup_steps=max(1, steps // 10),
-                          eval_every=max(1, steps // 5), save_every=max(1, steps // 10), log_every=10,
+                          eval_every=-(-steps // 5), save_every=-(-steps // 10), log_every=10,
                           seed=o.seed, progress=o.progress)
         resume = (pre_dir / "checkpoints").is_dir()
         pretrain(data_dir, pre_dir, model=o.model, loop=loop, data_options=DataOptions(seed=o.seed, eval_batches=20),
