@@ -330,9 +330,13 @@ class BatchEncoding:
         n_special = 0 if self._specials is None else (2 if self._b is None else 3)
         return la, lb, la + lb + n_special
 
+    @property
+    def longest(self) -> int:
+        """Tokens in the longest item, special tokens included."""
+        return int(self._lengths()[2].max(initial=0))
+
     def __repr__(self) -> str:
-        lengths = self._lengths()[2]
-        longest = int(lengths.max(initial=0))
+        longest = self.longest
         return f"BatchEncoding(size={len(self)}, length={longest if self.width is None else max(self.width, longest)})"
 
     def to_tensors(self) -> dict[str, Any]:
@@ -555,23 +559,22 @@ class Tokenizer:
             raise ValueError("padding='max_length' needs max_length")
         a_ids = [e.ids for e in self._segments(texts, offsets=False)]
         b_ids = None if pairs is None else [e.ids for e in self._segments(pairs, offsets=False)]
-        specials = (self.cls_id, self.sep_id) if add_special_tokens else None
-        n_special = 0 if specials is None else (2 if b_ids is None else 3)
-        len_a, len_b, longest = [], None if b_ids is None else [], 0
+        len_a, len_b = [], None if b_ids is None else []
         for i, a in enumerate(a_ids):
             la, lb = self._lengths(len(a), None if b_ids is None else len(b_ids[i]), max_length, strategy,
                                    add_special_tokens)
             len_a.append(la)
             if len_b is not None:
                 len_b.append(lb)
-            longest = max(longest, la + (lb or 0) + n_special)
-        width = None
+        batch = BatchEncoding(a_ids, b_ids, len_a, len_b,
+                              specials=(self.cls_id, self.sep_id) if add_special_tokens else None, width=None,
+                              pad_id=self.pad_id,
+                              encodings=lambda: self.encode_many(texts, pairs, max_length=max_length,
+                                                                 truncation=truncation,
+                                                                 add_special_tokens=add_special_tokens))
         if padding:
-            width = max_length if padding == "max_length" else longest
-        return BatchEncoding(a_ids, b_ids, len_a, len_b, specials=specials, width=width, pad_id=self.pad_id,
-                             encodings=lambda: self.encode_many(texts, pairs, max_length=max_length,
-                                                                truncation=truncation,
-                                                                add_special_tokens=add_special_tokens))
+            batch.width = max_length if padding == "max_length" else batch.longest
+        return batch
 
     @staticmethod
     def _batch_inputs(texts: Sequence[str], pairs: Sequence[str] | None,

@@ -129,7 +129,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
         micro, _ = loop.accumulation(d.world_size)
         evaluate = None
         if d.is_main and opts.eval_batches > 0:
-            val_docs = _split_documents(data_dir, "val")
+            val_docs = int(train_data.manifest.get("splits", {}).get("val", {}).get("documents", 0))
             if val_docs:
                 it = load("val", 0, 1).batches(micro)
                 val_batches = [next(it) for _ in range(opts.eval_batches)]
@@ -170,11 +170,3 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
     finally:
         distributed.teardown()
 
-
-def _split_documents(data_dir: str | Path, split: str) -> int:
-    from bertforge.data.shards import read_manifest
-
-    manifest = read_manifest(Path(data_dir))
-    splits = manifest.get("splits", {})
-    info = splits.get(split) if isinstance(splits, dict) else None
-    return int(info.get("documents", 0)) if info else 0
