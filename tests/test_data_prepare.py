@@ -109,6 +109,10 @@ def test_bad_input_is_summarised_and_the_rest_prepared(tmp_path):
     assert m["counts"]["train"]["documents"] == 2
     mask_id = tokenizer().mask_id
     assert all(mask_id not in s for d in shard_documents(tmp_path / "data", "train") for s in d)
+    # Sentence lengths shrink with the dropped token: the document reads back sentence by sentence.
+    expected = [tuple(i for i in ids if i != mask_id)
+                for ids in tokenizer().tokenize_ids(["The caf\ufffd was open.", "It was [MASK] late."])]
+    assert tuple(expected) in {tuple(map(tuple, d)) for d in shard_documents(tmp_path / "data", "train")}
 
 
 def test_refuses_to_mix_tokenizers(tmp_path):

