@@ -130,6 +130,36 @@ def test_sequence_classification_and_regression(num_labels):
     close(out.loss, ref.loss)
 
 
+def test_cls_only_last_layer_gives_the_full_models_cls_state():
+    hf, ours, hc = paired(transformers.BertModel, BertModel)
+    ids, types, mask = padded_pair_batch(hc.vocab_size)
+    ref = hf(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    out = ours(ids, types, mask, cls_only=True)
+    assert out.sequence_output.shape == (ids.shape[0], 1, hc.hidden_size)
+    close(out.sequence_output[:, 0], ref.last_hidden_state[:, 0])
+    close(out.pooled_output, ref.pooler_output)
+
+
+def test_classification_gradients_match_reference():
+    # Our classifier computes the last layer at [CLS] only; the reference computes it everywhere.
+    torch.manual_seed(0)
+    hc = tiny_hf_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
+    hf = transformers.BertForSequenceClassification(hc).train()
+    ours = BertForSequenceClassification(our_config(hc)).train()
+    load_state(ours, hf.state_dict(), verbose=False)
+    ids, types, mask = padded_pair_batch(hc.vocab_size)
+    labels = torch.tensor([0, 2, 1])
+    hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels).loss.backward()
+    ours(ids, types, mask, labels=labels).loss.backward()
+    from bertforge.checkpoint import from_hf_state_dict
+
+    ref_grads = from_hf_state_dict({n: p.grad for n, p in hf.named_parameters()}, with_bert_prefix=True)
+    for name, p in ours.named_parameters():
+        ref = ref_grads[name]
+        assert ref is not None and p.grad is not None, name
+        assert (p.grad - ref).abs().max() / ref.abs().max().clamp_min(1e-8) < 1e-4, name
+
+
 def test_token_classification():
     hf, ours, hc = paired(transformers.BertForTokenClassification, BertForTokenClassification, num_labels=5)
     ids, types, mask = padded_pair_batch(hc.vocab_size)

@@ -159,7 +159,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> TaskOutput:
         """labels (B,): class ids, or float targets when num_labels == 1."""
-        pooled = self.bert(input_ids, token_type_ids, attention_mask).pooled_output
+        pooled = self.bert(input_ids, token_type_ids, attention_mask, cls_only=True).pooled_output
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
         loss = None
         if labels is not None:
@@ -241,7 +241,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
         def flat(t):
             return t.reshape(B * C, T) if t is not None else None
 
-        pooled = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask)).pooled_output
+        pooled = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask), cls_only=True).pooled_output
         logits = self.classifier(self.dropout(pooled)).view(B, C)  # (B, C)
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
         return TaskOutput(loss, logits)

@@ -159,7 +159,7 @@ class Encoder:
         device = _device_of(self.model)
         for idx in length_batches([len(r) for r in rows], max_tokens=max_tokens):
             ids, mask = _padded_batch([rows[i] for i in idx], self.tokenizer.pad_id, device)
-            res = self.model(ids, attention_mask=mask)
+            res = self.model(ids, attention_mask=mask, cls_only=pooling != "mean")
             if pooling == "cls":
                 vec = res.sequence_output[:, 0]
             elif pooling == "pooler":

@@ -61,14 +61,17 @@ class BertSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # rows: query, key, value
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """x (B, T, H); mask (B, 1, 1, T) bool, True where attending is allowed, or None."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, first_only: bool = False) -> torch.Tensor:
+        """x (B, T, H); mask (B, 1, 1, T) bool, True where attending is allowed, or None.
+        first_only: only position 0 queries (keys and values still come from every position): (B, 1, H) out."""
         B, T, _ = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, N, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, N, T, D)
+        if first_only:
+            q = q[:, :, :1]
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, N, T, D)
-        return y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, N, T or 1, D)
+        return y.transpose(1, 2).reshape(B, q.shape[2], -1)  # (B, T or 1, H)
 
 
 class BertLayer(nn.Module):
@@ -86,10 +89,12 @@ class BertLayer(nn.Module):
         self.output_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.attention_norm(x + self.dropout(self.attention_out(self.attention(x, mask))))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, first_only: bool = False) -> torch.Tensor:
+        """first_only: compute the output at position 0 only, (B, 1, H) (see `BertModel.forward`)."""
+        y = self.attention(x, mask, first_only)
+        x = self.attention_norm((x[:, :1] if first_only else x) + self.dropout(self.attention_out(y)))
         x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
-        return x  # (B, T, H)
+        return x  # (B, T, H), or (B, 1, H)
 
 
 class BertEncoder(nn.Module):
@@ -97,9 +102,10 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        for layer in self.layer:
-            x = layer(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cls_only: bool = False) -> torch.Tensor:
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            x = layer(x, mask, first_only=cls_only and i == last)
         return x
 
 
@@ -186,12 +192,15 @@ class BertModel(BertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> BertOutput:
-        """input_ids (B, T); token_type_ids (B, T) or None (all segment A); attention_mask (B, T) 1 = real."""
+                attention_mask: torch.Tensor | None = None, *, cls_only: bool = False) -> BertOutput:
+        """input_ids (B, T); token_type_ids (B, T) or None (all segment A); attention_mask (B, T) 1 = real.
+
+        cls_only: the last layer is computed at [CLS] only, so sequence_output is (B, 1, H): all that the
+        pooler and [CLS]-based heads read, for most of a layer's work less (same result)."""
         if input_ids.shape[-1] > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds max_position_embeddings="
                              f"{self.config.max_position_embeddings}; truncate the input")
         x = self.embeddings(input_ids, token_type_ids)
-        x = self.encoder(x, attention_mask_for_sdpa(attention_mask))
+        x = self.encoder(x, attention_mask_for_sdpa(attention_mask), cls_only)
         pooled = self.pooler(x) if self.pooler is not None else None
         return BertOutput(sequence_output=x, pooled_output=pooled)
