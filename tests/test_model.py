@@ -82,6 +82,15 @@ def test_sparse_mlm_loss_equals_dense_loss():
     assert out.loss == out.mlm_loss  # no NSP labels: the loss is the MLM loss alone
 
 
+def test_mlm_positions_lists_cls_then_the_labelled_positions():
+    from bertforge.heads import mlm_positions
+
+    labels = torch.tensor([[-100, 5, -100, 7], [-100, -100, -100, -100], [-100, -100, 9, -100]])
+    positions, picked = mlm_positions(labels)
+    assert positions.tolist() == [[0, 1, 3], [0, 0, 0], [0, 2, 0]]
+    assert picked.tolist() == [[-100, 5, 7], [-100, -100, -100], [-100, 9, -100]]
+
+
 def test_pretraining_gradients_match_reference():
     torch.manual_seed(0)
     hc = tiny_hf_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

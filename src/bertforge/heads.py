@@ -68,6 +68,21 @@ def masked_lm(head: BertLMPredictionHead, sequence_output: torch.Tensor, labels:
     return logits, loss
 
 
+def mlm_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions the masked-LM and NSP heads read, for `BertModel(positions=...)`: per row, 0 ([CLS], for
+    the pooler) then the labelled positions in order, padded with 0 to the longest row; and the labels at
+    those positions (-100 at [CLS] and the padding). (B, 1 + P) each."""
+    chosen = labels != IGNORE_INDEX
+    counts = chosen.sum(1, keepdim=True)  # (B, 1)
+    width = int(counts.max()) if labels.numel() else 0
+    order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :width]  # labelled first, in order
+    valid = torch.arange(width, device=labels.device) < counts
+    positions = torch.where(valid, order, 0)
+    picked = torch.where(valid, labels.gather(1, order), IGNORE_INDEX)
+    first = torch.zeros_like(labels[:, :1])
+    return torch.cat([first, positions], 1), torch.cat([torch.full_like(first, IGNORE_INDEX), picked], 1)
+
+
 @dataclass
 class PreTrainingOutput:
     loss: torch.Tensor | None  # mean MLM + mean NSP (whichever labels were given)
@@ -111,8 +126,12 @@ class BertForPreTraining(BertPreTrainedModel):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_labels=None,
                 nsp_labels=None) -> PreTrainingOutput:
         """mlm_labels (B, T): original token ids at predicted positions, -100 elsewhere.
-        nsp_labels (B,): 0 if B follows A in the corpus (IsNext), 1 if B is random (NotNext)."""
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        nsp_labels (B,): 0 if B follows A in the corpus (IsNext), 1 if B is random (NotNext).
+        With mlm_labels, the last layer runs only where the heads read (`mlm_positions`)."""
+        positions = None
+        if mlm_labels is not None:
+            positions, mlm_labels = mlm_positions(mlm_labels)
+        out = self.bert(input_ids, token_type_ids, attention_mask, positions=positions)
         mlm_logits, mlm_loss = masked_lm(self.cls.predictions, out.sequence_output, mlm_labels)
         nsp_logits = self.cls.seq_relationship(out.pooled_output)
         nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels) if nsp_labels is not None else None
@@ -134,7 +153,10 @@ class BertForMaskedLM(BertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> MaskedLMOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        positions = None
+        if labels is not None:
+            positions, labels = mlm_positions(labels)
+        out = self.bert(input_ids, token_type_ids, attention_mask, positions=positions)
         logits, loss = masked_lm(self.cls.predictions, out.sequence_output, labels)
         return MaskedLMOutput(loss, logits)
 

@@ -61,17 +61,19 @@ class BertSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # rows: query, key, value
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, first_only: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """x (B, T, H); mask (B, 1, 1, T) bool, True where attending is allowed, or None.
-        first_only: only position 0 queries (keys and values still come from every position): (B, 1, H) out."""
+        positions (B, P): only these positions query (keys and values still come from every position), and
+        the output is (B, P, H) in their order."""
         B, T, _ = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, N, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, N, T, D)
-        if first_only:
-            q = q[:, :, :1]
+        if positions is not None:
+            q = q.gather(2, positions[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))  # (B, N, P, D)
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, N, T or 1, D)
-        return y.transpose(1, 2).reshape(B, q.shape[2], -1)  # (B, T or 1, H)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, N, T or P, D)
+        return y.transpose(1, 2).reshape(B, q.shape[2], -1)  # (B, T or P, H)
 
 
 class BertLayer(nn.Module):
@@ -89,12 +91,15 @@ class BertLayer(nn.Module):
         self.output_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, first_only: bool = False) -> torch.Tensor:
-        """first_only: compute the output at position 0 only, (B, 1, H) (see `BertModel.forward`)."""
-        y = self.attention(x, mask, first_only)
-        x = self.attention_norm((x[:, :1] if first_only else x) + self.dropout(self.attention_out(y)))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """positions (B, P): compute the output at these positions only, (B, P, H) (see `BertModel.forward`)."""
+        y = self.attention(x, mask, positions)
+        if positions is not None:
+            x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[2]))
+        x = self.attention_norm(x + self.dropout(self.attention_out(y)))
         x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
-        return x  # (B, T, H), or (B, 1, H)
+        return x  # (B, T, H), or (B, P, H)
 
 
 class BertEncoder(nn.Module):
@@ -102,10 +107,12 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cls_only: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """positions (B, P): the last layer computes these positions only."""
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
-            x = layer(x, mask, first_only=cls_only and i == last)
+            x = layer(x, mask, positions if i == last else None)
         return x
 
 
@@ -192,15 +199,19 @@ class BertModel(BertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, *, cls_only: bool = False) -> BertOutput:
+                attention_mask: torch.Tensor | None = None, *, cls_only: bool = False,
+                positions: torch.Tensor | None = None) -> BertOutput:
         """input_ids (B, T); token_type_ids (B, T) or None (all segment A); attention_mask (B, T) 1 = real.
 
-        cls_only: the last layer is computed at [CLS] only, so sequence_output is (B, 1, H): all that the
-        pooler and [CLS]-based heads read, for most of a layer's work less (same result)."""
+        positions (B, P): the last layer is computed at these positions only, and sequence_output is (B, P, H)
+        in their order: the same values for most of a layer's work less, when a head reads only some
+        positions (the pooler reads the first of them: make it 0, [CLS]). cls_only: positions [[0]] * B."""
         if input_ids.shape[-1] > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds max_position_embeddings="
                              f"{self.config.max_position_embeddings}; truncate the input")
         x = self.embeddings(input_ids, token_type_ids)
-        x = self.encoder(x, attention_mask_for_sdpa(attention_mask), cls_only)
+        if cls_only:
+            positions = torch.zeros(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)
+        x = self.encoder(x, attention_mask_for_sdpa(attention_mask), positions)
         pooled = self.pooler(x) if self.pooler is not None else None
         return BertOutput(sequence_output=x, pooled_output=pooled)

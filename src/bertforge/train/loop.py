@@ -33,6 +33,7 @@ from bertforge.checkpoint import load_state, read_weights, unwrap
 from bertforge.errors import BertforgeError
 from bertforge.io import MetricsLog, atomic_dir, read_jsonl, write_json, write_text
 from bertforge.train import distributed
+from bertforge.train.memory import keep_freed_memory
 from bertforge.train.optim import build_optimizer, build_scheduler
 
 STATE_FILE = "trainer_state.pt"
@@ -212,6 +213,8 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg, d = self.config, self.dist
+        if d.device.type == "cpu":
+            keep_freed_memory()  # ~15% faster steps for base-sized activations; see memory.py
         torch.manual_seed(cfg.seed + d.rank)
         self.model.to(d.device)
         self.optimizer = build_optimizer(self.model, name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
