@@ -1,13 +1,14 @@
-"""Training-step throughput: bertforge's BertForPreTraining against transformers' in the same process.
+"""Training-step throughput: bertforge's BertForPreTraining against transformers', same config, same initial
+weights, same batch (32 x 128 tokens, 15% of positions masked, NSP labels), same optimizer (AdamW, fused,
+BERT's parameter groups), dropout on. Prints tokens/s for each side, the ratios, and each side's MFU: model
+FLOPs per second over this machine's fp32 matmul peak, which is measured here (into a preallocated output, so
+it is the arithmetic's peak, not the allocator's).
 
-Same config, same initial weights, same batch (32 x 128 tokens, 15% of positions masked, NSP labels), same
-optimizer (AdamW, fused, BERT's parameter groups), dropout on. Prints tokens/s for each side, the ratio,
-and each side's MFU: model FLOPs per second over this machine's fp32 matmul peak, which is measured here
-(into a preallocated output, so it is the arithmetic's peak, not the allocator's).
-
-Both sides run under the allocator setting our training commands make on CPU (`bertforge.train.memory`:
-freed memory is kept for reuse; pass --system-malloc to leave glibc's default). It is process-wide, so the
-reference gets it too: the ratio does not count it.
+Each side runs in a child process of its own, the sides interleaved over two rounds, best kept:
+- reference: transformers as it runs by default;
+- reference, freed memory kept: the same under the allocator setting our training commands make on CPU
+  (`bertforge.train.memory`: glibc keeps freed memory for reuse), to show what that setting alone is worth;
+- ours: as `bertforge pretrain` runs it (with that setting).
 
 Model FLOPs count the work a pretraining step needs: 6 x (encoder matmuls per token + attention scores) x
 tokens, except that the last layer is needed at [CLS] and the masked positions only (its keys and values
@@ -22,12 +23,15 @@ wasted work, not credited.
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import time
 
 import torch
 
 from bertforge import BertConfig, BertForPreTraining
-from bertforge.checkpoint import load_state, to_hf_state_dict
+from bertforge.checkpoint import to_hf_state_dict
 from bertforge.train.memory import keep_freed_memory
 from bertforge.train.optim import build_optimizer
 
@@ -79,46 +83,59 @@ def time_steps(step, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def bench(preset: str, steps: int, B: int, T: int, peak: float) -> dict:
+def side_seconds(side: str, preset: str, steps: int, B: int, T: int) -> float:
+    """Seconds per training step of one side ("ours", "ref", "ref-kept"), in this process."""
     import transformers
 
+    if side in ("ours", "ref-kept") and not keep_freed_memory():
+        sys.exit("the allocator setting is unavailable here (glibc only)")
     config = BertConfig.from_preset(preset)
     torch.manual_seed(0)
-    ours = BertForPreTraining(config).train()
-    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()
-                                           if k not in ("architectures", "id2label", "label2id")})
-    ref = transformers.BertForPreTraining(hf_config).train()
-    ref.load_state_dict(to_hf_state_dict(ours), strict=False)
-    load_state(ours, ref.state_dict(), verbose=False)
+    model = BertForPreTraining(config).train()  # the same initial weights on every side
+    if side != "ours":
+        hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()
+                                               if k not in ("architectures", "id2label", "label2id")})
+        ref = transformers.BertForPreTraining(hf_config).train()
+        ref.load_state_dict(to_hf_state_dict(model), strict=False)
+        model = ref
     inputs, types, mask, labels, nsp = make_batch(config.vocab_size, B, T)
-    opt_ours = build_optimizer(ours, lr=1e-4)
-    opt_ref = build_optimizer(ref, lr=1e-4)
+    opt = build_optimizer(model, lr=1e-4)
 
-    def step_ours():
-        loss = ours(inputs, types, mask, mlm_labels=labels, nsp_labels=nsp).loss
+    def step():
+        if side == "ours":
+            loss = model(inputs, types, mask, mlm_labels=labels, nsp_labels=nsp).loss
+        else:
+            loss = model(input_ids=inputs, token_type_ids=types, attention_mask=mask, labels=labels,
+                         next_sentence_label=nsp).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0)
-        opt_ours.step()
-        opt_ours.zero_grad(set_to_none=True)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
-    def step_ref():
-        loss = ref(input_ids=inputs, token_type_ids=types, attention_mask=mask, labels=labels,
-                   next_sentence_label=nsp).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-        opt_ref.step()
-        opt_ref.zero_grad(set_to_none=True)
+    return time_steps(step, steps)
 
-    # Interleave the two sides so drift in machine load hits both alike.
-    t_ref, t_ours = [], []
+
+SIDES = ("ref", "ref-kept", "ours")
+
+
+def bench(preset: str, steps: int, B: int, T: int, peak: float) -> dict:
+    """Each side in a child process, interleaved over two rounds so drift in machine load hits all alike."""
+    seconds: dict[str, list[float]] = {side: [] for side in SIDES}
     for _ in range(2):
-        t_ref.append(time_steps(step_ref, steps))
-        t_ours.append(time_steps(step_ours, steps))
-    s_ref, s_ours = min(t_ref), min(t_ours)
+        for side in SIDES:
+            out = subprocess.run([sys.executable, __file__, "--child", side, "--presets", preset, "--steps",
+                                  str(steps), "--batch", str(B), "--seq", str(T)],
+                                 capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+            if out.returncode:
+                sys.exit(f"{side} {preset} failed:\n{out.stderr}")
+            seconds[side].append(float(out.stdout.split()[-1]))
+    best = {side: min(v) for side, v in seconds.items()}
+    config = BertConfig.from_preset(preset)
+    _, _, _, labels, _ = make_batch(config.vocab_size, B, T)
     flops = model_flops_per_step(config, B, T, int((labels != -100).sum()))
-    tokens = B * T
-    return {"preset": preset, "ref_tok_s": tokens / s_ref, "ours_tok_s": tokens / s_ours, "ratio": s_ref / s_ours,
-            "ref_mfu": flops / s_ref / 1e9 / peak, "ours_mfu": flops / s_ours / 1e9 / peak}
+    return {"preset": preset, **{f"{side}_tok_s": B * T / best[side] for side in SIDES},
+            "ratio": best["ref"] / best["ours"], "ratio_kept": best["ref-kept"] / best["ours"],
+            **{f"{side}_mfu": flops / best[side] / 1e9 / peak for side in SIDES}}
 
 
 def main() -> None:
@@ -127,23 +144,25 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per side and round (2 rounds)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--system-malloc", action="store_true", help="leave glibc's allocator settings alone")
+    p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)  # internal: time one side, print seconds
     args = p.parse_args()
+    if args.child:
+        print(side_seconds(args.child, args.presets[0], args.steps, args.batch, args.seq))
+        return
     import transformers
-
-    allocator = "glibc default" if args.system_malloc else \
-        "freed memory kept" if keep_freed_memory() else "glibc default (setting unavailable)"
 
     peak = matmul_peak()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads "
-          f"{torch.get_num_threads()}, fp32 matmul peak {peak:.0f} GFLOP/s, batch {args.batch} x {args.seq}, "
-          f"allocator: {allocator}")
-    print(f"{'preset':8} {'reference tok/s':>16} {'bertforge tok/s':>16} {'ratio':>7} {'ref MFU':>8} {'our MFU':>8}")
+          f"{torch.get_num_threads()}, fp32 matmul peak {peak:.0f} GFLOP/s, batch {args.batch} x {args.seq}")
+    print(f"{'':8} {'tokens/s':^34} {'ours vs':^18} {'MFU':^24}")
+    print(f"{'preset':8} {'reference':>10} {'ref, kept':>10} {'ours':>10}   {'ref':>7} {'ref,kept':>9}  "
+          f"{'ref':>7} {'ref,kept':>8} {'ours':>7}")
     for preset in args.presets:
         steps = args.steps if preset != "base" else max(2, args.steps // 3)
         r = bench(preset, steps, args.batch, args.seq, peak)
-        print(f"{r['preset']:8} {r['ref_tok_s']:16,.0f} {r['ours_tok_s']:16,.0f} {r['ratio']:6.2f}x "
-              f"{r['ref_mfu']:8.1%} {r['ours_mfu']:8.1%}", flush=True)
+        print(f"{preset:8} {r['ref_tok_s']:10,.0f} {r['ref-kept_tok_s']:10,.0f} {r['ours_tok_s']:10,.0f}   "
+              f"{r['ratio']:6.2f}x {r['ratio_kept']:8.2f}x  {r['ref_mfu']:7.1%} {r['ref-kept_mfu']:8.1%} "
+              f"{r['ours_mfu']:7.1%}", flush=True)
 
 
 if __name__ == "__main__":
