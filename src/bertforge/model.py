@@ -129,7 +129,7 @@ class BertPooler(nn.Module):
 
 @dataclass
 class BertOutput:
-    sequence_output: torch.Tensor  # (B, T, H) last layer, every position
+    sequence_output: torch.Tensor  # (B, T, H) last layer, every position; (B, P, H) with positions=
     pooled_output: torch.Tensor | None  # (B, H) pooler over [CLS]; None for models built without a pooler
 
 
