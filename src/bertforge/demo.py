@@ -56,9 +56,11 @@ def calibrate_steps(data_dir: Path, model: str, batch_size: int, minutes: float,
 
     from bertforge.data.loader import PretrainingData
     from bertforge.heads import BertForPreTraining
+    from bertforge.train.memory import keep_freed_memory
     from bertforge.train.optim import build_optimizer
     from bertforge.train.pretrain import resolve_model_config
 
+    keep_freed_memory()  # the steps are timed on the CPU, under the allocator setting the training loop uses
     data = PretrainingData(data_dir, "train", seed=seed)
     config = resolve_model_config(model, data.tokenizer.vocab_size, data.max_seq_len)
     torch.manual_seed(seed)
