@@ -17,7 +17,7 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import _NOT_FAST, Tokenizer, corpus_files, corpus_summary, iter_corpus_texts
+from bertforge.tokenizer import _NOT_FAST, _NOT_FAST_BYTES, Tokenizer, corpus_files, corpus_summary, iter_corpus_texts
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
          "want", "##want", "##ed", "wa", "un", "runn", "##ing", ",", "!", ".",
@@ -209,9 +209,51 @@ def test_tokenize_ids_has_no_special_tokens(uncased):
     assert uncased.tokenize_ids(["low lowest", "", "abcd!"]) == [[15, 16], [], [20, 23, 13]]
 
 
+def _engine_ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """The ids as the engine alone gives them (no chunk cache)."""
+    return [e.ids for e in tok._segments(texts, offsets=False)]
+
+
+CHUNK_TEXTS = ["low lowest", "", "abcd!", "a\tlow,x\nLOW\r\nwanted", "  lowest!!low  ", "runnin", "unwanted.",
+               "x" * 101 + ",low", "Low-Low"]
+
+
+def test_chunk_cache_gives_the_engines_ids_cold_and_warm(uncased, cased):
+    for tok in (uncased, cased):
+        tok._chunk_ids.clear()
+        expected = _engine_ids(tok, CHUNK_TEXTS)
+        assert tok.tokenize_ids(CHUNK_TEXTS) == expected  # cold: every chunk through the engine
+        assert "lowest!!low" in tok._chunk_ids and "" not in tok._chunk_ids
+        assert tok.tokenize_ids(CHUNK_TEXTS) == expected  # warm: from the cache alone
+        assert tok.tokenize_ids(CHUNK_TEXTS[::-1]) == expected[::-1]
+    assert uncased._chunk_ids["Low-Low"] == [15, 1, 15] and cased._chunk_ids["Low-Low"] == [26, 1, 26]
+
+
+def test_fast_path_check_is_the_regex_on_every_ascii_character(uncased):
+    singles = [chr(c) for c in range(128)]
+    assert uncased._is_fast(singles) == [_NOT_FAST.search(c) is None for c in singles]
+    assert sum(uncased._is_fast(singles)) == 128 - len(_NOT_FAST_BYTES)
+    assert uncased._is_fast(["plain text", "x[y", "caf\u00e9", "tab\tok", "bell\x07"]) == [True, False, False, True,
+                                                                                          False]
+
+
+def test_chunk_cache_is_emptied_when_a_batch_would_overflow_it(uncased, monkeypatch):
+    import bertforge.tokenizer as module
+
+    monkeypatch.setattr(module, "_CHUNK_CACHE_SIZE", 6)
+    uncased._chunk_ids.clear()
+    assert uncased.tokenize_ids(["low a"]) == [[15, 18]]
+    assert set(uncased._chunk_ids) == {"low", "a"}
+    texts = ["lowest x, abc", "wanted runnin ab"]  # 6 new chunks: more than fit beside the 2 kept
+    assert uncased.tokenize_ids(texts) == _engine_ids(uncased, texts)
+    assert set(uncased._chunk_ids) == {"lowest", "x,", "abc", "wanted", "runnin", "ab"}
+    assert uncased.tokenize_ids(["low a"]) == [[15, 18]]
+    assert len(uncased._chunk_ids) == 2  # emptied again: 6 + 2 > 6
+
+
 def test_tokenize_flat_is_tokenize_ids_concatenated(uncased):
-    # Fast-path texts are tokenized in groups joined by [SEP]; the others (non-ASCII, "[", control characters)
-    # one by one: the two routes interleave, and a special token spelled in a slow text stays.
+    # Fast-path texts go through the chunk cache; the others (non-ASCII, "[", control characters) through the
+    # engine: the two routes interleave, and a special token spelled in a slow text stays.
     texts = ["low lowest", "", "abcd!", "Lów [SEP] low", "unwanted\x07low", "  ", "LOW,low"] * 30
     flat, lengths = uncased.tokenize_flat(texts)
     expected = uncased.tokenize_ids(texts)
