@@ -6,6 +6,7 @@ on CUDA. Only rank 0 writes files and logs.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ def setup(device: str | None = None) -> Dist:
 
 def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
+        gc.collect()  # objects in reference cycles that hold the group (a DDP wrapper) go first, not at exit
         dist.destroy_process_group()
 
 
