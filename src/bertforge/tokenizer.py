@@ -176,9 +176,8 @@ def _pipeline(lowercase: bool) -> tuple[normalizers.Normalizer, pre_tokenizers.P
 
 # ASCII text without these takes the fast path (see Tokenizer._segments): control characters need the
 # normalizer to drop them, and "[" may open a special token, which is matched before lowercasing.
-_NOT_FAST = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\[]")
-_NOT_FAST_BYTES = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F, ord("[")])  # the same set, for
-# bytes.translate: about 4x faster than the regex search
+# As bytes for `bytes.translate`, which finds them about 4x faster than a regex search.
+_NOT_FAST = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F, ord("[")])
 # Lone surrogates (from JSON escapes such as "\ud800") cannot enter the engine; the reference drops them (Cs),
 # so they become U+FFFD, which it drops too: one character for one, offsets unchanged.
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -626,8 +625,12 @@ class Tokenizer:
         """
         cache = self._chunk_ids
         chain, get = itertools.chain.from_iterable, cache.__getitem__
-        try:
+
+        def looked_up() -> list[list[int]]:  # raises KeyError for a chunk not in the cache
             return [list(chain(map(get, t.split()))) for t in texts]
+
+        try:
+            return looked_up()
         except KeyError:  # a chunk not seen before: fill the cache with all of this batch's new ones
             pass
         chunks = set(chain(t.split() for t in texts))
@@ -646,14 +649,14 @@ class Tokenizer:
         for chunk, a, b in zip(missing, (ends - np.diff(ends, prepend=-1) + 1).tolist(), ends.tolist(), strict=True):
             cache[chunk] = ids[a:b].tolist()
         try:
-            return [list(chain(map(get, t.split()))) for t in texts]
+            return looked_up()
         except KeyError:  # another thread emptied the cache meanwhile: the engine alone, for this batch
             return [e.ids for e in self._segments(texts, offsets=False)]
 
     @staticmethod
     def _is_fast(texts: list[str]) -> list[bool]:
         try:
-            return [t.isascii() and len(t.encode().translate(None, _NOT_FAST_BYTES)) == len(t) for t in texts]
+            return [t.isascii() and len(t.encode().translate(None, _NOT_FAST)) == len(t) for t in texts]
         except AttributeError:
             raise TypeError(f"texts must be strings, got {sorted({type(t).__name__ for t in texts})}") from None
 
