@@ -16,8 +16,13 @@ everywhere), plus 6 x the MLM head (transform and vocabulary projection) on the 
 pooler and NSP head. The reference spends more (its last layer and MLM head run on every position); that is
 wasted work, not credited.
 
+With --precision bf16 every side runs under bf16 autocast (as `bertforge pretrain --precision bf16`), and
+one more side, ours in fp32, shows what bf16 itself is worth on this CPU (it pays where the CPU has bf16
+instructions, AVX512-BF16 or AMX). MFU stays relative to the fp32 matmul peak.
+
     .venv/bin/python bench/pretrain_step.py                     # tiny mini small base
     .venv/bin/python bench/pretrain_step.py --presets mini --steps 20
+    .venv/bin/python bench/pretrain_step.py --presets mini small --precision bf16
 """
 
 from __future__ import annotations
@@ -83,16 +88,18 @@ def time_steps(step, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def side_seconds(side: str, preset: str, steps: int, B: int, T: int) -> float:
-    """Seconds per training step of one side ("ours", "ref", "ref-kept"), in this process."""
+def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: str = "fp32") -> float:
+    """Seconds per training step of one side ("ours", "ref", "ref-kept", "ours-fp32"), in this process."""
     import transformers
 
-    if side in ("ours", "ref-kept") and not keep_freed_memory():
+    if side != "ref" and not keep_freed_memory():
         sys.exit("the allocator setting is unavailable here (glibc only)")
     config = BertConfig.from_preset(preset)
     torch.manual_seed(0)
     model = BertForPreTraining(config).train()  # the same initial weights on every side
-    if side != "ours":
+    ours = side.startswith("ours")
+    bf16 = precision == "bf16" and side != "ours-fp32"
+    if not ours:
         hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()
                                                if k not in ("architectures", "id2label", "label2id")})
         ref = transformers.BertForPreTraining(hf_config).train()
@@ -102,11 +109,12 @@ def side_seconds(side: str, preset: str, steps: int, B: int, T: int) -> float:
     opt = build_optimizer(model, lr=1e-4)
 
     def step():
-        if side == "ours":
-            loss = model(inputs, types, mask, mlm_labels=labels, nsp_labels=nsp).loss
-        else:
-            loss = model(input_ids=inputs, token_type_ids=types, attention_mask=mask, labels=labels,
-                         next_sentence_label=nsp).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            if ours:
+                loss = model(inputs, types, mask, mlm_labels=labels, nsp_labels=nsp).loss
+            else:
+                loss = model(input_ids=inputs, token_type_ids=types, attention_mask=mask, labels=labels,
+                             next_sentence_label=nsp).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -115,16 +123,17 @@ def side_seconds(side: str, preset: str, steps: int, B: int, T: int) -> float:
     return time_steps(step, steps)
 
 
-SIDES = ("ref", "ref-kept", "ours")
+SIDES = ("ref", "ref-kept", "ours", "ours-fp32")
 
 
-def bench(preset: str, steps: int, B: int, T: int, peak: float) -> dict:
+def bench(preset: str, steps: int, B: int, T: int, peak: float, precision: str) -> dict:
     """Each side in a child process, interleaved over two rounds so drift in machine load hits all alike."""
-    seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+    sides = SIDES if precision == "bf16" else SIDES[:3]
+    seconds: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(2):
-        for side in SIDES:
+        for side in sides:
             out = subprocess.run([sys.executable, __file__, "--child", side, "--presets", preset, "--steps",
-                                  str(steps), "--batch", str(B), "--seq", str(T)],
+                                  str(steps), "--batch", str(B), "--seq", str(T), "--precision", precision],
                                  capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
             if out.returncode:
                 sys.exit(f"{side} {preset} failed:\n{out.stderr}")
@@ -133,9 +142,10 @@ def bench(preset: str, steps: int, B: int, T: int, peak: float) -> dict:
     config = BertConfig.from_preset(preset)
     _, _, _, labels, _ = make_batch(config.vocab_size, B, T)
     flops = model_flops_per_step(config, B, T, int((labels != -100).sum()))
-    return {"preset": preset, **{f"{side}_tok_s": B * T / best[side] for side in SIDES},
+    return {"preset": preset, **{f"{side}_tok_s": B * T / best[side] for side in sides},
             "ratio": best["ref"] / best["ours"], "ratio_kept": best["ref-kept"] / best["ours"],
-            **{f"{side}_mfu": flops / best[side] / 1e9 / peak for side in SIDES}}
+            "ratio_fp32": best["ours-fp32"] / best["ours"] if "ours-fp32" in best else None,
+            **{f"{side}_mfu": flops / best[side] / 1e9 / peak for side in sides}}
 
 
 def main() -> None:
@@ -144,25 +154,30 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per side and round (2 rounds)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: every side under bf16 autocast, plus ours in fp32 for comparison")
     p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)  # internal: time one side, print seconds
     args = p.parse_args()
     if args.child:
-        print(side_seconds(args.child, args.presets[0], args.steps, args.batch, args.seq))
+        print(side_seconds(args.child, args.presets[0], args.steps, args.batch, args.seq, args.precision))
         return
     import transformers
 
     peak = matmul_peak()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads "
-          f"{torch.get_num_threads()}, fp32 matmul peak {peak:.0f} GFLOP/s, batch {args.batch} x {args.seq}")
+          f"{torch.get_num_threads()}, fp32 matmul peak {peak:.0f} GFLOP/s, batch {args.batch} x {args.seq}, "
+          f"{args.precision}")
     print(f"{'':8} {'tokens/s':^34} {'ours vs':^18} {'MFU':^24}")
     print(f"{'preset':8} {'reference':>10} {'ref, kept':>10} {'ours':>10}   {'ref':>7} {'ref,kept':>9}  "
           f"{'ref':>7} {'ref,kept':>8} {'ours':>7}")
     for preset in args.presets:
         steps = args.steps if preset != "base" else max(2, args.steps // 3)
-        r = bench(preset, steps, args.batch, args.seq, peak)
+        r = bench(preset, steps, args.batch, args.seq, peak, args.precision)
+        bf16 = (f"   ours fp32 {r['ours-fp32_tok_s']:,.0f} tokens/s: bf16 {r['ratio_fp32']:.2f}x"
+                if r["ratio_fp32"] else "")
         print(f"{preset:8} {r['ref_tok_s']:10,.0f} {r['ref-kept_tok_s']:10,.0f} {r['ours_tok_s']:10,.0f}   "
               f"{r['ratio']:6.2f}x {r['ratio_kept']:8.2f}x  {r['ref_mfu']:7.1%} {r['ref-kept_mfu']:8.1%} "
-              f"{r['ours_mfu']:7.1%}", flush=True)
+              f"{r['ours_mfu']:7.1%}{bf16}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from bertforge import BertForPreTraining
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
 from bertforge.io import read_jsonl
-from bertforge.train.loop import LoopConfig
+from bertforge.train.loop import LoopConfig, resolve_precision
 from bertforge.train.optim import parameter_groups, warmup_linear_decay
 from bertforge.train.pretrain import DataOptions, pretrain
 
@@ -135,6 +135,32 @@ def test_a_pretraining_run_equals_a_plain_reference_loop(prepared, tmp_path):
         torch.testing.assert_close(value, expected[name], atol=2e-5, rtol=1e-4, msg=name)
         moved += not torch.equal(value, initial[name])
     assert moved > len(got) // 2  # the weights did change: the comparison is not between two initial states
+
+
+def test_bf16_autocast_trains_fp32_weights_close_to_an_fp32_run(prepared, tmp_path):
+    """--precision bf16 on the CPU: the matmuls run in bf16 (the weights end different from an fp32 run of the
+    same seed), the stored weights and optimizer stay fp32, and the run follows the fp32 one closely."""
+    cfg = tiny_model_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        pretrain(prepared, tmp_path / precision, model=cfg, loop=loop(steps=20, precision=precision),
+                 data_options=DataOptions(eval_batches=0))
+        runs[precision] = [r["loss"] for r in read_jsonl(tmp_path / precision / "metrics.jsonl")
+                           if r["split"] == "train"]
+    assert json.loads((tmp_path / "bf16" / "run_config.json").read_text())["loop"]["precision"] == "bf16"
+    a, b = weights(tmp_path / "fp32"), weights(tmp_path / "bf16")
+    assert all(v.dtype == torch.float32 for v in b.values())
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert runs["bf16"] == pytest.approx(runs["fp32"], rel=0.02)
+    assert sum(runs["bf16"][-3:]) < sum(runs["bf16"][:3]) - 0.5
+
+
+def test_precision_is_resolved_per_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [resolve_precision(p, cpu) for p in ("auto", "fp32", "bf16")] == ["fp32", "fp32", "bf16"]
+    assert [resolve_precision(p, cuda) for p in ("auto", "fp32", "bf16")] == ["bf16", "fp32", "bf16"]
+    with pytest.raises(BertforgeError, match="unknown precision 'fp16'; choose one of auto, fp32, bf16"):
+        resolve_precision("fp16", cpu)
 
 
 def test_schedule_and_weight_decay_groups():

@@ -24,6 +24,13 @@ def arg(default: Any = dataclasses.MISSING, *, help: str, positional: bool = Fal
     return dataclasses.field(default=default, metadata=meta)
 
 
+def precision_arg() -> Any:
+    """`--precision`, the same for every training command."""
+    return arg("auto", choices=["auto", "fp32", "bf16"],
+               help="bf16 autocast (weights and optimizer stay fp32) or fp32; auto: bf16 on CUDA, fp32 on the CPU "
+                    "(bf16 pays on CPUs with AVX512-BF16 or AMX, about 1.6x)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Command:
     """One subcommand: `name` may have two words (`vocab train`)."""

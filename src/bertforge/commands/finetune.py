@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg, emit_jsonl
+from bertforge.commands.base import Command, arg, emit_jsonl, precision_arg
 from bertforge.errors import BertforgeError
 
 
@@ -41,6 +41,7 @@ class FinetuneArgs:
     regression: bool = arg(False, help="csv/jsonl: labels are numbers to predict (regression)")
     max_train_examples: int | None = arg(None, help="use only the first N training examples")
     device: str | None = arg(None, help="cpu or cuda (default: cuda when available)")
+    precision: str = precision_arg()
 
 
 def task_options(args) -> dict:
@@ -70,7 +71,7 @@ def _finetune(args: FinetuneArgs) -> int:
                            warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
                            max_length=args.max_length, micro_batch_size=args.micro_batch_size,
                            from_scratch=args.from_scratch, max_train_examples=args.max_train_examples,
-                           device=args.device)
+                           device=args.device, precision=args.precision)
     if args.seeds < 1:
         raise BertforgeError(f"--seeds {args.seeds} must be at least 1")
     if args.grid or args.seeds > 1:

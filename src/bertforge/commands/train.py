@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from bertforge.commands.base import Command, arg
+from bertforge.commands.base import Command, arg, precision_arg
 from bertforge.errors import BertforgeError
 
 
@@ -50,6 +50,7 @@ class PretrainArgs:
     seed: int = arg(12345, help="seed for initialisation, data order and masks")
     workers: int = arg(0, help="data loader worker processes")
     device: str | None = arg(None, help="cpu or cuda (default: cuda when available)")
+    precision: str = precision_arg()
     config: str | None = arg(None, help="JSON file with any of these options (command-line values win)")
 
 
@@ -80,7 +81,7 @@ def run_pretrain(args: PretrainArgs) -> int:
                       lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
                       optimizer=args.optimizer, eval_every=args.eval_every, save_every=args.save_every,
                       keep_last=args.keep_last, log_every=args.log_every, seed=args.seed, compile=args.compile,
-                      device=args.device)
+                      device=args.device, precision=args.precision)
     opts = DataOptions(max_predictions_per_seq=args.max_predictions_per_seq, whole_word_mask=args.whole_word_mask,
                        dupe_factor=args.dupe_factor, seed=args.seed, eval_batches=args.eval_batches,
                        num_workers=args.workers)

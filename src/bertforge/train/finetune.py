@@ -262,6 +262,7 @@ class FinetuneOptions:
     device: str | None = None
     progress: bool = True
     compile: bool = False
+    precision: str = "auto"  # see `bertforge.train.loop.resolve_precision`
 
 
 def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
@@ -323,7 +324,7 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
                           warmup_steps=round(o.warmup_ratio * steps), weight_decay=o.weight_decay,
                           log_every=max(1, min(50, steps_per_epoch // 4)), eval_every=steps_per_epoch,
                           seed=o.seed, best_metric=task.main_metric, progress=o.progress, device=o.device,
-                          compile=o.compile, keep_last=1)
+                          compile=o.compile, precision=o.precision, keep_last=1)
         loop.accumulation(d.world_size)  # a bad batch size fails before anything is written
         spec = {"task": task.name, "kind": task.kind, "options": {k: v for k, v in (task_options or {}).items()
                                                                    if v is not None},
