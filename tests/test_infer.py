@@ -4,11 +4,13 @@ Models are tiny and random (H 32, 2 layers) with an inline vocabulary, so every 
 here by hand, one text at a time and unpadded.
 """
 
+import copy
 import json
 
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from bertforge import BertConfig, BertforgeError, BertForMaskedLM, BertModel
 from bertforge.cli import main
@@ -205,6 +207,37 @@ def test_int8_stays_close_to_fp32(mlm_dir):
         Encoder(mlm_dir, quantize="int8", device="cuda")
     with pytest.raises(BertforgeError, match="only int8"):
         Encoder(mlm_dir, quantize="int4")
+
+
+def test_int8_activations_use_all_8_bits_where_the_cpu_sums_int8_into_int32(monkeypatch):
+    """Full 8-bit activations halve the activation rounding of torch's 7 bits, and are taken only where the
+    CPU has int8 dot products into int32 (`bertforge.cpu`). Inputs that fill the u8 range make pairs of
+    u8 x s8 products exceed int16: a kernel summing them in int16 would saturate and lose to 7 bits."""
+    import bertforge.cpu
+    from bertforge.infer import quantize_int8
+
+    native = bertforge.cpu.has_int8_dot_product()
+    torch.manual_seed(0)
+    layer = nn.Linear(512, 64)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(64, 512).sign() * (0.5 + torch.rand(64, 512) / 2))
+    full = torch.rand(16, 512) * 4  # activation codes over all of [0, 255]
+    outliers = torch.rand(16, 512) * 0.5  # most codes small, the scale set by a few large values
+    outliers[:, ::64] = 8.0
+
+    def error(full_range: bool, x: torch.Tensor) -> float:
+        monkeypatch.setattr(bertforge.cpu, "has_int8_dot_product", lambda: full_range)
+        q = quantize_int8(nn.Sequential(copy.deepcopy(layer)))
+        assert (type(q[0]).__name__ == "FullRangeLinear") == full_range
+        with torch.no_grad():
+            return float((q(x) - layer(x)).abs().mean())
+
+    for x in (full, outliers):
+        with torch.no_grad():
+            assert error(False, x) < 0.03 * float(layer(x).abs().mean())
+    if native:  # elsewhere the 8-bit kernel may saturate: only the choice of module is checked
+        assert error(True, full) < error(False, full)
+        assert error(True, outliers) < 0.6 * error(False, outliers)
 
 
 # --- predict -------------------------------------------------------------------------------------------

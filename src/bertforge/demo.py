@@ -52,9 +52,9 @@ def _say(text: str) -> None:
 
 def demo_precision() -> str:
     """bf16 where the CPU has bf16 instructions (about 1.6x the steps in the same minutes), else the default."""
-    from bertforge.train.loop import cpu_has_native_bf16
+    from bertforge.cpu import has_native_bf16
 
-    return "bf16" if cpu_has_native_bf16() else "auto"
+    return "bf16" if has_native_bf16() else "auto"
 
 
 def calibrate_steps(data_dir: Path, model: str, batch_size: int, minutes: float, seed: int,

@@ -117,23 +117,9 @@ class _StopFlag:
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when this x86 CPU has bf16 dot-product instructions (AVX512-BF16 or AMX), where bf16 autocast
-    trains BERT 1.5-1.7x faster than fp32 (bench/pretrain_step.py --precision bf16)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
-
-
 def resolve_precision(precision: str, device: torch.device) -> str:
     """"fp32" or "bf16". "auto" is bf16 on CUDA and fp32 on the CPU (bf16 there is opt-in, as in other
-    training tools: worth it only where the CPU has bf16 instructions, see `cpu_has_native_bf16`)."""
+    training tools: worth it only where the CPU has bf16 instructions, see `bertforge.cpu`)."""
     if precision not in PRECISIONS:
         raise BertforgeError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     if precision == "auto":
