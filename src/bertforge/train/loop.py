@@ -118,8 +118,8 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """"fp32" or "bf16". "auto" is bf16 on CUDA and fp32 on the CPU (bf16 there is opt-in, as in other
-    training tools: worth it only where the CPU has bf16 instructions, see `bertforge.cpu`)."""
+    """The precision a run uses, "fp32" or "bf16": "auto" is bf16 on CUDA and fp32 on the CPU (bf16 there is
+    opt-in, as in other training tools: worth it only where the CPU has bf16 instructions, see `bertforge.cpu`)."""
     if precision not in PRECISIONS:
         raise BertforgeError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     if precision == "auto":
