@@ -64,11 +64,13 @@ def calibrate_steps(data_dir: Path, model: str, batch_size: int, minutes: float,
 
     from bertforge.data.loader import PretrainingData
     from bertforge.heads import BertForPreTraining
+    from bertforge.train.loop import autocast, resolve_precision
     from bertforge.train.memory import keep_freed_memory
     from bertforge.train.optim import build_optimizer
     from bertforge.train.pretrain import resolve_model_config
 
     keep_freed_memory()  # the steps are timed on the CPU, under the allocator setting the training loop uses
+    cpu = torch.device("cpu")
     data = PretrainingData(data_dir, "train", seed=seed)
     config = resolve_model_config(model, data.tokenizer.vocab_size, data.max_seq_len)
     torch.manual_seed(seed)
@@ -79,7 +81,7 @@ def calibrate_steps(data_dir: Path, model: str, batch_size: int, minutes: float,
     times = []
     for b in batches:
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with autocast(cpu, resolve_precision(precision, cpu)):
             loss = net(b["input_ids"], b["token_type_ids"], b["attention_mask"], mlm_labels=b["mlm_labels"],
                        nsp_labels=b["nsp_labels"]).loss
         loss.backward()

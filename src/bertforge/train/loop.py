@@ -127,7 +127,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def _autocast(device: torch.device, precision: str):
+def autocast(device: torch.device, precision: str):
+    """The forward pass's context for a resolved precision (`resolve_precision`)."""
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -306,7 +307,7 @@ class Trainer:
         for i, (batch, counts) in enumerate(zip(parts, local, strict=True)):
             sync = i == len(parts) - 1
             ctx = model.no_sync() if (d.enabled and not sync) else contextlib.nullcontext()
-            with ctx, _autocast(d.device, self.precision):
+            with ctx, autocast(d.device, self.precision):
                 term_losses = self.objective.losses(model, batch)
                 weighted = [term_losses[n] * (counts[n] / global_counts[n]) for n in names if global_counts[n] > 0]
                 loss = torch.stack(weighted).sum()
@@ -338,7 +339,7 @@ class Trainer:
             model = unwrap(self.model)
             was_training = model.training
             model.eval()
-            with torch.no_grad(), _autocast(self.dist.device, self.precision):
+            with torch.no_grad(), autocast(self.dist.device, self.precision):
                 results = self.evaluate_fn(model)
             model.train(was_training)
             metrics.log(step=step, split="eval", **results)
