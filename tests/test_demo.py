@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 
@@ -29,16 +30,26 @@ def small_demo_data(tmp_path, shared_data, monkeypatch):
 
 def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_path, capsys):
     out = tmp_path / "demo"
-    options = demo_module.DemoOptions(out=out, minutes=0.05, model="tiny", vocab_size=2000, batch_size=16,
-                                      finetune_examples=200, finetune_epochs=1, progress=False)
+    options = demo_module.DemoOptions(out=out, minutes=0.15, model="tiny", vocab_size=2000, batch_size=16,
+                                      finetune_examples=200, finetune_epochs=1, finetune_seeds=2, progress=False)
     summary = demo_module.run_demo(options)
     text = capsys.readouterr().out
     for stage in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6"):
         assert f"== {stage}" in text
-    assert "pretraining MLM accuracy (val)" in text and "from scratch" in text
+    assert "pretraining MLM accuracy (val)" in text and "from random weights" in text and "helped by" in text
     assert set(summary["finetune"]) == {"pretrained", "scratch"}
-    for name in ("pretrained", "scratch"):
-        assert 0 <= summary["finetune"][name]["test"]["accuracy"] <= 100
+    for name, lr in (("pretrained", options.finetune_lr_pretrained), ("scratch", options.finetune_lr_scratch)):
+        side = summary["finetune"][name]
+        assert side["lr"] == lr and [r["seed"] for r in side["runs"]] == [options.seed, options.seed + 1]
+        assert all(0 <= r["test"] <= 100 for r in side["runs"])
+        assert side["test_mean"] == pytest.approx(sum(r["test"] for r in side["runs"]) / 2)
+    plan = json.loads((out / "pretrain" / "budget_plan.json").read_text())
+    assert plan["minutes"] == 0.15 and plan["steps"] >= 10
+    # The corpus holds the unlabelled reviews of the training movies, and nothing of dev or test.
+    movies = (out / "corpus" / "movies.txt").read_text()
+    with open(small_demo_data.sentiment_dir / "dev.csv", newline="") as f:
+        dev_texts = [row["text"] for row in csv.DictReader(f)]
+    assert "A three-hour cinema master class." in movies and not any(t in movies for t in dev_texts)
     assert 0 <= summary["pretraining"]["mlm_accuracy"] <= 1
     assert len(summary["fill_mask"]) == len(demo_module.FILL_MASK_EXAMPLES)
     assert all(len(item["top"]) == 3 for item in summary["fill_mask"])
@@ -48,8 +59,8 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert json.loads((out / "summary.json").read_text())["finetune"] == summary["finetune"]
 
     before = {p: p.stat().st_mtime_ns for p in (out / "pretrain" / "model.safetensors",
-                                                 out / "finetune-scratch" / "model.safetensors")}
-    demo_module.run_demo(options)
+                                                 out / "finetune-scratch" / "seed1" / "model.safetensors")}
+    assert demo_module.run_demo(options)["finetune"] == summary["finetune"]
     again = capsys.readouterr().out
-    assert again.count("reusing") == 5  # tokenizer, data, pretraining, both fine-tunings
+    assert again.count("reusing") == 3  # tokenizer, data, pretraining; fine-tunings read their scores back
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())

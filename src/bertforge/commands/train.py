@@ -2,6 +2,7 @@
 
     bertforge pretrain --data data/ --model mini --out runs/mini --steps 10000 --batch-size 256 \
         --micro-batch-size 32
+    bertforge pretrain --data data/ --model mini --out runs/budget --recipe budget --minutes 30
     torchrun --nproc-per-node 2 -m bertforge pretrain --data data/ --model mini --out runs/mini ...
 
 The paper's two phases: prepare the corpus twice (--max-seq-len 128 and 512), pretrain 90% of the steps on
@@ -19,25 +20,44 @@ from pathlib import Path
 
 from bertforge.commands.base import Command, arg, precision_arg
 from bertforge.errors import BertforgeError
+from bertforge.train.recipe import RECIPES
 
 
 @dataclass
 class PretrainArgs:
     data: str = arg(help="prepared data directory (from `bertforge prepare`)")
     out: str = arg(help="run directory: checkpoints, metrics.jsonl, curves and the final model")
+    recipe: str = arg("bert", choices=list(RECIPES),
+                      help="defaults for the options marked (recipe): bert, the paper's (lr 1e-4, 1%% warmup, "
+                           "batch 256, 15%% masking, NSP, dropout 0.1, post-LN); budget, for small compute (lr 2e-3, "
+                           "6%% warmup, betas 0.9/0.98, batch 32, 40%% masking, no NSP, no dropout while "
+                           "pretraining, pre-LN); an option given here wins over its recipe")
     model: str = arg("mini", help="preset (tiny, mini, small, medium, base, large) or a config.json")
     init: str | None = arg(None, help="start from this model directory's weights (e.g. phase 1 of 2)")
-    steps: int = arg(10000, help="optimizer steps")
-    batch_size: int = arg(256, help="global batch size in sequences (the paper: 256)")
+    steps: int = arg(10000, help="optimizer steps (ignored with --minutes)")
+    minutes: str | None = arg(None, help="time budget instead of --steps: 30, 90s, 30m or 1.5h; the steps are "
+                              "planned from timed steps so warmup and the decay to zero end at the deadline "
+                              "(--resume keeps the plan)")
+    batch_size: int | None = arg(None, help="global batch size in sequences (recipe: the paper's 256)")
     micro_batch_size: int | None = arg(None, help="sequences per forward pass per process; gradients are "
                                        "accumulated up to --batch-size (default: batch size / processes)")
-    lr: float = arg(1e-4, help="peak learning rate")
-    warmup_steps: int = arg(10000, help="linear warmup steps, then linear decay to zero")
-    weight_decay: float = arg(0.01, help="AdamW weight decay (not on biases and LayerNorm)")
+    lr: float | None = arg(None, help="peak learning rate (recipe)")
+    warmup_steps: int | None = arg(None, help="linear warmup steps, then linear decay to zero (recipe: 1%% of the "
+                                   "steps, as the paper's 10,000 of 1M; budget 6%%)")
+    betas: list[float] | None = arg(None, metavar="B", help="Adam's beta1 beta2 (recipe: 0.9 0.999)")
+    weight_decay: float | None = arg(None, help="AdamW weight decay, not on biases and LayerNorm (recipe: 0.01)")
     optimizer: str = arg("adamw", help="adamw, or lamb for large batches", choices=["adamw", "lamb"])
+    mask_prob: float | None = arg(None, help="share of positions masked for MLM (recipe: 0.15)")
+    nsp: bool | None = arg(None, help="next-sentence prediction; --no-nsp makes single-segment instances that fill "
+                           "the sequence (recipe: on)")
+    dropout: float | None = arg(None, help="dropout while pretraining; the saved model keeps its config's for "
+                                "fine-tuning (recipe: the config's 0.1)")
+    pre_ln: bool | None = arg(None, help="pre-LayerNorm layers for a new model; transformers cannot load them "
+                              "(recipe: off)")
     max_seq_len: int | None = arg(None, help="sequence length (default: the one the data was prepared for)")
     max_predictions_per_seq: int | None = arg(None, help="masked positions per sequence at most "
-                                              "(default: 15%% of --max-seq-len)")
+                                              "(default: the paper's 20 at length 128, 80 at 512)")
+    short_seq_prob: float = arg(0.1, help="share of instances with a random shorter target length")
     whole_word_mask: bool = arg(False, help="mask all WordPieces of a word together")
     dupe_factor: int | None = arg(None, help="static masking with this many mask copies (default: dynamic)")
     eval_every: int = arg(0, help="evaluate on the validation split every K steps (0: at the end only)")
@@ -49,6 +69,7 @@ class PretrainArgs:
     compile: bool = arg(False, help="use torch.compile")
     seed: int = arg(12345, help="seed for initialisation, data order and masks")
     workers: int = arg(0, help="data loader worker processes")
+    progress: bool = arg(True, help="show a progress bar (--no-progress: none; metrics.jsonl is written either way)")
     device: str | None = arg(None, help="cpu or cuda (default: cuda when available)")
     precision: str = precision_arg()
     config: str | None = arg(None, help="JSON file with any of these options (command-line values win)")
@@ -72,22 +93,55 @@ def _merge_config_file(args: PretrainArgs) -> PretrainArgs:
     return args
 
 
-def run_pretrain(args: PretrainArgs) -> int:
-    from bertforge.train.loop import LoopConfig, TrainingInterrupted
-    from bertforge.train.pretrain import DataOptions, pretrain
+def pick(value, recipe_value):
+    """An option's value: as given, or the recipe's when not given (None)."""
+    return recipe_value if value is None else value
 
-    args = _merge_config_file(args)
-    loop = LoopConfig(steps=args.steps, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-                      lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+
+def pretrain_kwargs(args: PretrainArgs) -> dict:
+    """The keyword arguments of `bertforge.train.pretrain.pretrain` for these options, the recipe's values
+    filling what was not given; refuses impossible values."""
+    from bertforge.train.budget import parse_minutes
+    from bertforge.train.loop import LoopConfig
+    from bertforge.train.pretrain import DataOptions
+    from bertforge.train.recipe import default_warmup, get_recipe
+
+    recipe = get_recipe(args.recipe)
+    minutes = parse_minutes(args.minutes) if args.minutes is not None else None
+    betas = tuple(pick(args.betas, recipe.betas))
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise BertforgeError(f"--betas {' '.join(map(str, betas))}: give two numbers in [0, 1), e.g. 0.9 0.98")
+    dropout = pick(args.dropout, recipe.dropout)
+    if dropout is not None and not 0.0 <= dropout < 1.0:
+        raise BertforgeError(f"--dropout {dropout} must be in [0, 1)")
+    if minutes is not None:  # the steps are planned later; 1000 only stands in for them until then
+        steps, warmup_fraction = 1000, None if args.warmup_steps is not None else recipe.warmup_fraction
+    else:
+        steps, warmup_fraction = args.steps, None
+    loop = LoopConfig(steps=steps, batch_size=pick(args.batch_size, recipe.batch_size),
+                      micro_batch_size=args.micro_batch_size, lr=pick(args.lr, recipe.lr),
+                      warmup_steps=pick(args.warmup_steps, default_warmup(recipe, steps)),
+                      weight_decay=pick(args.weight_decay, recipe.weight_decay), betas=betas,
                       optimizer=args.optimizer, eval_every=args.eval_every, save_every=args.save_every,
                       keep_last=args.keep_last, log_every=args.log_every, seed=args.seed, compile=args.compile,
-                      device=args.device, precision=args.precision)
-    opts = DataOptions(max_predictions_per_seq=args.max_predictions_per_seq, whole_word_mask=args.whole_word_mask,
-                       dupe_factor=args.dupe_factor, seed=args.seed, eval_batches=args.eval_batches,
-                       num_workers=args.workers)
+                      device=args.device, precision=args.precision, progress=args.progress)
+    opts = DataOptions(short_seq_prob=args.short_seq_prob, masked_lm_prob=pick(args.mask_prob, recipe.mask_prob),
+                       max_predictions_per_seq=args.max_predictions_per_seq, nsp=pick(args.nsp, recipe.nsp),
+                       whole_word_mask=args.whole_word_mask, dupe_factor=args.dupe_factor, seed=args.seed,
+                       eval_batches=args.eval_batches, num_workers=args.workers)
+    return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=loop, data_options=opts,
+                init=args.init, resume=args.resume, max_seq_len=args.max_seq_len, dropout=dropout,
+                pre_layer_norm=pick(args.pre_ln, recipe.pre_layer_norm), minutes=minutes,
+                warmup_fraction=warmup_fraction, recipe=recipe)
+
+
+def run_pretrain(args: PretrainArgs) -> int:
+    from bertforge.train.loop import TrainingInterrupted
+    from bertforge.train.pretrain import pretrain
+
+    args = _merge_config_file(args)
     try:
-        result = pretrain(args.data, args.out, model=args.model, loop=loop, data_options=opts, init=args.init,
-                          resume=args.resume, max_seq_len=args.max_seq_len)
+        result = pretrain(**pretrain_kwargs(args))
     except TrainingInterrupted as e:
         print(str(e))
         return 130

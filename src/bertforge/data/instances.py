@@ -9,6 +9,9 @@ probability 0.5, and always when the chunk has one segment, B is instead taken f
 returned to be used again. Finally the pair is cut to `max_seq_len - 3` tokens, one token at a time from the
 longer side (B on ties), from the front or the back at random.
 
+Without NSP (`create_single_segment_instances`, the budget recipes' choice), an instance is one segment,
+`[CLS] A [SEP]`: a run of one document's tokens filling the sequence.
+
 Differences from the original, both where it could go wrong: the random document is drawn from the *other*
 documents (the original retries 10 times and may end with the same one), and with a single document in the
 split a single-segment chunk yields no instance rather than a same-document "NotNext".
@@ -111,4 +114,22 @@ def create_instances(document: Sequence[np.ndarray], doc_index: int, n_documents
                 instances.append(Instance(tokens_a, tokens_b, False, False))
             chunk, length = [], 0
         i += 1
+    return instances
+
+
+def create_single_segment_instances(document: Sequence[np.ndarray], rng: np.random.Generator, *, max_seq_len: int,
+                                    short_seq_prob: float = 0.0) -> list[Instance]:
+    """Instances of one segment (`tokens_b` empty) from one document: its tokens in order, cut into pieces of
+    `max_seq_len - 2` ([CLS] and [SEP] take the rest), so every instance but the document's last fills the
+    sequence; sentence boundaries are not kept. With probability `short_seq_prob` a piece's length is instead
+    random in [2, max_seq_len - 2], as in the paired algorithm."""
+    max_tokens = max_seq_len - 2
+    tokens = _concat([np.asarray(x) for x in document]) if len(document) else np.zeros(0, np.int64)
+    empty = np.zeros(0, tokens.dtype)
+    instances: list[Instance] = []
+    start = 0
+    while start < len(tokens):
+        size = int(rng.integers(2, max_tokens + 1)) if rng.random() < short_seq_prob else max_tokens
+        instances.append(Instance(tokens[start:start + size], empty, False, False))
+        start += size
     return instances

@@ -18,6 +18,7 @@ the same on every rank. With `dupe_factor` (static masking) epoch e replays epoc
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,19 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from bertforge.data.instances import Instance, create_instances
+from bertforge.data.instances import Instance, create_instances, create_single_segment_instances
 from bertforge.data.masking import IGNORE_INDEX, mask_tokens
 from bertforge.data.shards import Shard, open_split, read_manifest
 from bertforge.errors import BertforgeError
 
 BLOCK_TOKENS = 1 << 20  # instances are shuffled within blocks of about this many corpus tokens
 _ORDER, _DOC, _BLOCK, _MASK = 0, 1, 2, 3  # RNG streams
+
+
+def default_max_predictions(max_seq_len: int, masked_lm_prob: float = 0.15) -> int:
+    """The cap on masked positions per sequence: the expected count plus 1/24 headroom, which is the paper's
+    20 at length 128 and 80 at 512 for a 15% rate (and scales with the rate: 54 at 128 for 40%)."""
+    return max(1, math.ceil(round(max_seq_len * masked_lm_prob * 25 / 24, 6)))
 
 
 class Documents:
@@ -91,7 +98,7 @@ class PretrainingData:
                  short_seq_prob: float = 0.1, masked_lm_prob: float = 0.15,
                  max_predictions_per_seq: int | None = None, whole_word_mask: bool = False,
                  dupe_factor: int | None = None, seed: int = 12345, rank: int = 0, world_size: int = 1,
-                 tokenizer: Any = None):
+                 tokenizer: Any = None, nsp: bool = True):
         self.data_dir = Path(data_dir)
         self.manifest = read_manifest(self.data_dir)
         self.split = split
@@ -102,8 +109,11 @@ class PretrainingData:
             raise BertforgeError(f"rank {rank} is not in [0, world_size={world_size})")
         if dupe_factor is not None and dupe_factor < 1:
             raise BertforgeError(f"dupe_factor {dupe_factor} must be at least 1 (or None for dynamic masking)")
-        self.short_seq_prob, self.masked_lm_prob = short_seq_prob, masked_lm_prob
-        self.max_predictions = int(max_predictions_per_seq or round(self.max_seq_len * 0.15))
+        if not 0.0 < masked_lm_prob < 1.0:
+            raise BertforgeError(f"masking rate {masked_lm_prob} must be in (0, 1), e.g. 0.15 (the paper) or 0.4")
+        self.short_seq_prob, self.masked_lm_prob, self.nsp = short_seq_prob, masked_lm_prob, nsp
+        self.max_predictions = int(max_predictions_per_seq or default_max_predictions(self.max_seq_len,
+                                                                                        masked_lm_prob))
         self.whole_word_mask, self.dupe_factor, self.seed = whole_word_mask, dupe_factor, seed
         self.rank, self.world_size = rank, world_size
         self.documents = Documents(open_split(self.data_dir, split, self.manifest))
@@ -154,17 +164,23 @@ class PretrainingData:
             for g in block:
                 g = int(g)
                 rng = np.random.default_rng([self.seed, e, _DOC, g])
-                found.extend(create_instances(docs[g], g, len(docs), docs.__getitem__, rng,
-                                              max_seq_len=self.max_seq_len, short_seq_prob=self.short_seq_prob))
+                if self.nsp:
+                    found.extend(create_instances(docs[g], g, len(docs), docs.__getitem__, rng,
+                                                  max_seq_len=self.max_seq_len, short_seq_prob=self.short_seq_prob))
+                else:
+                    found.extend(create_single_segment_instances(docs[g], rng, max_seq_len=self.max_seq_len,
+                                                                 short_seq_prob=self.short_seq_prob))
             perm = np.random.default_rng([self.seed, e, _BLOCK, b]).permutation(len(found))
             for j in perm:
                 yield found[j]
 
     def mask(self, instance: Instance, epoch: int, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """(input_ids (T,), mlm_labels (T,), token_type_ids (T,), is_random_next) for instance `index` of
-        `epoch`: `[CLS] A [SEP] B [SEP]`, token types 0 for `[CLS] A [SEP]` and 1 for `B [SEP]`."""
+        `epoch`: `[CLS] A [SEP] B [SEP]`, token types 0 for `[CLS] A [SEP]` and 1 for `B [SEP]`; a single-segment
+        instance (B empty, no NSP) is `[CLS] A [SEP]`."""
         a, b = instance.tokens_a, instance.tokens_b
-        ids = np.concatenate([[self.cls_id], a, [self.sep_id], b, [self.sep_id]]).astype(np.int64)
+        tail = [b, [self.sep_id]] if len(b) else []
+        ids = np.concatenate([[self.cls_id], a, [self.sep_id], *tail]).astype(np.int64)
         types = np.zeros(len(ids), np.int64)
         types[len(a) + 2:] = 1
         rng = np.random.default_rng([self.seed, self._data_epoch(epoch), _MASK, index])

@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -451,3 +452,26 @@ def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str |
               "all": runs, "metrics": best["best_run"]["metrics"]}
     write_json(out / "metrics.json", report)  # last: its presence marks a finished run
     return report
+
+
+def finetune_scored(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
+                    options: FinetuneOptions, task_options: dict | None = None) -> dict:
+    """`finetune`, then the kept (best dev) model scored on the test split when it has labels. Returns
+    {"dev": dev metrics, "test": test metrics or None, "seconds": wall time}; a finished `out` is read back,
+    not trained again."""
+    out = Path(out)
+    record_file = out / "scores.json"
+    if record_file.is_file():
+        return json.loads(record_file.read_text())
+    start = time.perf_counter()
+    result = finetune(task_name, data, init, out, task_options=task_options, options=options)
+    tm = load_task_model(out, device=options.device)
+    try:
+        test = tm.task.read(data, "test")
+    except BertforgeError:  # no test split
+        test = []
+    test_metrics = evaluate_examples(tm, test)[0] if test else {}
+    record = {"dev": result["metrics"], "test": test_metrics or None,
+              "seconds": round(time.perf_counter() - start, 1)}
+    write_json(record_file, record)
+    return record

@@ -55,6 +55,7 @@ class LoopConfig:
     lr: float = 1e-4
     warmup_steps: int = 10000
     weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam's
     optimizer: str = "adamw"  # or "lamb"
     clip_grad_norm: float = 1.0
     log_every: int = 10
@@ -72,6 +73,9 @@ class LoopConfig:
         """(micro_batch_size, micro-batches per step) for `world_size` processes; refuses what cannot be."""
         if self.steps < 1:
             raise BertforgeError(f"--steps {self.steps} must be at least 1")
+        if not 0 <= self.warmup_steps < max(self.steps, 2):
+            raise BertforgeError(f"--warmup-steps {self.warmup_steps} must be at least 0 and below --steps "
+                                 f"{self.steps}, or the learning rate never decays")
         micro = self.micro_batch_size or self.batch_size // world_size
         if micro < 1 or self.batch_size % (micro * world_size):
             raise BertforgeError(
@@ -233,7 +237,8 @@ class Trainer:
             keep_freed_memory()  # ~15% faster steps for base-sized activations; see memory.py
         torch.manual_seed(cfg.seed + d.rank)
         self.model.to(d.device)
-        self.optimizer = build_optimizer(self.model, name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = build_optimizer(self.model, name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                         betas=tuple(cfg.betas))
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
         self.best: dict | None = None
         start, position = self._load_checkpoint() if self.resume else (0, None)

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import shutil
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from bertforge.checkpoint import unwrap
 from bertforge.config import PRESETS, BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.heads import IGNORE_INDEX, BertForPreTraining
 from bertforge.train import distributed
-from bertforge.train.loop import LoopConfig, Trainer, TrainResult, write_run_config
+from bertforge.train.budget import BudgetPlan, agree, load_plan, plan_steps, save_plan, time_call, time_steps
+from bertforge.train.loop import LoopConfig, Trainer, TrainResult, autocast, resolve_precision, write_run_config
+from bertforge.train.recipe import Recipe
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
@@ -25,7 +31,8 @@ class DataOptions:
 
     short_seq_prob: float = 0.1
     masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int | None = None  # None: round(0.15 * max_seq_len), 20 at 128 as in the paper
+    max_predictions_per_seq: int | None = None  # None: `default_max_predictions`, the paper's 20 at 128, 80 at 512
+    nsp: bool = True  # next-sentence prediction; False: single-segment instances filling the sequence
     whole_word_mask: bool = False
     dupe_factor: int | None = None  # None: dynamic masking (new masks every epoch)
     seed: int = 12345
@@ -35,15 +42,22 @@ class DataOptions:
 
 
 class PretrainingObjective:
-    """loss = mean MLM cross-entropy over masked positions + mean NSP cross-entropy over sequences."""
+    """loss = mean MLM cross-entropy over masked positions + mean NSP cross-entropy over sequences (MLM alone
+    with `nsp=False`)."""
+
+    def __init__(self, nsp: bool = True):
+        self.nsp = nsp
 
     def counts(self, batch: dict) -> dict[str, float]:
-        return {"mlm": int((batch["mlm_labels"] != IGNORE_INDEX).sum()), "nsp": int(batch["nsp_labels"].numel())}
+        counts = {"mlm": int((batch["mlm_labels"] != IGNORE_INDEX).sum())}
+        if self.nsp:
+            counts["nsp"] = int(batch["nsp_labels"].numel())
+        return counts
 
     def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
         out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                    mlm_labels=batch["mlm_labels"], nsp_labels=batch["nsp_labels"])
-        return {"mlm": out.mlm_loss, "nsp": out.nsp_loss}
+                    mlm_labels=batch["mlm_labels"], nsp_labels=batch["nsp_labels"] if self.nsp else None)
+        return {"mlm": out.mlm_loss, "nsp": out.nsp_loss} if self.nsp else {"mlm": out.mlm_loss}
 
 
 def evaluate_pretraining(model: BertForPreTraining, batches: list[dict], device: torch.device, *,
@@ -92,15 +106,22 @@ def resolve_model_config(spec: str, vocab_size: int, max_seq_len: int) -> BertCo
 
 def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", loop: LoopConfig,
              data_options: DataOptions | None = None, init: str | Path | None = None, resume: bool = False,
-             max_seq_len: int | None = None) -> TrainResult:
-    """Pretrain a BERT with MLM + NSP on `data_dir` (made by `bertforge prepare`) into `out_dir`.
+             max_seq_len: int | None = None, dropout: float | None = None, pre_layer_norm: bool = False,
+             minutes: float | None = None, warmup_fraction: float | None = None,
+             recipe: Recipe | None = None) -> TrainResult:
+    """Pretrain a BERT with MLM (+ NSP unless `data_options.nsp` is False) on `data_dir` (made by `bertforge
+    prepare`) into `out_dir`.
 
     `init` starts from a model directory's weights (the paper's second phase at length 512 starts from the
     first phase's model); the optimizer and schedule start fresh. `resume` continues exactly from the last
-    checkpoint in `out_dir`.
+    checkpoint in `out_dir`. `dropout` overrides the model's dropout while pretraining (the saved config keeps
+    its own); `pre_layer_norm` builds a new model with pre-LN layers. `minutes` replaces `loop.steps` by the
+    steps that end at that wall time (see budget.py), with `warmup_fraction` of them as warmup (None: keep
+    `loop.warmup_steps`); `recipe` is recorded in run_config.json.
     """
     from bertforge.data.loader import PretrainingData
 
+    started = time.perf_counter()
     opts = data_options or DataOptions()
     d = distributed.setup(loop.device)
     out_dir = Path(out_dir)
@@ -110,7 +131,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
                                    masked_lm_prob=opts.masked_lm_prob,
                                    max_predictions_per_seq=opts.max_predictions_per_seq,
                                    whole_word_mask=opts.whole_word_mask, dupe_factor=opts.dupe_factor,
-                                   seed=opts.seed, rank=rank, world_size=world)
+                                   seed=opts.seed, rank=rank, world_size=world, nsp=opts.nsp)
 
         train_data = load("train", d.rank, d.world_size)
         tokenizer = train_data.tokenizer
@@ -122,27 +143,54 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
                                      f"tokenizer has {tokenizer.vocab_size}: prepare the data with its tokenizer")
             config = net.config
         else:
+            if pre_layer_norm:
+                config = config.replace(pre_layer_norm=True)
             torch.manual_seed(loop.seed)
             net = BertForPreTraining(config)
         tokenizer.check_compatible(config)
+        if dropout is not None:
+            net.set_dropout(dropout)
+        objective = PretrainingObjective(nsp=opts.nsp)
 
-        micro, _ = loop.accumulation(d.world_size)
+        micro, accum = loop.accumulation(d.world_size)
         evaluate = None
         if d.is_main and opts.eval_batches > 0:
             val_docs = int(train_data.manifest.get("splits", {}).get("val", {}).get("documents", 0))
             if val_docs:
                 it = load("val", 0, 1).batches(micro)
                 val_batches = [next(it) for _ in range(opts.eval_batches)]
-                if val_docs == 1:
+                if val_docs == 1 and opts.nsp:
                     print("the val split has a single document, so no NotNext pairs: NSP accuracy is not reported "
                           "(prepare with a larger --val-fraction to have it)")
-                evaluate = lambda m: evaluate_pretraining(m, val_batches, d.device, nsp=val_docs > 1)  # noqa: E731
+                evaluate = lambda m: evaluate_pretraining(m, val_batches, d.device,  # noqa: E731
+                                                          nsp=opts.nsp and val_docs > 1)
+
+        plan = None
+        if minutes is not None:
+            plan = load_plan(out_dir) if resume else None
+            if plan is None:
+                seconds = agree(time_steps(net, train_data.batches(micro), lambda m, b: sum(
+                    objective.losses(m, b).values()), accum=accum, lr=loop.lr, device=d.device,
+                    precision=loop.precision), d)
+                eval_seconds = 0.0
+                if evaluate is not None:
+                    probe = copy.deepcopy(net).to(d.device).eval()
+                    with torch.no_grad(), autocast(d.device, resolve_precision(loop.precision, d.device)):
+                        eval_seconds = time_call(lambda: evaluate(probe))
+                    del probe
+                eval_seconds = agree(eval_seconds, d)
+                spent = agree(time.perf_counter() - started, d)
+                steps = plan_steps(minutes, seconds, eval_seconds, loop.eval_every, spent)
+                plan = BudgetPlan(minutes=minutes, seconds_per_step=seconds, eval_seconds=eval_seconds,
+                                  steps=steps, spent_before_training=spent)
+            warmup = loop.warmup_steps if warmup_fraction is None else round(warmup_fraction * plan.steps)
+            loop = dataclasses.replace(loop, steps=plan.steps, warmup_steps=min(warmup, plan.steps - 1))
+            if d.is_main:
+                print(plan.describe(), flush=True)
 
         tok_dir = Path(data_dir) / "tokenizer"
 
         def save_model(m: nn.Module, path: Path) -> None:
-            from bertforge.checkpoint import unwrap
-
             unwrap(m).save_pretrained(path)
             for name in TOKENIZER_FILES:
                 if (tok_dir / name).is_file():
@@ -150,23 +198,29 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
 
         if d.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
+            if plan is not None:
+                save_plan(out_dir, plan)
             write_run_config(out_dir, command="pretrain", data=str(data_dir), model=config.to_dict(), loop=loop,
                              data_options=opts, init=str(init) if init else None, world_size=d.world_size,
+                             recipe=recipe.to_dict() if recipe else None, dropout=dropout,
+                             budget=asdict(plan) if plan else None,
                              manifest={k: v for k, v in train_data.manifest.items() if not isinstance(v, list)})
 
         class _Data:
             def batches(self, micro_batch_size: int, position: dict | None = None):
                 return train_data.batches(micro_batch_size, position=position or 0, num_workers=opts.num_workers)
 
-        trainer = Trainer(net, _Data(), PretrainingObjective(), loop, out_dir, evaluate=evaluate,
+        trainer = Trainer(net, _Data(), objective, loop, out_dir, evaluate=evaluate,
                           save_model=save_model, dist=d, resume=resume)
         result = trainer.run()
         if d.is_main:
             from bertforge.train.report import plot_metrics
 
             plot_metrics(out_dir / "metrics.jsonl", out_dir / "training_curves.png")
+            if plan is not None:
+                took = (time.perf_counter() - started) / 60
+                print(f"pretraining took {took:.1f} min of a {plan.minutes:g}-minute budget", flush=True)
         distributed.barrier(d)  # the other ranks wait for rank 0's writes: gloo aborts a peer that leaves early
         return result
     finally:
         distributed.teardown()
-

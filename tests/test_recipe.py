@@ -1,0 +1,174 @@
+"""Budget pretraining: single-segment instances, the masking cap, pre-LN, dropout off, recipes, and a run planned
+against a time budget whose learning rate reaches zero at its last step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.config import BertConfig
+from bertforge.data.instances import create_single_segment_instances
+from bertforge.data.loader import PretrainingData, default_max_predictions
+from bertforge.errors import BertforgeError
+from bertforge.heads import BertForPreTraining
+from bertforge.io import read_jsonl
+from bertforge.model import BertModel
+from bertforge.train.budget import BudgetPlan, parse_minutes, plan_steps
+from bertforge.train.loop import LoopConfig
+
+
+def test_single_segment_instances_keep_every_token_in_order_and_fill_the_sequence():
+    rng = np.random.default_rng(0)
+    document = [np.arange(start, start + n) for start, n in ((0, 30), (100, 50), (200, 7), (300, 140), (500, 20))]
+    instances = create_single_segment_instances(document, rng, max_seq_len=64, short_seq_prob=0.0)
+    assert all(len(i.tokens_b) == 0 and not i.is_random_next for i in instances)
+    np.testing.assert_array_equal(np.concatenate([i.tokens_a for i in instances]), np.concatenate(document))
+    assert [len(i.tokens_a) for i in instances] == [62, 62, 62, 247 - 3 * 62]  # full pieces of 62, then the rest
+
+
+def test_single_segment_short_targets_follow_short_seq_prob():
+    document = [np.arange(i * 10, i * 10 + 10) for i in range(400)]
+    lengths = [len(i.tokens_a) for i in create_single_segment_instances(document, np.random.default_rng(1),
+                                                                        max_seq_len=128, short_seq_prob=0.5)]
+    short = [n for n in lengths[:-1] if n != 126]
+    # Half the pieces have a length uniform in [2, 126] (one in 125 of those is 126 by chance).
+    assert abs(len(short) / (len(lengths) - 1) - 0.5) < 3 * (0.25 / (len(lengths) - 1)) ** 0.5
+    assert abs(np.mean(short) - 64) < 3 * (125 ** 2 / 12 / len(short)) ** 0.5
+
+
+def test_the_masking_cap_is_the_papers():
+    # The paper: max_predictions_per_seq 20 at length 128 and 80 at 512 for 15% masking.
+    assert default_max_predictions(128) == 20
+    assert default_max_predictions(512) == 80
+    assert default_max_predictions(128, 0.4) >= round(128 * 0.4)
+
+
+def test_no_nsp_batches_are_single_segments_masked_at_the_given_rate(prepared):
+    data = PretrainingData(prepared, "train", nsp=False, masked_lm_prob=0.4, short_seq_prob=0.0)
+    batch = next(data.batches(64))
+    ids, labels, types = batch["input_ids"], batch["mlm_labels"], batch["token_type_ids"]
+    assert int(types.sum()) == 0 and int(batch["nsp_labels"].sum()) == 0
+    lengths = batch["attention_mask"].sum(1)
+    sep = data.sep_id
+    for row, n in enumerate(lengths.tolist()):
+        assert labels[row, n - 1] == -100  # the final [SEP] is never chosen
+        original = torch.where(labels[row] != -100, labels[row], ids[row])[:n]
+        assert int((original == sep).sum()) == 1 and original[n - 1] == sep
+    chosen = int((labels != -100).sum())
+    expected = sum(min(data.max_predictions, round(0.4 * n)) for n in lengths.tolist())
+    assert chosen == expected
+    assert float(lengths.float().mean()) > 0.9 * data.max_seq_len  # instances fill the sequence
+
+
+def test_pre_ln_last_layer_positions_match_the_full_computation():
+    config = BertConfig.from_preset("tiny", vocab_size=300, pre_layer_norm=True, hidden_dropout_prob=0.0,
+                                    attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = BertModel(config).eval()
+    ids = torch.randint(5, 300, (3, 20))
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[1, 15:] = 0
+    full = model(ids, None, mask).sequence_output
+    positions = torch.tensor([[0, 4, 9], [0, 1, 14], [0, 19, 2]])
+    part = model(ids, None, mask, positions=positions).sequence_output
+    torch.testing.assert_close(part, full.gather(1, positions[..., None].expand(-1, -1, full.shape[2])))
+    post = BertModel(config.replace(pre_layer_norm=False)).eval()
+    post.load_state_dict({k: v for k, v in model.state_dict().items() if "final_norm" not in k})
+    assert not torch.allclose(post(ids, None, mask).sequence_output, full, atol=1e-3)
+
+
+def test_set_dropout_turns_dropout_off_without_changing_the_saved_config(tmp_path):
+    config = BertConfig.from_preset("tiny", vocab_size=300)
+    model = BertForPreTraining(config).train()
+    ids = torch.randint(5, 300, (2, 16))
+    assert not torch.equal(model(ids).nsp_logits, model(ids).nsp_logits)  # dropout on
+    model.set_dropout(0.0)
+    torch.testing.assert_close(model(ids).nsp_logits, model(ids).nsp_logits, atol=0, rtol=0)
+    model.save_pretrained(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert saved["hidden_dropout_prob"] == 0.1 and saved["attention_probs_dropout_prob"] == 0.1
+
+
+def test_parse_minutes_and_plan_steps():
+    assert parse_minutes("30") == 30 and parse_minutes("90s") == 1.5 and parse_minutes("1.5h") == 90
+    for bad in ("0", "-3", "soon", "m"):
+        with pytest.raises(BertforgeError):
+            parse_minutes(bad)
+    # 10 minutes, 5 s already spent, 0.5 s/step, 2 s per evaluation every 100 steps and once at the end.
+    def seconds(n: int) -> float:
+        return n * 0.5 + (n // 100 + 1) * 2.0 + 5.0
+
+    steps = plan_steps(10, 0.5, 2.0, 100, 5.0)
+    most = max(n for n in range(2000) if seconds(n) <= 600)
+    assert seconds(steps) <= 600 and steps >= 0.99 * most
+    with pytest.raises(BertforgeError, match="budget"):
+        plan_steps(0.05, 1.0, 0.0, 0, 0.0)
+
+
+def test_warmup_must_fit_the_run():
+    with pytest.raises(BertforgeError, match="--warmup-steps"):
+        LoopConfig(steps=100, batch_size=8, warmup_steps=100).accumulation(1)
+    with pytest.raises(BertforgeError, match="--warmup-steps"):
+        LoopConfig(steps=100, batch_size=8, warmup_steps=-5).accumulation(1)
+
+
+def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
+    out = tmp_path / "run"
+    assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--steps", "200",
+                 "--batch-size", "2", "--max-seq-len", "16", "--eval-batches", "0", "--log-every", "1",
+                 "--no-progress"]) == 0
+    lrs = [r["lr"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
+    assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-4 / 2) and lrs[2] == pytest.approx(1e-4)  # 2 warmup steps
+    assert lrs[-1] == pytest.approx(1e-4 / 198, rel=1e-6)  # then linear decay to zero at step 200
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["recipe"]["name"] == "bert" and config["loop"]["batch_size"] == 2
+
+
+def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared, tmp_path, capsys):
+    out = tmp_path / "budget"
+    assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
+                 "--minutes", "0.4", "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3",
+                 "--eval-batches", "2",
+                 "--log-every", "1", "--no-progress"]) == 0
+    plan = BudgetPlan(**json.loads((out / "budget_plan.json").read_text()))
+    config = json.loads((out / "run_config.json").read_text())
+    records = read_jsonl(out / "metrics.jsonl")
+    train = [r for r in records if r["split"] == "train"]
+    assert len(train) == plan.steps == config["loop"]["steps"]
+    assert config["loop"]["warmup_steps"] == round(0.06 * plan.steps)
+    assert config["recipe"]["name"] == "budget" and config["dropout"] == 0.0
+    assert config["data_options"]["nsp"] is False and config["data_options"]["masked_lm_prob"] == 0.3  # flag wins
+    assert config["model"]["pre_layer_norm"] is True and config["loop"]["betas"] == [0.9, 0.98]
+    assert max(r["lr"] for r in train) == pytest.approx(2e-3, rel=0.05)
+    warmup = config["loop"]["warmup_steps"]
+    assert train[-1]["lr"] == pytest.approx(2e-3 / (plan.steps - warmup))  # the last before zero
+    assert all("nsp_loss" not in r for r in train) and all("nsp_accuracy" not in r for r in records)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["pre_layer_norm"] is True and saved["hidden_dropout_prob"] == 0.1
+    # --resume keeps the plan: a finished run refuses to go on rather than planning a new schedule.
+    assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
+                 "--minutes", "5", "--batch-size", "2", "--max-seq-len", "16", "--resume", "--no-progress"]) == 2
+    assert f"step {plan.steps} >=" in capsys.readouterr().err
+
+
+def test_bad_recipe_values_are_error_lines(prepared, tmp_path, capsys):
+    base = ["pretrain", "--data", str(prepared), "--out", str(tmp_path / "x"), "--model", "tiny", "--no-progress"]
+    for extra, needle in ((["--betas", "0.9"], "--betas"), (["--dropout", "1.5"], "--dropout"),
+                          (["--minutes", "soon"], "--minutes"), (["--mask-prob", "0"], "masking rate"),
+                          (["--steps", "10", "--warmup-steps", "10"], "--warmup-steps")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and needle in err and "Traceback" not in err
+
+
+def test_pretrained_pre_ln_model_loads_with_its_architecture(prepared, tmp_path):
+    out = tmp_path / "preln"
+    assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--pre-ln", "--steps",
+                 "3", "--batch-size", "4", "--eval-batches", "0", "--no-progress"]) == 0
+    model = BertForPreTraining.from_pretrained(Path(out))
+    assert model.config.pre_layer_norm and model.bert.encoder.final_norm is not None
