@@ -166,9 +166,15 @@ def test_bad_recipe_values_are_error_lines(prepared, tmp_path, capsys):
         assert err.startswith("error:") and needle in err and "Traceback" not in err
 
 
-def test_pretrained_pre_ln_model_loads_with_its_architecture(prepared, tmp_path):
+def test_pretrained_pre_ln_model_loads_with_its_architecture_and_says_transformers_cannot(prepared, tmp_path,
+                                                                                          capsys):
     out = tmp_path / "preln"
     assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--pre-ln", "--steps",
                  "3", "--batch-size", "4", "--eval-batches", "0", "--no-progress"]) == 0
     model = BertForPreTraining.from_pretrained(Path(out))
     assert model.config.pre_layer_norm and model.bert.encoder.final_norm is not None
+    capsys.readouterr()
+    assert main(["model", "info", "--model", str(out)]) == 0
+    assert "transformers: cannot load this model" in capsys.readouterr().out
+    assert main(["model", "info", "--model", "mini"]) == 0
+    assert "transformers: loads as BertModel" in capsys.readouterr().out

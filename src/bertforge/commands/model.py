@@ -42,6 +42,11 @@ def model_info(args: ModelInfoArgs) -> None:
     print(f"parameters: {total:,} ({total / 1e6:.1f}M; embeddings {embed / 1e6:.1f}M, encoder and heads "
           f"{(total - embed) / 1e6:.1f}M)")
     print(f"encoder forward FLOPs per token (matmuls, excluding attention scores): {per_token / 1e6:.1f}M")
+    if config.pre_layer_norm:
+        print("transformers: cannot load this model: its layers are pre-LN (pre_layer_norm), and transformers' "
+              "BertModel has post-LN layers only; use bertforge to load it")
+    else:
+        print("transformers: loads as BertModel / BertForPreTraining (post-LN layers, Hugging Face names)")
 
 
 @dataclass
