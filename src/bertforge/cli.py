@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "bertforge.commands.train",
     "bertforge.commands.finetune",
     "bertforge.commands.infer",
+    "bertforge.commands.export",
     "bertforge.commands.demo",
 ]
 

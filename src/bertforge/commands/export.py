@@ -1,0 +1,38 @@
+"""`bertforge export`: a model directory as an ONNX graph.
+
+    bertforge export --format onnx --model runs/sst2 --out runs/sst2-onnx
+    bertforge export --format onnx --model runs/mini --out mini.onnx
+
+--out ending in .onnx writes just the graph; any other --out is a directory with model.onnx beside a copy of
+the model's config, task and tokenizer files. Fine-tuned directories export their task outputs (logits, or
+start_logits/end_logits for QA), others the encoder (last_hidden_state, pooler_output). Inputs: input_ids,
+token_type_ids, attention_mask, (batch, tokens) int64, both axes dynamic. Needs `pip install bertforge[onnx]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bertforge.commands.base import Command, arg
+from bertforge.errors import BertforgeError
+
+
+@dataclass
+class ExportArgs:
+    model: str = arg(help="model directory (from `bertforge pretrain` or `bertforge finetune`)")
+    out: str = arg(help="a .onnx file, or a directory for model.onnx plus the config and tokenizer files")
+    format: str = arg("onnx", help="export format", choices=["onnx"])
+    opset: int = arg(17, help="ONNX opset version (17 or later: LayerNormalization is an operator from 17)")
+
+
+def run_export(args: ExportArgs) -> int:
+    from bertforge.export import export_onnx
+
+    if args.opset < 17:
+        raise BertforgeError(f"--opset {args.opset}: use 17 or later (LayerNormalization is an operator from 17)")
+    path = export_onnx(args.model, args.out, opset=args.opset)
+    print(f"exported {args.model} to {path}")
+    return 0
+
+
+COMMANDS = [Command("export", ExportArgs, run_export, help="export a model to ONNX", description=__doc__)]
