@@ -41,6 +41,7 @@ from bertforge.cpu import has_native_bf16
 from bertforge.demo_data import fetch_demo_data, write_movie_corpus
 from bertforge.io import cache_dir
 from bertforge.train.finetune import FinetuneOptions, finetune_scored
+from bertforge.train.recipe import get_recipe
 
 BIN = Path(sys.executable).parent / "bertforge"
 
@@ -160,7 +161,7 @@ def main() -> None:
     p.add_argument("--task-dir", default=None, help="CSV task directory with text,label columns (default: the "
                    "demo's Rotten Tomatoes)")
     p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--max-seq-len", type=int, default=None, help="prepared length (default: the recipe's)")
     p.add_argument("--grid", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="fine-tuning lrs")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed", type=int, default=42, help="first fine-tuning seed (pretraining: its own --seed)")
@@ -169,6 +170,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2, help="fine-tuning runs at a time (threads shared out)")
     p.add_argument("--work", default="runs/pays", help="working directory (reused between runs)")
     a = p.parse_args()
+    a.max_seq_len = a.max_seq_len or get_recipe(a.recipe).seq_len
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()

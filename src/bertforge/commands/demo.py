@@ -17,8 +17,8 @@ class DemoArgs:
     recipe: str = arg("budget", choices=["budget", "bert"], help="pretraining recipe (see bertforge pretrain --help)")
     finetune_epochs: float = arg(2.0, help="fine-tuning epochs on Rotten Tomatoes")
     finetune_seeds: int = arg(3, help="fine-tuning runs per side (pretrained, random weights), one seed each")
-    finetune_lr_pretrained: float = arg(5e-4, help="fine-tuning learning rate from the pretrained model")
-    finetune_lr_scratch: float = arg(1e-4, help="fine-tuning learning rate from random weights")
+    finetune_lr_pretrained: float = arg(1e-3, help="fine-tuning learning rate from the pretrained model")
+    finetune_lr_scratch: float = arg(3e-4, help="fine-tuning learning rate from random weights")
     finetune_examples: int | None = arg(None, help="fine-tune on only the first N training reviews")
     seed: int = arg(12345, help="random seed")
 
