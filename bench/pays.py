@@ -86,7 +86,7 @@ def pretrain(a: argparse.Namespace, data: Path, work: Path) -> Path:
         extra = shlex.split(a.pretrain_args)
         run([str(BIN), "pretrain", "--data", str(data), "--out", str(out), "--model", a.model, "--recipe", a.recipe,
              "--minutes", str(a.minutes), "--precision", precision, "--eval-every", "500", "--save-every", "1000",
-             "--no-progress", *extra], work / f"{name}.log")
+             "--no-progress", *(["--resume"] if out.is_dir() else []), *extra], work / f"{name}.log")
     return out
 
 

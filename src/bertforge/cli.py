@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import typing
 
 from bertforge import __version__
 from bertforge.commands.base import Command, add_dataclass_arguments, build_args
@@ -41,8 +42,16 @@ def _commands() -> list[Command]:
     return commands
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, except that a bad command line is one line, `error: ...`, and exit status 2 (the
+    subcommands' parsers are of this class too)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bertforge", description="Train BERT end to end: vocabulary, pretraining, fine-tuning, inference.",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
@@ -65,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as e:
+        if e.code == 2:  # a bad command line, already said in one `error:` line; --help and --version exit 0
+            return 2
+        raise
     cmd: Command | None = getattr(ns, "_command", None)
     if cmd is None:
         parser.print_help()

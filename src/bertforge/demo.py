@@ -118,11 +118,12 @@ def run_demo(o: DemoOptions) -> dict:
     if (pre_dir / "model.safetensors").is_file():
         print(f"reusing {pre_dir}")
     else:
-        # An interrupted run resumes from its checkpoint and keeps its plan (budget_plan.json).
+        # An interrupted run resumes from its checkpoint and keeps its plan (budget_plan.json); one killed before
+        # its first checkpoint starts again at step 0 (a run directory is refused without --resume).
         args = PretrainArgs(data=str(data_dir), out=str(pre_dir), recipe=o.recipe, model=o.model,
                             minutes=str(o.minutes), batch_size=o.batch_size, eval_every=250, save_every=250,
                             log_every=10, seed=o.seed, precision=demo_precision(), progress=o.progress,
-                            resume=(pre_dir / "checkpoints").is_dir())
+                            resume=pre_dir.is_dir())
         pretrain(**pretrain_kwargs(args))
     pre_metrics = _last_eval(pre_dir / "metrics.jsonl")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from bertforge.commands.base import Command, arg
+from bertforge.commands.base import FRACTION, MIN_SEQ_LEN, Command, arg, at_least, seed_arg
 
 
 @dataclasses.dataclass
@@ -13,10 +13,11 @@ class PrepareArgs:
     corpus: list[str] = arg(help="corpus files, directories or globs: .txt, .jsonl (a 'text' field), or .gz")
     tokenizer: str = arg(help="tokenizer directory (from `bertforge vocab train` or a model directory)")
     out: str = arg(help="output directory for the shards and manifest.json")
-    max_seq_len: int = arg(128, help="sequence length the instances will be made for (BERT: 128, then 512)")
-    workers: int | None = arg(None, help="worker processes (default: all cores)")
-    val_fraction: float = arg(0.01, help="fraction of documents held out for validation")
-    seed: int = arg(12345, help="random seed of the validation split")
+    max_seq_len: int = arg(128, help="sequence length the instances will be made for (BERT: 128, then 512)",
+                           bound=MIN_SEQ_LEN)
+    workers: int | None = arg(None, help="worker processes (default: all cores)", bound=at_least(1))
+    val_fraction: float = arg(0.01, help="fraction of documents held out for validation", bound=FRACTION)
+    seed: int = seed_arg(12345, help="random seed of the validation split")
     format: str = arg("auto", choices=["auto", "doc", "lines"],
                       help=".txt layout: doc (one document per file, paragraphs split into sentences), lines "
                            "(BERT's: one sentence per line, blank line between documents), auto (detect per file)")
@@ -39,11 +40,11 @@ def run_prepare(args: PrepareArgs) -> int:
 class InspectArgs:
     data: str = arg(help="prepared data directory", positional=True)
     split: str = arg("train", choices=["train", "val"], help="which split's instances to show")
-    num: int = arg(3, help="how many instances to decode")
-    max_seq_len: int | None = arg(None, help="instance length (default: the manifest's)")
+    num: int = arg(3, help="how many instances to decode", bound=at_least(1))
+    max_seq_len: int | None = arg(None, help="instance length (default: the manifest's)", bound=MIN_SEQ_LEN)
     whole_word_mask: bool = arg(False, help="show whole-word masking")
-    seed: int = arg(12345, help="random seed of the instances and masks")
-    epoch: int = arg(0, help="epoch whose instances to show")
+    seed: int = seed_arg(12345, help="random seed of the instances and masks")
+    epoch: int = arg(0, help="epoch whose instances to show", bound=at_least(0))
 
 
 def run_inspect(args: InspectArgs) -> int:

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg
+from bertforge.commands.base import POSITIVE, Command, arg, at_least, seed_arg
 
 
 @dataclass
 class DemoArgs:
     out: str = arg("runs/demo", help="output directory (a re-run reuses finished stages)")
-    minutes: float = arg(10.0, help="pretraining budget in minutes")
+    minutes: float = arg(10.0, help="pretraining budget in minutes", bound=POSITIVE)
     corpus: list[str] = arg([], help="pretrain on your own text (files, directories, globs) instead")
     cache: str | None = arg(None, help="where fetched demo data is cached (default: ~/.cache/bertforge)")
     model: str = arg("mini", help="model preset to pretrain")
     recipe: str = arg("budget", choices=["budget", "bert"], help="pretraining recipe (see bertforge pretrain --help)")
-    finetune_epochs: float = arg(2.0, help="fine-tuning epochs on Rotten Tomatoes")
-    finetune_seeds: int = arg(3, help="fine-tuning runs per side (pretrained, random weights), one seed each")
-    finetune_lr_pretrained: float = arg(1e-3, help="fine-tuning learning rate from the pretrained model")
-    finetune_lr_scratch: float = arg(3e-4, help="fine-tuning learning rate from random weights")
-    finetune_examples: int | None = arg(None, help="fine-tune on only the first N training reviews")
-    seed: int = arg(12345, help="random seed")
+    finetune_epochs: float = arg(2.0, help="fine-tuning epochs on Rotten Tomatoes", bound=POSITIVE)
+    finetune_seeds: int = arg(3, help="fine-tuning runs per side (pretrained, random weights), one seed each",
+                              bound=at_least(1))
+    finetune_lr_pretrained: float = arg(1e-3, help="fine-tuning learning rate from the pretrained model",
+                                        bound=POSITIVE)
+    finetune_lr_scratch: float = arg(3e-4, help="fine-tuning learning rate from random weights", bound=POSITIVE)
+    finetune_examples: int | None = arg(None, help="fine-tune on only the first N training reviews",
+                                        bound=at_least(1))
+    seed: int = seed_arg(12345)
 
 
 def run(args: DemoArgs) -> int:

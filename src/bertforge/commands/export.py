@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg
-from bertforge.errors import BertforgeError
+from bertforge.commands.base import Command, arg, at_least
 
 
 @dataclass
@@ -22,14 +21,13 @@ class ExportArgs:
     model: str = arg(help="model directory (from `bertforge pretrain` or `bertforge finetune`)")
     out: str = arg(help="a .onnx file, or a directory for model.onnx plus the config and tokenizer files")
     format: str = arg("onnx", help="export format", choices=["onnx"])
-    opset: int = arg(17, help="ONNX opset version (17 or later: LayerNormalization is an operator from 17)")
+    opset: int = arg(17, help="ONNX opset version",
+                      bound=at_least(17, "LayerNormalization is an ONNX operator from opset 17"))
 
 
 def run_export(args: ExportArgs) -> int:
     from bertforge.export import export_onnx
 
-    if args.opset < 17:
-        raise BertforgeError(f"--opset {args.opset}: use 17 or later (LayerNormalization is an operator from 17)")
     path = export_onnx(args.model, args.out, opset=args.opset)
     print(f"exported {args.model} to {path}")
     return 0

@@ -12,7 +12,17 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg, emit_jsonl, precision_arg
+from bertforge.commands.base import (
+    FRACTION,
+    POSITIVE,
+    Command,
+    arg,
+    at_least,
+    check_output_file,
+    emit_jsonl,
+    precision_arg,
+    seed_arg,
+)
 from bertforge.errors import BertforgeError
 
 
@@ -23,23 +33,26 @@ class FinetuneArgs:
     data: str = arg(help="the task's data directory in its official layout (or a file)")
     init: str = arg(help="model directory to start from (pretrained BERT with its tokenizer)")
     out: str = arg(help="output directory: the best model on dev, metrics.json, predictions")
-    lr: float = arg(3e-5, help="peak learning rate (the paper: 5e-5, 3e-5 or 2e-5)")
-    batch_size: int = arg(32, help="batch size (the paper: 16 or 32)")
-    epochs: float = arg(3.0, help="epochs (the paper: 2 to 4)")
-    warmup_ratio: float = arg(0.1, help="fraction of steps with linear warmup")
-    weight_decay: float = arg(0.01, help="AdamW weight decay")
-    seed: int = arg(42, help="random seed")
-    max_length: int | None = arg(None, help="sequence length (default: 128; SQuAD 384)")
-    micro_batch_size: int | None = arg(None, help="sequences per forward pass (gradient accumulation)")
+    lr: float = arg(3e-5, help="peak learning rate (the paper: 5e-5, 3e-5 or 2e-5)", bound=POSITIVE)
+    batch_size: int = arg(32, help="batch size (the paper: 16 or 32)", bound=at_least(1))
+    epochs: float = arg(3.0, help="epochs (the paper: 2 to 4)", bound=POSITIVE)
+    warmup_ratio: float = arg(0.1, help="fraction of steps with linear warmup", bound=FRACTION)
+    weight_decay: float = arg(0.01, help="AdamW weight decay", bound=at_least(0))
+    seed: int = seed_arg(42)
+    max_length: int | None = arg(None, help="sequence length (default: 128; SQuAD 384)",
+                                 bound=at_least(5, "[CLS] A [SEP] B [SEP] needs 5"))
+    micro_batch_size: int | None = arg(None, help="sequences per forward pass (gradient accumulation)",
+                                       bound=at_least(1))
     grid: bool = arg(False, help="run the paper's grid (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), "
                                  "keep the best on dev")
-    seeds: int = arg(1, help="repeat with this many seeds and report mean and standard deviation")
+    seeds: int = arg(1, help="repeat with this many seeds and report mean and standard deviation",
+                     bound=at_least(1))
     from_scratch: bool = arg(False, help="random weights with --init's architecture and tokenizer (a baseline)")
     text_column: str | None = arg(None, help="csv/jsonl: column with the text (default: text)")
     text_pair_column: str | None = arg(None, help="csv/jsonl: column with the second text of a pair")
     label_column: str | None = arg(None, help="csv/jsonl: column with the label (default: label)")
     regression: bool = arg(False, help="csv/jsonl: labels are numbers to predict (regression)")
-    max_train_examples: int | None = arg(None, help="use only the first N training examples")
+    max_train_examples: int | None = arg(None, help="use only the first N training examples", bound=at_least(1))
     device: str | None = arg(None, help="cpu or cuda (default: cuda when available)")
     precision: str = precision_arg()
 
@@ -72,8 +85,6 @@ def _finetune(args: FinetuneArgs) -> int:
                            max_length=args.max_length, micro_batch_size=args.micro_batch_size,
                            from_scratch=args.from_scratch, max_train_examples=args.max_train_examples,
                            device=args.device, precision=args.precision)
-    if args.seeds < 1:
-        raise BertforgeError(f"--seeds {args.seeds} must be at least 1")
     if args.grid or args.seeds > 1:
         report = finetune_many(args.task, args.data, args.init, args.out, task_options=task_options(args),
                                options=opts, grid=args.grid, seeds=args.seeds)
@@ -96,7 +107,7 @@ class EvaluateArgs:
     split: str = arg("dev", help="split to evaluate: dev, test (MNLI also dev_mismatched); a split without "
                                  "labels (GLUE's test files) gets predictions only")
     out: str | None = arg(None, help="write metrics, example ids and predictions to this JSON file")
-    batch_size: int = arg(64, help="sequences per forward pass")
+    batch_size: int = arg(64, help="sequences per forward pass", bound=at_least(1))
     device: str | None = arg(None, help="cpu or cuda")
 
 
@@ -104,6 +115,7 @@ def run_evaluate(args: EvaluateArgs) -> int:
     from bertforge.io import write_json
     from bertforge.train.finetune import evaluate_examples, load_task_model
 
+    check_output_file(args.out)
     tm = load_task_model(args.model, device=args.device)
     examples = tm.task.read(args.data, args.split)
     metrics, predictions = evaluate_examples(tm, examples, batch_size=args.batch_size)
@@ -132,7 +144,7 @@ class PredictArgs:
     input: str | None = arg(None, help="JSONL file of inputs: {\"text\", \"text_pair\"} per line (QA: "
                                        "{\"question\", \"context\"}; multiple choice: {\"context\", \"choices\"})")
     out: str | None = arg(None, help="write JSONL predictions here instead of standard output")
-    batch_size: int = arg(64, help="sequences per forward pass")
+    batch_size: int = arg(64, help="sequences per forward pass", bound=at_least(1))
     device: str | None = arg(None, help="cpu or cuda")
 
 
@@ -141,6 +153,7 @@ def run_predict(args: PredictArgs) -> int:
 
     if bool(args.text) == bool(args.input):
         raise BertforgeError("give either --text (one or more) or --input FILE.jsonl")
+    check_output_file(args.out)
     records = read_input_records(args.input) if args.input else [
         {"text": t, "text_pair": args.text_pair} for t in args.text]
     results = predict_records(args.model, records, batch_size=args.batch_size, device=args.device)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg, emit_jsonl
+from bertforge.commands.base import Command, arg, at_least, check_output_file, emit_jsonl
 from bertforge.errors import BertforgeError
 
 
@@ -35,7 +35,7 @@ class FillMaskArgs:
     model: str = arg(help="model directory with an MLM head (from `bertforge pretrain`)")
     text: list[str] = arg([], positional=True, help="text(s) with [MASK] where a word should be predicted")
     input: str | None = arg(None, help="file with one text per line (or JSONL with a 'text' field)")
-    top_k: int = arg(5, help="predictions per [MASK]")
+    top_k: int = arg(5, help="predictions per [MASK]", bound=at_least(1))
     json: bool = arg(False, help="print JSON lines instead of a table")
     quantize: str | None = arg(None, help="int8: dynamically quantized Linear layers (CPU)", choices=["int8"])
     device: str | None = arg(None, help="cpu or cuda")
@@ -83,6 +83,7 @@ def run_embed(args: EmbedArgs) -> int:
         raise BertforgeError("give --text or --input FILE")
     if args.out and not args.out.endswith((".npy", ".jsonl")):
         raise BertforgeError(f"--out {args.out}: name the file .npy (an N x H array) or .jsonl")
+    check_output_file(args.out)
     vectors = Encoder(args.model, quantize=args.quantize, device=args.device).embed(
         texts, pooling=args.pooling, normalize=args.normalize)
     if args.out and args.out.endswith(".npy"):

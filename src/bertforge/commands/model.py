@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg
+from bertforge.commands.base import Command, arg, at_least
 
 
 @dataclass
@@ -52,7 +52,7 @@ def model_info(args: ModelInfoArgs) -> None:
 @dataclass
 class SmokeArgs:
     model: str = arg("mini", help="a preset or config.json")
-    steps: int = arg(20, help="training steps on random tokens")
+    steps: int = arg(20, help="training steps on random tokens", bound=at_least(1))
     out: str | None = arg(None, help="directory to save the final model into (default: a temporary directory)")
 
 

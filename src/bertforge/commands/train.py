@@ -14,11 +14,21 @@ the first, then start the second from the first's model with --init:
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg, precision_arg
+from bertforge.commands.base import (
+    FRACTION,
+    MIN_SEQ_LEN,
+    POSITIVE,
+    PROBABILITY,
+    Bound,
+    Command,
+    arg,
+    at_least,
+    merge_config_file,
+    precision_arg,
+    seed_arg,
+)
 from bertforge.errors import BertforgeError
 from bertforge.train.recipe import RECIPES
 
@@ -34,63 +44,56 @@ class PretrainArgs:
                            "pretraining, pre-LN); an option given here wins over its recipe")
     model: str = arg("mini", help="preset (tiny, mini, small, medium, base, large) or a config.json")
     init: str | None = arg(None, help="start from this model directory's weights (e.g. phase 1 of 2)")
-    steps: int = arg(10000, help="optimizer steps (ignored with --minutes)")
+    steps: int = arg(10000, help="optimizer steps (ignored with --minutes)", bound=at_least(1))
     minutes: str | None = arg(None, help="time budget instead of --steps: 30, 90s, 30m or 1.5h; the steps are "
                               "planned from timed steps so warmup and the decay to zero end at the deadline "
                               "(--resume keeps the plan)")
-    batch_size: int | None = arg(None, help="global batch size in sequences (recipe: the paper's 256)")
+    batch_size: int | None = arg(None, help="global batch size in sequences (recipe: the paper's 256)",
+                                 bound=at_least(1))
     micro_batch_size: int | None = arg(None, help="sequences per forward pass per process; gradients are "
-                                       "accumulated up to --batch-size (default: batch size / processes)")
-    lr: float | None = arg(None, help="peak learning rate (recipe)")
+                                       "accumulated up to --batch-size (default: batch size / processes)",
+                                       bound=at_least(1))
+    lr: float | None = arg(None, help="peak learning rate (recipe)", bound=POSITIVE)
     warmup_steps: int | None = arg(None, help="linear warmup steps, then linear decay to zero (recipe: 1%% of the "
-                                   "steps, as the paper's 10,000 of 1M; budget 6%%)")
-    betas: list[float] | None = arg(None, metavar="B", help="Adam's beta1 beta2 (recipe: 0.9 0.999)")
-    weight_decay: float | None = arg(None, help="AdamW weight decay, not on biases and LayerNorm (recipe: 0.01)")
+                                   "steps, as the paper's 10,000 of 1M; budget 6%%)", bound=at_least(0))
+    betas: list[float] | None = arg(None, metavar="B", help="Adam's beta1 beta2 (recipe: 0.9 0.999)",
+                                    bound=FRACTION)
+    weight_decay: float | None = arg(None, help="AdamW weight decay, not on biases and LayerNorm (recipe: 0.01)",
+                                    bound=at_least(0))
     optimizer: str = arg("adamw", help="adamw, or lamb for large batches", choices=["adamw", "lamb"])
-    mask_prob: float | None = arg(None, help="share of positions masked for MLM (recipe: 0.15)")
+    mask_prob: float | None = arg(None, help="share of positions masked for MLM (recipe: 0.15)",
+                                 bound=PROBABILITY.because("a masking rate that masks nothing or everything "
+                                                           "teaches nothing"))
     nsp: bool | None = arg(None, help="next-sentence prediction; --no-nsp makes single-segment instances that fill "
                            "the sequence (recipe: on)")
     dropout: float | None = arg(None, help="dropout while pretraining; the saved model keeps its config's for "
-                                "fine-tuning (recipe: the config's 0.1)")
+                                "fine-tuning (recipe: the config's 0.1)", bound=FRACTION)
     pre_ln: bool | None = arg(None, help="pre-LayerNorm layers for a new model; transformers cannot load them "
                               "(recipe: off)")
-    max_seq_len: int | None = arg(None, help="sequence length (default: the one the data was prepared for)")
+    max_seq_len: int | None = arg(None, help="sequence length (default: the one the data was prepared for)",
+                                  bound=MIN_SEQ_LEN)
     max_predictions_per_seq: int | None = arg(None, help="masked positions per sequence at most "
-                                              "(default: the paper's 20 at length 128, 80 at 512)")
-    short_seq_prob: float = arg(0.1, help="share of instances with a random shorter target length")
+                                              "(default: the paper's 20 at length 128, 80 at 512)", bound=at_least(1))
+    short_seq_prob: float = arg(0.1, help="share of instances with a random shorter target length",
+                                 bound=Bound(lo=0, hi=1))
     whole_word_mask: bool = arg(False, help="mask all WordPieces of a word together")
-    dupe_factor: int | None = arg(None, help="static masking with this many mask copies (default: dynamic)")
-    eval_every: int = arg(0, help="evaluate on the validation split every K steps (0: at the end only)")
-    eval_batches: int = arg(20, help="validation batches per evaluation")
-    save_every: int = arg(0, help="checkpoint every K steps (0: at the end only; also on Ctrl-C/SIGTERM)")
-    keep_last: int = arg(3, help="checkpoints to keep")
-    log_every: int = arg(10, help="write a metrics.jsonl line every K steps")
+    dupe_factor: int | None = arg(None, help="static masking with this many mask copies (default: dynamic)",
+                                  bound=at_least(1))
+    eval_every: int = arg(0, help="evaluate on the validation split every K steps (0: at the end only)",
+                           bound=at_least(0))
+    eval_batches: int = arg(20, help="validation batches per evaluation (0: no evaluation)", bound=at_least(0))
+    save_every: int = arg(0, help="checkpoint every K steps (0: at the end only; also on Ctrl-C/SIGTERM)",
+                           bound=at_least(0))
+    keep_last: int = arg(3, help="checkpoints to keep", bound=at_least(1, "the last checkpoint is what --resume needs"))
+    log_every: int = arg(10, help="write a metrics.jsonl line every K steps", bound=at_least(1))
     resume: bool = arg(False, help="continue exactly from the last checkpoint in --out")
     compile: bool = arg(False, help="use torch.compile")
-    seed: int = arg(12345, help="seed for initialisation, data order and masks")
-    workers: int = arg(0, help="data loader worker processes")
+    seed: int = seed_arg(12345, help="seed for initialisation, data order and masks")
+    workers: int = arg(0, help="data loader worker processes (0: load in the training process)", bound=at_least(0))
     progress: bool = arg(True, help="show a progress bar (--no-progress: none; metrics.jsonl is written either way)")
     device: str | None = arg(None, help="cpu or cuda (default: cuda when available)")
     precision: str = precision_arg()
     config: str | None = arg(None, help="JSON file with any of these options (command-line values win)")
-
-
-def _merge_config_file(args: PretrainArgs) -> PretrainArgs:
-    if args.config is None:
-        return args
-    try:
-        values = json.loads(Path(args.config).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise BertforgeError(f"cannot read --config {args.config}: {e}") from None
-    defaults = PretrainArgs(data=args.data, out=args.out)
-    known = {f.name for f in fields(PretrainArgs)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise BertforgeError(f"--config {args.config} has unknown options {unknown}; see bertforge pretrain --help")
-    for key, value in values.items():
-        if getattr(args, key) == getattr(defaults, key):  # not given on the command line
-            setattr(args, key, value)
-    return args
 
 
 def pick(value, recipe_value):
@@ -109,11 +112,9 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     recipe = get_recipe(args.recipe)
     minutes = parse_minutes(args.minutes) if args.minutes is not None else None
     betas = tuple(pick(args.betas, recipe.betas))
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+    if len(betas) != 2:
         raise BertforgeError(f"--betas {' '.join(map(str, betas))}: give two numbers in [0, 1), e.g. 0.9 0.98")
     dropout = pick(args.dropout, recipe.dropout)
-    if dropout is not None and not 0.0 <= dropout < 1.0:
-        raise BertforgeError(f"--dropout {dropout} must be in [0, 1)")
     if minutes is not None:  # the steps are planned later; 1000 only stands in for them until then
         steps, warmup_fraction = 1000, None if args.warmup_steps is not None else recipe.warmup_fraction
     else:
@@ -139,7 +140,7 @@ def run_pretrain(args: PretrainArgs) -> int:
     from bertforge.train.loop import TrainingInterrupted
     from bertforge.train.pretrain import pretrain
 
-    args = _merge_config_file(args)
+    args = merge_config_file(args, args.config)
     try:
         result = pretrain(**pretrain_kwargs(args))
     except TrainingInterrupted as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg
+from bertforge.commands.base import Command, arg, at_least
 
 DESCRIPTION = """Learn a BERT WordPiece vocabulary from a corpus and measure how well it covers it.
 
@@ -23,10 +23,12 @@ class VocabTrainArgs:
     corpus: list[str] = arg(help="corpus files, directories or globs: .txt (one text per line) or .jsonl with a "
                                  "'text' field, optionally .gz", metavar="PATH")
     out: str = arg(help="output directory")
-    vocab_size: int = arg(30522, help="number of tokens, special tokens included")
+    vocab_size: int = arg(30522, help="number of tokens, special tokens included",
+                          bound=at_least(6, "the 5 special tokens and at least one piece"))
     cased: bool = arg(False, help="keep case and accents (default: lowercase and strip accents, 'uncased')")
-    min_frequency: int = arg(2, help="merge only pieces that occur together at least this often")
-    limit_alphabet: int = arg(1000, help="keep at most this many distinct characters; rarer ones become [UNK]")
+    min_frequency: int = arg(2, help="merge only pieces that occur together at least this often", bound=at_least(1))
+    limit_alphabet: int = arg(1000, help="keep at most this many distinct characters; rarer ones become [UNK]",
+                              bound=at_least(1))
     progress: bool = arg(True, help="show progress bars")
 
 

@@ -119,7 +119,7 @@ def agree(value: float, dist: distributed.Dist) -> float:
     """The mean of `value` over the processes, so every rank plans the same number of steps."""
     if not dist.enabled:
         return value
-    return float(distributed.all_reduce_sum(torch.tensor([value], dtype=torch.float64), dist)[0]) / dist.world_size
+    return distributed.all_reduce_sum([value], dist)[0] / dist.world_size
 
 
 def save_plan(out_dir: Path, plan: BudgetPlan) -> None:

@@ -2,13 +2,19 @@
 
 Under `torchrun --nproc-per-node N`, RANK, WORLD_SIZE and LOCAL_RANK are set; gloo is used on CPU and NCCL
 on CUDA. Only rank 0 writes files and logs.
+
+Every collective of bertforge is a function here, and none else calls torch.distributed: each builds its
+tensors on `Dist.device`, the device the process group is declared for, so no caller can hand NCCL a CPU
+tensor. tests/test_distributed.py runs two processes with every torch.distributed collective checked.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,13 +63,17 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(values: torch.Tensor, d: Dist) -> torch.Tensor:
-    if d.enabled:
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return values
+def all_reduce_sum(values: Sequence[float], d: Dist) -> list[float]:
+    """Element-wise sums of `values` over the processes, added in float64 on the group's device (NCCL refuses
+    CPU tensors). Callers pass and get plain numbers, so no tensor of theirs decides where a collective runs."""
+    if not d.enabled:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
 
 
-def broadcast_flag(flag: bool, d: Dist) -> bool:
+def any_rank(flag: bool, d: Dist) -> bool:
     """True on every rank if it is True on any rank (used to stop all ranks together)."""
     if not d.enabled:
         return flag
@@ -72,6 +82,29 @@ def broadcast_flag(flag: bool, d: Dist) -> bool:
     return bool(t.item())
 
 
+def gather_objects(obj: Any, d: Dist) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order, on every rank. The process group stages the pickled
+    bytes on its own device (under NCCL the current CUDA device, which `setup` sets)."""
+    if not d.enabled:
+        return [obj]
+    gathered: list[Any] = [None] * d.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def shard(n: int, d: Dist) -> range:
+    """This rank's share of n items for work split over the processes (evaluation): items rank, rank + W, ..."""
+    return range(d.rank, n, d.world_size)
+
+
+def unshard(parts: Sequence[Sequence[Any]], n: int) -> list[Any]:
+    """The n items in their order again, from every rank's `shard` of them (`parts` in rank order)."""
+    items: list[Any] = [None] * n
+    for rank, part in enumerate(parts):
+        items[rank::len(parts)] = part
+    return items
+
+
 def barrier(d: Dist) -> None:
     if d.enabled:
-        dist.barrier()
+        dist.barrier(device_ids=[d.device.index] if d.device.type == "cuda" else None)

@@ -129,12 +129,18 @@ class TaskObjective:
         return {"loss": model(**batch).loss}
 
 
-@torch.no_grad()
 def run_model(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int = 64,
               device: torch.device | None = None) -> Any:
     """The head's outputs for every feature, in feature order, with no work on padding beyond each
     length-sorted batch's longest: (N, L) logits, (N, C) for multiple choice, a list of (T_i, L) arrays for
     tagging, and (start list, end list) of (T_i,) arrays for QA."""
+    return _assemble(_per_feature_outputs(model, features, pad_id, batch_size=batch_size, device=device))
+
+
+@torch.no_grad()
+def _per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int,
+                         device: torch.device | None) -> list[Any]:
+    """`run_model`'s outputs as one item per feature: a logits array, or a (start, end) pair for QA."""
     from bertforge.tasks import collate
 
     model.eval()
@@ -159,6 +165,10 @@ def run_model(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_
             logits = out.logits.float().cpu().numpy()
             for row, j in enumerate(idx):
                 results[j] = logits[row]
+    return results
+
+
+def _assemble(results: list[Any]) -> Any:
     if results and isinstance(results[0], tuple):
         return [r[0] for r in results], [r[1] for r in results]
     if results and results[0].ndim == 1:
@@ -358,7 +368,11 @@ def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, de
     history: list[dict] = []
 
     def evaluate(m: nn.Module) -> dict[str, float]:
-        outputs = run_model(m, dev_features, tokenizer.pad_id, batch_size=o.eval_batch_size, device=d.device)
+        # each rank runs its share of the features; every rank decodes and scores all of them (cheap next to
+        # the forward passes), so all return the figures of one process
+        mine = [dev_features[i] for i in distributed.shard(len(dev_features), d)]
+        local = _per_feature_outputs(m, mine, tokenizer.pad_id, batch_size=o.eval_batch_size, device=d.device)
+        outputs = _assemble(distributed.unshard(distributed.gather_objects(local, d), len(dev_features)))
         predictions = task.decode(dev, dev_features, outputs)
         scores = task.metric(predictions, task.references(dev))
         last_eval.update(predictions=predictions, scores=scores)

@@ -4,7 +4,9 @@ Nothing here knows about BERT's heads or tasks. A task supplies
 - data: an object with `batches(micro_batch_size, position=...)` returning an iterator of dict batches whose
   `.position` attribute (a small JSON-able dict) says where the next batch starts, so a run can resume;
 - an `Objective`: per-term example counts of a batch (known before the forward pass) and per-term mean losses;
-- optionally `evaluate(model) -> dict of metrics`, run every `eval_every` steps and at the end.
+- optionally `evaluate(model) -> dict of metrics`, run every `eval_every` steps and at the end, on every rank:
+  under several processes each evaluates its share and reduces the sums (`distributed.shard`,
+  `distributed.all_reduce_sum`), so every rank returns the figures one process would.
 
 Gradient accumulation is exact: each term's mean loss is re-weighted by its share of the global batch
 (micro-batches x processes), so one process with batch 32, four micro-batches of 8, and two processes with
@@ -143,6 +145,7 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 
 def _rng_state() -> dict:
+    """This process's random number generators; a checkpoint holds one per rank (dropout masks differ by rank)."""
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -189,13 +192,14 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def _save_checkpoint(self, step: int, position: dict) -> None:
+        rng = distributed.gather_objects(_rng_state(), self.dist)  # a collective: every rank calls it
         if not self.dist.is_main:
             return
         root = self.out_dir / "checkpoints"
         with atomic_dir(root / f"step-{step}") as tmp:
             self.save_model_fn(self.model, tmp)
             torch.save({"step": step, "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(), "rng": _rng_state(),
+                        "scheduler": self.scheduler.state_dict(), "rng": rng,
                         "data_position": position, "world_size": self.dist.world_size,
                         "best": self.best}, tmp / STATE_FILE)
             write_json(tmp / "state.json", {"step": step, "data_position": position, "best": self.best})
@@ -207,6 +211,7 @@ class Trainer:
         if not found:
             if self.dist.is_main:
                 print(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'}; starting from step 0")
+                self._truncate_metrics(0)  # what a run killed before its first checkpoint logged
             return 0, None
         step, path = found[-1]
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
@@ -216,7 +221,8 @@ class Trainer:
         load_state(unwrap(self.model), read_weights(path), source=str(path), verbose=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
+        rng = state["rng"]
+        _set_rng_state(rng[self.dist.rank] if isinstance(rng, list) else rng)  # a dict: written before per-rank states
         self.best = state.get("best")
         if self.dist.is_main:
             print(f"resumed from {path} (step {step})")
@@ -282,7 +288,7 @@ class Trainer:
                     final = self._evaluate(step, metrics, writer)
                 if (cfg.save_every and step % cfg.save_every == 0) or last:
                     self._save_checkpoint(step, dict(batches.position))
-                if distributed.broadcast_flag(stop.signal is not None, d) and not last:
+                if distributed.any_rank(stop.signal is not None, d) and not last:
                     self._save_checkpoint(step, dict(batches.position))
                     raise TrainingInterrupted(
                         f"stopped at step {step}; checkpoint saved in {self.out_dir / 'checkpoints'}; "
@@ -304,10 +310,9 @@ class Trainer:
         local = [self.objective.counts(b) for b in parts]
         names = list(local[0])
         tokens = sum(int(b["attention_mask"].sum()) for b in parts if "attention_mask" in b)
-        totals = torch.tensor([[float(c[n]) for n in names] for c in local]).sum(0).tolist()
-        totals = distributed.all_reduce_sum(torch.tensor(totals + [float(tokens)]), d).tolist()
+        totals = distributed.all_reduce_sum([sum(float(c[n]) for c in local) for n in names] + [tokens], d)
         global_counts, tokens = dict(zip(names, totals[:-1], strict=True)), int(totals[-1])
-        logged = torch.zeros(len(names) + 1, dtype=torch.float64)
+        logged = [0.0] * (len(names) + 1)  # each term's share of the global mean, then the weighted loss
         model.train()
         for i, (batch, counts) in enumerate(zip(parts, local, strict=True)):
             sync = i == len(parts) - 1
@@ -317,12 +322,12 @@ class Trainer:
                 weighted = [term_losses[n] * (counts[n] / global_counts[n]) for n in names if global_counts[n] > 0]
                 loss = torch.stack(weighted).sum()
             (loss * d.world_size).backward()  # DDP averages over processes; we want the sum of shares
-            with torch.no_grad():
-                logged[:-1] += torch.tensor([float(term_losses[n]) * counts[n] / global_counts[n]
-                                             if global_counts[n] > 0 else 0.0 for n in names], dtype=torch.float64)
-                logged[-1] += float(loss)
+            for j, n in enumerate(names):
+                if global_counts[n] > 0:
+                    logged[j] += float(term_losses[n].detach()) * counts[n] / global_counts[n]
+            logged[-1] += float(loss.detach())
         logged = distributed.all_reduce_sum(logged, d)
-        total = float(logged[-1])
+        total = logged[-1]
         if not math.isfinite(total):
             last = checkpoints(self.out_dir)
             where = f"the last good checkpoint is {last[-1][1]}" if last else "no checkpoint was written yet"
@@ -332,21 +337,22 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.clip_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        terms = {f"{n}_loss" if n != "loss" else n: float(v) for n, v in zip(names, logged[:-1], strict=True)}
+        terms = {f"{n}_loss" if n != "loss" else n: v for n, v in zip(names, logged[:-1], strict=True)}
         terms["loss"] = total
         return terms, tokens
 
     def _evaluate(self, step: int, metrics: MetricsLog, writer) -> dict[str, float]:
+        """Every rank evaluates (its share, reduced inside `evaluate_fn`); rank 0 logs and keeps the best model.
+        No barrier: the evaluation's own collectives keep the ranks together, none waits idle through it."""
         if self.evaluate_fn is None:
             return {}
-        results: dict[str, float] = {}
+        model = unwrap(self.model)
+        was_training = model.training
+        model.eval()
+        with torch.no_grad(), autocast(self.dist.device, self.precision):
+            results = self.evaluate_fn(model)
+        model.train(was_training)
         if self.dist.is_main:
-            model = unwrap(self.model)
-            was_training = model.training
-            model.eval()
-            with torch.no_grad(), autocast(self.dist.device, self.precision):
-                results = self.evaluate_fn(model)
-            model.train(was_training)
             metrics.log(step=step, split="eval", **results)
             if writer is not None:
                 for k, v in results.items():
@@ -358,7 +364,6 @@ class Trainer:
                 with atomic_dir(self.out_dir / "best") as tmp:
                     self.save_model_fn(self.model, tmp)
                     write_json(tmp / "metrics.json", {"step": step, **results})
-        distributed.barrier(self.dist)
         return results
 
 

@@ -21,6 +21,7 @@ from bertforge.train import distributed
 from bertforge.train.budget import BudgetPlan, agree, load_plan, plan_steps, save_plan, time_call, time_steps
 from bertforge.train.loop import LoopConfig, Trainer, TrainResult, autocast, resolve_precision, write_run_config
 from bertforge.train.recipe import Recipe
+from bertforge.train.rundir import claim_run_dir
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
@@ -36,7 +37,7 @@ class DataOptions:
     whole_word_mask: bool = False
     dupe_factor: int | None = None  # None: dynamic masking (new masks every epoch)
     seed: int = 12345
-    eval_batches: int = 20  # validation batches (of the micro-batch size) per evaluation
+    eval_batches: int = 20  # validation batches per evaluation and process, of the micro-batch size
     num_workers: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -61,9 +62,10 @@ class PretrainingObjective:
 
 
 def evaluate_pretraining(model: BertForPreTraining, batches: list[dict], device: torch.device, *,
-                         nsp: bool = True) -> dict[str, float]:
+                         nsp: bool = True, dist: distributed.Dist | None = None) -> dict[str, float]:
     """MLM accuracy and perplexity over masked positions, NSP accuracy (unless `nsp` is False: a split of one
-    document has IsNext pairs only), on fixed validation batches."""
+    document has IsNext pairs only), on fixed validation batches. Under several processes (`dist`) each rank
+    passes its share of the batches and gets the figures of all of them."""
     mlm_loss_sum = mlm_correct = mlm_n = nsp_correct = nsp_n = 0.0
     for batch in batches:
         b = {k: v.to(device) for k, v in batch.items()}
@@ -75,6 +77,9 @@ def evaluate_pretraining(model: BertForPreTraining, batches: list[dict], device:
         mlm_n += targets.numel()
         nsp_correct += float((out.nsp_logits.argmax(-1) == b["nsp_labels"]).sum())
         nsp_n += b["nsp_labels"].numel()
+    if dist is not None:
+        mlm_loss_sum, mlm_correct, mlm_n, nsp_correct, nsp_n = distributed.all_reduce_sum(
+            [mlm_loss_sum, mlm_correct, mlm_n, nsp_correct, nsp_n], dist)
     mean = mlm_loss_sum / max(mlm_n, 1)
     results = {"mlm_accuracy": mlm_correct / max(mlm_n, 1), "mlm_loss": mean,
                "mlm_perplexity": math.exp(min(mean, 50.0))}
@@ -125,7 +130,18 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
     opts = data_options or DataOptions()
     d = distributed.setup(loop.device)
     out_dir = Path(out_dir)
+    run_dir = None
     try:
+        # One run, one process per directory: the main process claims it, and every rank stops if it cannot.
+        refusal = None
+        if d.is_main:
+            try:
+                run_dir = claim_run_dir(out_dir, resume=resume)
+            except BertforgeError as e:
+                refusal = e
+        if distributed.any_rank(refusal is not None, d):
+            raise refusal or BertforgeError(f"--out {out_dir} was refused (see the main process's error)")
+
         def load(split: str, rank: int, world: int) -> PretrainingData:
             return PretrainingData(data_dir, split, max_seq_len=max_seq_len, short_seq_prob=opts.short_seq_prob,
                                    masked_lm_prob=opts.masked_lm_prob,
@@ -154,16 +170,18 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
 
         micro, accum = loop.accumulation(d.world_size)
         evaluate = None
-        if d.is_main and opts.eval_batches > 0:
+        if opts.eval_batches > 0:
             val_docs = int(train_data.manifest.get("splits", {}).get("val", {}).get("documents", 0))
             if val_docs:
-                it = load("val", 0, 1).batches(micro)
+                # every rank evaluates its share of each global batch: the ranks' batches k together are the
+                # one-process batch k, so the figures do not depend on the number of processes
+                it = load("val", d.rank, d.world_size).batches(micro)
                 val_batches = [next(it) for _ in range(opts.eval_batches)]
-                if val_docs == 1 and opts.nsp:
+                if val_docs == 1 and opts.nsp and d.is_main:
                     print("the val split has a single document, so no NotNext pairs: NSP accuracy is not reported "
                           "(prepare with a larger --val-fraction to have it)")
                 evaluate = lambda m: evaluate_pretraining(m, val_batches, d.device,  # noqa: E731
-                                                          nsp=opts.nsp and val_docs > 1)
+                                                          nsp=opts.nsp and val_docs > 1, dist=d)
 
         plan = None
         if minutes is not None:
@@ -223,4 +241,6 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
         distributed.barrier(d)  # the other ranks wait for rank 0's writes: gloo aborts a peer that leaves early
         return result
     finally:
+        if run_dir is not None:
+            run_dir.release()
         distributed.teardown()

@@ -1,0 +1,99 @@
+"""A pretraining run directory (`--out`) belongs to one run and one process at a time.
+
+`claim_run_dir` refuses a directory that holds anything (another run, or unrelated files) unless the run is
+resumed, and takes an exclusive `flock` on `.lock` inside it, so a second process on the same directory stops
+at once with an `error:` line. The operating system drops the lock when the process ends, however it ends
+(SIGKILL too), so a killed run never leaves a stale lock behind; the `.lock` file stays, holding the pid of
+the last process that locked it, which a refusal names. Temporaries a killed run left (`.NAME.*.tmp`, see
+`bertforge.io`) do not count as contents and are removed once the lock is held.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import shutil
+from pathlib import Path
+
+from bertforge.errors import BertforgeError
+
+LOCK_FILE = ".lock"
+_TEMPORARY = re.compile(r"\..+\.tmp")  # what bertforge.io's atomic writes leave when killed midway
+
+
+class RunDir:
+    """A claimed run directory; `release()` (or leaving the `with` block) unlocks it."""
+
+    def __init__(self, path: Path, fd: int | None, created: bool):
+        self.path, self._fd, self._created = path, fd, created
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        if self._created and [p.name for p in self.path.iterdir()] == [LOCK_FILE]:
+            (self.path / LOCK_FILE).unlink()  # nothing was written: leave no trace of a run that never started
+            self.path.rmdir()
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _stale_temporaries(path: Path) -> list[Path]:
+    found = [p for p in path.iterdir() if _TEMPORARY.fullmatch(p.name)]
+    checkpoints = path / "checkpoints"
+    if checkpoints.is_dir():
+        found += [p for p in checkpoints.iterdir() if _TEMPORARY.fullmatch(p.name)]
+    return found
+
+
+def claim_run_dir(out_dir: str | Path, *, resume: bool) -> RunDir:
+    """Lock `out_dir` (created if missing) for this process; refuses a file, a directory another process holds,
+    and, without `resume`, a directory with anything in it."""
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise BertforgeError(f"--out {path} is a file; give a directory for the run")
+    created = not path.exists()
+    lock_existed = (path / LOCK_FILE).exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise BertforgeError(f"cannot use --out {path}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise BertforgeError(f"--out {path} is in use by another bertforge process"
+                                 f"{f' (pid {holder})' if holder else ''}: wait for it to end or give another "
+                                 f"directory") from None
+        raise BertforgeError(f"cannot lock --out {path} ({e.strerror}): give a directory on a local disk") from None
+    run = RunDir(path, fd, created)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        for stale in _stale_temporaries(path):  # nobody else writes here while we hold the lock
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+        contents = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+        if contents and not resume:
+            if not lock_existed:  # leave a directory we refuse as it was
+                (path / LOCK_FILE).unlink()
+            shown = ", ".join(contents[:4]) + (", ..." if len(contents) > 4 else "")
+            raise BertforgeError(f"--out {path} is not empty ({shown}): continue its run with --resume, or give "
+                                 f"a new directory")
+    except BaseException:
+        run.release()
+        raise
+    return run

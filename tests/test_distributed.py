@@ -1,0 +1,259 @@
+"""Two gloo processes on the CPU, launched as torchrun launches them: the README's command with evaluation and
+checkpoints on completes, evaluation equals one process's, resume is bitwise equal to an uninterrupted run,
+fine-tuning evaluates under two processes, and every collective gets its tensors on the process group's device.
+
+The device check has no GPU to run on, so it declares one: the loop is told it runs on the `meta` device, and
+moving to or creating on `meta` gives a CPU tensor tagged as being there. Every torch.distributed collective is
+wrapped to refuse a tensor without the tag, that is one that a GPU run would have left on the CPU, where NCCL
+refuses it. Run as a script, this file is the worker that torchrun starts (see `_worker`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge.io import read_jsonl
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+HERE = Path(__file__).resolve()
+DECLARED = torch.device("meta")  # the device the checked run believes it is on
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 64}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+
+
+def _torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Two processes under torchrun; a hang fails the test after `timeout` seconds instead of blocking it."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    try:
+        return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"two processes did not finish in {timeout:.0f} s (a hang?): {str(e.stderr)[-2000:]}")
+
+
+def _one(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bertforge", *args], env=_env(), capture_output=True, text=True,
+                          timeout=240)
+
+
+def _tiny_config(tmp_path: Path, **overrides) -> str:
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"vocab_size": 2000, **TINY, **overrides}))
+    return str(path)
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "model.safetensors")
+
+
+# --- the README's command ---------------------------------------------------------------------------------
+
+
+def test_the_readme_torchrun_command_with_evaluation_and_checkpoints_completes(prepared, tmp_path):
+    out = tmp_path / "run"
+    run = _torchrun("-m", "bertforge", "pretrain", "--data", str(prepared), "--model", "tiny", "--out", str(out),
+                    "--steps", "6", "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "3",
+                    "--eval-batches", "2", "--save-every", "3", "--no-progress")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= {p.name for p in out.iterdir()}
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6"]
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [3, 6]
+    assert all(0 <= r["mlm_accuracy"] <= 1 and r["mlm_loss"] > 0 for r in evals)
+
+
+# --- evaluation: sharded over the ranks, the figures of one process ----------------------------------------
+
+
+def test_two_process_evaluation_equals_one_process(prepared, tmp_path):
+    cfg = _tiny_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    args = ["pretrain", "--data", str(prepared), "--model", cfg, "--steps", "4", "--batch-size", "8", "--lr",
+            "1e-3", "--warmup-steps", "1", "--eval-every", "2", "--eval-batches", "3", "--no-progress"]
+    one = _one(*args, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _torchrun("-m", "bertforge", *args, "--out", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    ea, eb = ([r for r in read_jsonl(tmp_path / run / "metrics.jsonl") if r["split"] == "eval"]
+              for run in ("one", "two"))
+    assert [r["step"] for r in ea] == [r["step"] for r in eb] == [2, 4]
+    for a, b in zip(ea, eb, strict=True):
+        assert a.keys() == b.keys()
+        # the same 3 x 8 validation sequences; the weights agree to float summation order (1e-5, see
+        # test_train.py), so the figures do too, a masked-token count of 3 x 8 x ~9 leaves accuracy exact
+        assert a["mlm_accuracy"] == b["mlm_accuracy"] and a["nsp_accuracy"] == b["nsp_accuracy"]
+        assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-4)
+
+
+def test_two_process_finetuning_evaluates_and_ends(prepared, tmp_path):
+    """Fine-tuning evaluates every epoch on sharded dev features gathered back in order; it must end, and its
+    best dev scores must be what one process scores the kept model at."""
+    from bertforge import BertForPreTraining
+    from bertforge.config import BertConfig
+    from bertforge.train.finetune import evaluate_examples, load_task_model
+
+    init = tmp_path / "init"
+    torch.manual_seed(0)
+    BertForPreTraining(BertConfig(vocab_size=2000, **TINY)).save_pretrained(init)
+    for f in (prepared / "tokenizer").iterdir():
+        shutil.copy(f, init / f.name)
+    data = tmp_path / "data"
+    data.mkdir()
+    words = {0: "dull boring slow", 1: "bright lovely great"}
+    for split, n in (("train", 24), ("dev", 11)):  # 11: the ranks' shares differ in size
+        rows = ["text,label"] + [f"the {words[i % 2]} speech number {i},{'pos' if i % 2 else 'neg'}"
+                                 for i in range(n)]
+        (data / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    args = ["finetune", "--task", "csv", "--data", str(data), "--init", str(init), "--text-column", "text",
+            "--label-column", "label", "--batch-size", "8", "--epochs", "2", "--lr", "1e-3", "--max-length", "32"]
+    out = tmp_path / "run"
+    run = _torchrun("-m", "bertforge", *args, "--out", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    reported = json.loads((out / "metrics.json").read_text())
+    assert len(reported["history"]) == 2
+    assert len(json.loads((out / "predictions_dev.json").read_text())) == 11
+    tm = load_task_model(out, device="cpu")
+    scores, _ = evaluate_examples(tm, tm.task.read(data, "dev"))
+    assert scores.keys() == reported["metrics"].keys()
+    for k, v in scores.items():
+        assert v == pytest.approx(reported["metrics"][k], abs=1e-9), k
+
+
+# --- resume: per-rank random number generators ------------------------------------------------------------
+
+
+def test_two_process_resume_is_bitwise_equal_to_an_uninterrupted_run(prepared, tmp_path):
+    """Dropout on, so each rank draws its own masks; the resumed ranks must continue their own streams."""
+    args = ["pretrain", "--data", str(prepared), "--model", _tiny_config(tmp_path), "--batch-size", "8",
+            "--lr", "1e-3", "--warmup-steps", "1", "--eval-every", "3", "--eval-batches", "2", "--save-every",
+            "3", "--log-every", "1", "--no-progress"]
+    full = tmp_path / "full"
+    run = _torchrun("-m", "bertforge", *args, "--steps", "6", "--out", str(full))
+    assert run.returncode == 0, run.stderr[-3000:]
+    # What a run killed after its step-3 checkpoint leaves behind, taken from the uninterrupted run
+    cut = tmp_path / "cut"
+    shutil.copytree(full / "checkpoints" / "step-3", cut / "checkpoints" / "step-3")
+    shutil.copy(full / "run_config.json", cut / "run_config.json")
+    (cut / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in read_jsonl(full / "metrics.jsonl")
+                                               if r["step"] <= 3))
+    rng = torch.load(cut / "checkpoints" / "step-3" / "trainer_state.pt", weights_only=True)["rng"]
+    assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
+    resumed = _torchrun("-m", "bertforge", *args, "--steps", "6", "--out", str(cut), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = _weights(full), _weights(cut)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    clock = ("time", "tokens_per_s", "step_time_s")
+    la, lb = ([{k: v for k, v in r.items() if k not in clock} for r in read_jsonl(run / "metrics.jsonl")]
+              for run in (full, cut))
+    assert la == lb  # losses and evaluations, step by step
+
+
+# --- every collective on the group's device ---------------------------------------------------------------
+
+
+def test_every_collective_gets_tensors_on_the_group_device(prepared, tmp_path):
+    log = tmp_path / "collectives"
+    log.mkdir()
+    job = {"data": str(prepared), "out": str(tmp_path / "run"), "model": _tiny_config(tmp_path), "log": str(log)}
+    run = _torchrun(str(HERE), json.dumps(job))
+    assert run.returncode == 0, run.stderr[-3000:]
+    for rank in (0, 1):
+        seen = json.loads((log / f"rank{rank}.json").read_text())
+        tensors = [c for c in seen if c["device"] != "none"]
+        assert {c["op"] for c in tensors} >= {"all_reduce"}, seen  # the check did see the loop's collectives
+        assert {c["device"] for c in tensors} == {str(DECLARED)}, seen
+        assert "all_gather_object" in {c["op"] for c in seen}, seen  # per-rank RNG states for checkpoints
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+TENSOR_COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
+                      "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+                      "send", "recv", "isend", "irecv")
+OBJECT_COLLECTIVES = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+                      "barrier", "monitored_barrier")
+
+
+def _declare_device(declared: torch.device) -> None:
+    """Make `declared` a device whose tensors are CPU tensors tagged `_declared`: `.to(declared)`,
+    `module.to(declared)` and factories with `device=declared` keep to the CPU and tag what they return."""
+    def wants(args: tuple, kwargs: dict) -> bool:
+        device = kwargs.get("device", next((a for a in args if isinstance(a, (str, torch.device))), None))
+        return device is not None and torch.device(device) == declared
+
+    def to_cpu(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        args = tuple("cpu" if isinstance(a, (str, torch.device)) else a for a in args)
+        return args, {**kwargs, "device": "cpu"} if "device" in kwargs else kwargs
+
+    def tagging(real):
+        def call(*args, **kwargs):
+            if not wants(args, kwargs):
+                return real(*args, **kwargs)
+            args, kwargs = to_cpu(args, kwargs)
+            out = real(*args, **kwargs)
+            out._declared = True
+            return out
+        return call
+
+    real_tensor_to, real_module_to = torch.Tensor.to, torch.nn.Module.to
+    torch.Tensor.to = lambda self, *a, **k: tagging(real_tensor_to)(self, *a, **k)
+    torch.nn.Module.to = lambda self, *a, **k: self if wants(a, k) else real_module_to(self, *a, **k)
+    for name in ("tensor", "as_tensor", "zeros", "ones", "full", "empty", "arange"):
+        setattr(torch, name, tagging(getattr(torch, name)))
+
+
+def _check_collectives(declared: torch.device, seen: list[dict]) -> None:
+    """Wrap every torch.distributed collective: record the device of what it gets and refuse any tensor that is
+    not on `declared`."""
+    import torch.distributed as dist
+
+    def where(x) -> str:
+        if isinstance(x, torch.Tensor):
+            return str(declared) if getattr(x, "_declared", False) else str(x.device)
+        return where(x[0]) if isinstance(x, (list, tuple)) and x else "none"
+
+    def checked(name: str, real):
+        def call(*args, **kwargs):
+            device = where(args[0]) if args and name in TENSOR_COLLECTIVES else "none"
+            seen.append({"op": name, "device": device})
+            if name in TENSOR_COLLECTIVES and device != str(declared):
+                raise RuntimeError(f"torch.distributed.{name} got a tensor on {device}, but the process group is "
+                                   f"on {declared}")
+            return real(*args, **kwargs)
+        return call
+
+    for name in TENSOR_COLLECTIVES + OBJECT_COLLECTIVES:
+        if hasattr(dist, name):
+            setattr(dist, name, checked(name, getattr(dist, name)))
+
+
+def _worker(job: dict) -> None:
+    """One rank of the checked run: pretraining with evaluation and checkpoints, on the declared device."""
+    from bertforge.train.loop import LoopConfig
+    from bertforge.train.pretrain import DataOptions, pretrain
+
+    seen: list[dict] = []
+    _declare_device(DECLARED)
+    _check_collectives(DECLARED, seen)
+    loop = LoopConfig(steps=4, batch_size=8, lr=1e-3, warmup_steps=1, eval_every=2, save_every=2, log_every=1,
+                      progress=False, device=str(DECLARED), precision="fp32")
+    try:
+        pretrain(job["data"], job["out"], model=job["model"], loop=loop, data_options=DataOptions(eval_batches=2))
+    finally:
+        Path(job["log"], f"rank{os.environ['RANK']}.json").write_text(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    _worker(json.loads(sys.argv[1]))
