@@ -150,10 +150,16 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     assert all("nsp_loss" not in r for r in train) and all("nsp_accuracy" not in r for r in records)
     saved = json.loads((out / "config.json").read_text())
     assert saved["pre_layer_norm"] is True and saved["hidden_dropout_prob"] == 0.1
-    # --resume keeps the plan: a finished run refuses to go on rather than planning a new schedule.
-    assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
-                 "--minutes", "5", "--batch-size", "2", "--max-seq-len", "16", "--resume", "--no-progress"]) == 2
-    assert f"step {plan.steps} >=" in capsys.readouterr().err
+    # --resume keeps the plan: a finished run refuses to go on rather than planning a new schedule, and a new
+    # budget is a change of schedule, refused with the difference named.
+    again = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
+             "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3", "--eval-batches", "2",
+             "--log-every", "1", "--resume", "--no-progress"]
+    capsys.readouterr()
+    assert main(again + ["--minutes", "0.4"]) == 2
+    assert f"is complete (checkpoint at step {plan.steps} of {plan.steps})" in capsys.readouterr().err
+    assert main(again + ["--minutes", "5"]) == 2
+    assert "budget (--minutes): 0.4 -> 5.0" in capsys.readouterr().err
 
 
 def test_bad_recipe_values_are_error_lines(prepared, tmp_path, capsys):

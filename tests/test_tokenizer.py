@@ -18,7 +18,7 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import _NOT_FAST, Tokenizer, corpus_files, corpus_summary, iter_corpus_texts
+from bertforge.tokenizer import _NOT_FAST, Tokenizer, corpus_files, corpus_summary, fingerprint, iter_corpus_texts
 
 # What keeps an ASCII text off the tokenizer's fast path, written out as a regex (the code uses a byte set):
 # control characters other than tab, newline and CR, DEL, and "[".
@@ -485,3 +485,17 @@ def test_unicode_classes_are_cached_on_disk_and_a_bad_cache_is_rebuilt(tmp_path,
     planted = {name: "[a]" for name in built}  # a well-formed cache is believed, not rebuilt
     path.write_text(json.dumps(planted))
     assert module._unicode_classes.__wrapped__() == planted
+
+
+def test_fingerprint_is_vocabulary_order_and_casing(tmp_path):
+    tok = Tokenizer(VOCAB, lowercase=True)
+    assert tok.fingerprint == fingerprint(VOCAB, True) and len(tok.fingerprint) == 16
+    moved = VOCAB[:5] + VOCAB[6:] + VOCAB[5:6]  # the same tokens, one in another place: another identity
+    assert fingerprint(moved, True) != tok.fingerprint != fingerprint(VOCAB, False)
+    tok.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["bertforge_fingerprint"] == tok.fingerprint
+    assert Tokenizer.from_pretrained(tmp_path).fingerprint == tok.fingerprint
+    (tmp_path / "vocab.txt").write_text("".join(t + "\n" for t in moved))
+    with pytest.raises(BertforgeError, match=f"{fingerprint(moved, True)}.*records {tok.fingerprint}"):
+        Tokenizer.from_pretrained(tmp_path)
+    assert Tokenizer.from_pretrained(tmp_path / "vocab.txt").vocab == moved  # a bare vocab.txt records nothing

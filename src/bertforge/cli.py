@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "bertforge.commands.infer",
     "bertforge.commands.export",
     "bertforge.commands.demo",
+    "bertforge.commands.env",
 ]
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
+from bertforge.io import open_text
 
 # Length-grouped batching: a batch holds at most MAX_TOKENS padded tokens and MAX_BATCH sequences.
 MAX_TOKENS = 8192
@@ -255,7 +256,7 @@ def read_input_records(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise BertforgeError(f"input file {path} does not exist")
-    with open(path, encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         lines = [(n, line.strip()) for n, line in enumerate(f, 1) if line.strip()]
     if not lines:
         raise BertforgeError(f"{path} holds no inputs")

@@ -10,17 +10,48 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bertforge.errors import BertforgeError
+
 
 def cache_dir() -> Path:
     """bertforge's cache directory: $XDG_CACHE_HOME/bertforge, by default ~/.cache/bertforge."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "bertforge"
+
+
+@contextlib.contextmanager
+def open_text(path: str | os.PathLike, *, newline: str | None = None) -> Iterator[Any]:
+    """Open a user's UTF-8 text file for reading (a leading byte-order mark skipped). Bytes that are not UTF-8,
+    met anywhere while the `with` block reads, end in a BertforgeError naming the file, line and byte rather
+    than a UnicodeDecodeError from deep inside a reader."""
+    path = Path(path)
+    with open(path, encoding="utf-8-sig", newline=newline) as f:
+        try:
+            yield f
+        except UnicodeDecodeError:
+            raise BertforgeError(not_utf8_message(path)) from None
+
+
+def not_utf8_message(path: Path) -> str:
+    """Where `path` stops being UTF-8, as a one-line error message (found again from the bytes: a text
+    stream decodes in chunks, so its error does not say which line)."""
+    offset = 0
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):  # b"\n" never occurs inside a multi-byte UTF-8 sequence
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return (f"{path}:{line_no}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {offset + e.start}); "
+                        f"convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8")
+            offset += len(raw)
+    return f"{path} is not UTF-8 text: convert the file to UTF-8"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -94,6 +125,71 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+PLAIN_PROGRESS_SECONDS = 60.0  # between two plain progress lines: ~1.5k short lines a day, not 70 MB of frames
+
+
+def progress_reporter(total: int, *, desc: str, unit: str, enabled: bool = True,
+                      interval: float = PLAIN_PROGRESS_SECONDS, stream: Any = None) -> Any:
+    """A progress reporter with tqdm's `update`, `set_postfix` and `close`: a tqdm bar when `stream` (stderr)
+    is a terminal; otherwise one plain line every `interval` seconds and one at the end, since a bar's
+    carriage-return frames pile up into one endless line in a log file. `enabled=False`: silent."""
+    stream = sys.stderr if stream is None else stream
+    if enabled and stream.isatty():
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True, file=stream)
+    return PlainProgress(total, desc=desc, unit=unit, interval=interval, stream=stream if enabled else None)
+
+
+def _amount(n: float, unit: str) -> str:
+    if unit != "B":
+        return f"{n:g}" if isinstance(n, float) else str(n)
+    for prefix in ("", "k", "M", "G", "T"):
+        if abs(n) < 1000 or prefix == "T":
+            return f"{n:.0f} B" if not prefix else f"{n:.1f} {prefix}B"
+        n /= 1000
+    return str(n)
+
+
+class PlainProgress:
+    """Progress as whole lines (`desc: n/total unit (p%), rate, postfix`), at most one per `interval` seconds;
+    `stream=None` reports nothing."""
+
+    def __init__(self, total: int, *, desc: str, unit: str, interval: float, stream: Any):
+        self.total, self.desc, self.unit, self.interval, self.stream = total, desc, unit, interval, stream
+        self.n, self.postfix = 0, {}
+        self._start = self._last = time.monotonic()
+        self._shown = -1
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.stream is not None and time.monotonic() - self._last >= self.interval:
+            self._line()
+
+    def set_postfix(self, refresh: bool = False, **values: Any) -> None:
+        self.postfix = values
+
+    def close(self) -> None:
+        if self.stream is not None and self._shown != self.n:
+            self._line()
+        self.stream = None
+
+    def _line(self) -> None:
+        now = time.monotonic()
+        self._last, self._shown = now, self.n
+        seconds = now - self._start
+        parts = [f"{self.desc}: {_amount(self.n, self.unit)}"]
+        if self.total:
+            parts[0] += f"/{_amount(self.total, self.unit)} ({100 * self.n / self.total:.0f}%)"
+        if self.unit != "B":
+            parts[0] += f" {self.unit}s"
+        if seconds > 0:
+            rate = self.n / seconds
+            parts.append(f"{_amount(rate, 'B')}/s" if self.unit == "B" else f"{rate:.3g} {self.unit}s/s")
+        parts += [f"{k} {v}" for k, v in self.postfix.items()]
+        print(", ".join(parts), file=self.stream, flush=True)
 
 
 class MetricsLog:

@@ -144,7 +144,10 @@ class BertOutput:
 def attention_mask_for_sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B, T) 1/0 padding mask -> (B, 1, 1, T) bool mask for SDPA, or None when nothing is padded.
 
-    A mask with no padding is dropped so SDPA can take its unmasked fast path.
+    A mask with no padding is dropped so SDPA can take its unmasked fast path (the fused kernels). Only a mask
+    in host memory is looked at: reading a GPU tensor's values would make the host wait for the GPU on every
+    forward pass. So a caller on CUDA that wants the fast path keeps a padding-free mask on the host, as the
+    training loop does (train/loop.py `_to_device`); a mask on the GPU is passed on as it is, which is correct.
     """
     if attention_mask is None:
         return None

@@ -415,9 +415,7 @@ class Tokenizer:
         self.special_ids = frozenset((self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id))
         self.is_subword = np.array([t.startswith(SUBWORD_PREFIX) and len(t) > len(SUBWORD_PREFIX)
                                     for t in vocab], dtype=bool)
-        digest = hashlib.sha256(("cased" if not self.lowercase else "uncased").encode())
-        digest.update("\n".join(vocab).encode("utf-8"))
-        self.fingerprint = digest.hexdigest()[:16]
+        self.fingerprint = fingerprint(vocab, self.lowercase)
 
     # -- construction ------------------------------------------------------------------------------------
 
@@ -474,6 +472,8 @@ class Tokenizer:
             raise BertforgeError(f"{vocab_file} has no uppercase tokens, so it is a lowercase (uncased) "
                                  "vocabulary and cased text would mostly become [UNK]: load it with "
                                  "lowercase=True, or train a cased one with `bertforge vocab train --cased`")
+        if directory is not None:
+            _check_recorded_fingerprint(directory, vocab)
         return cls(vocab, lowercase=lowercase)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
@@ -760,6 +760,43 @@ def _read_vocab(path: Path) -> list[str]:
     if not vocab:
         raise BertforgeError(f"{path} is empty; a vocab.txt has one token per line")
     return vocab
+
+
+def fingerprint(vocab: Sequence[str], lowercase: bool) -> str:
+    """The tokenizer's identity: 16 hex digits of a SHA-256 over its normalisation (cased/uncased) and its
+    vocabulary in id order. Two vocabularies of the same size with one token moved differ. Prepared data
+    (manifest.json) and model directories (tokenizer_config.json, `bertforge_fingerprint`) record it."""
+    digest = hashlib.sha256(("uncased" if lowercase else "cased").encode())
+    digest.update("\n".join(vocab).encode("utf-8"))
+    return digest.hexdigest()[:16]
+
+
+def recorded_fingerprint(directory: Path) -> str | None:
+    """The fingerprint a directory's tokenizer_config.json records; None for directories written before it was
+    recorded, and for other tools' directories."""
+    config = directory / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        value = json.loads(config.read_text(encoding="utf-8")).get("bertforge_fingerprint")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _check_recorded_fingerprint(directory: Path, vocab: Sequence[str]) -> None:
+    """A vocab.txt edited, shuffled or replaced after the directory was written would give every token the
+    wrong id without any other sign: refuse it."""
+    recorded = recorded_fingerprint(directory)
+    if recorded is None:
+        return
+    declared = _declared_lowercase(directory)
+    found = fingerprint(vocab, True if declared is None else declared)
+    if found != recorded:
+        raise BertforgeError(f"{directory / 'vocab.txt'} has tokenizer fingerprint {found}, but "
+                             f"{directory / 'tokenizer_config.json'} records {recorded}: the vocabulary was changed "
+                             f"after the directory was written, so token ids would not match the weights; restore "
+                             f"the directory's own vocab.txt")
 
 
 def _declared_lowercase(directory: Path) -> bool | None:

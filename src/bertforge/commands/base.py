@@ -74,8 +74,8 @@ def arg(default: Any = dataclasses.MISSING, *, help: str, positional: bool = Fal
 def precision_arg() -> Any:
     """`--precision`, the same for every training command."""
     return arg("auto", choices=["auto", "fp32", "bf16"],
-               help="bf16 autocast (weights and optimizer stay fp32) or fp32; auto: bf16 on CUDA, fp32 on the CPU "
-                    "(bf16 pays on CPUs with AVX512-BF16 or AMX, about 1.6x)")
+               help="bf16 autocast (weights and optimizer stay fp32) or fp32; auto: bf16 on CUDA devices with "
+                    "native bf16, fp32 elsewhere (bf16 pays on CPUs with AVX512-BF16 or AMX, about 1.6x)")
 
 
 def seed_arg(default: int, help: str = "random seed") -> Any:

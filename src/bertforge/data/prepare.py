@@ -21,7 +21,7 @@ import numpy as np
 from bertforge.data.corpus import ReadStats, Unit, expand_inputs, plan_units, read_unit
 from bertforge.data.shards import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_dir, write_json
+from bertforge.io import atomic_dir, progress_reporter, write_json
 
 BATCH_CHARS = 1 << 20  # text tokenized per call, per worker
 MAX_DOC_TOKENS = 1 << 20  # longer documents are cut into pieces of about this size
@@ -181,6 +181,7 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     stats = ReadStats()
     paths = expand_inputs(list(corpus))
+    _check_out_apart(out, corpus, paths)
     units = plan_units(paths, fmt, chunk_bytes=chunk_bytes, stats=stats)
     if not units:
         raise BertforgeError(f"no readable text in {list(corpus)} ({len(stats.skipped)} files skipped): "
@@ -194,7 +195,7 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
         writers = {s: ShardWriter(tmp_out, s, dtype=dtype, shard_tokens=shard_tokens, fingerprint=tok.fingerprint)
                    for s in SPLITS}
         tasks = [(i, u, str(parts_dir), seed, val_fraction, max_doc_tokens) for i, u in enumerate(units)]
-        bar = _progress(sum(unit_bytes), progress)
+        bar = progress_reporter(sum(unit_bytes), desc="prepare", unit="B", enabled=progress)
         if workers == 1 or len(units) == 1:
             _init_worker(tok)
             results = map(_process_unit, tasks)
@@ -256,10 +257,21 @@ def _check_out(out: Path, fingerprint: str, overwrite: bool) -> None:
                              "or pass --overwrite")
 
 
-def _progress(total: int, enabled: bool):
-    from tqdm.auto import tqdm
+def _check_out_apart(out: Path, corpus: list[str], paths: list[Path]) -> None:
+    """`out` is replaced whole when the data is complete: it must not hold the corpus (--overwrite would delete
+    it) nor lie inside a corpus directory (the next read of that directory would find the data)."""
+    target = out.resolve()
+    for f in paths:
+        f = f.resolve()
+        if f == target or target in f.parents:
+            raise BertforgeError(f"--out {out} holds corpus file {f}: replacing it would delete the corpus; choose "
+                                 "an --out outside the corpus")
+    for c in corpus:
+        d = Path(c).expanduser().resolve()
+        if d.is_dir() and (d == target or d in target.parents):
+            raise BertforgeError(f"--out {out} is inside the corpus directory {c}: choose an --out outside it")
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not enabled, smoothing=0.1)
+
 
 
 def _manifest(tok: Any, dtype: np.dtype, max_seq_len: int, seed: int, val_fraction: float, fmt: str,

@@ -177,4 +177,14 @@ def open_split(data_dir: str | Path, split: str, manifest: dict | None = None) -
     manifest = manifest or read_manifest(data_dir)
     dtype = np.dtype(manifest["dtype"])
     fp = manifest["tokenizer_fingerprint"]
-    return [Shard(data_dir, meta, dtype, fp) for meta in manifest["splits"][split]["shards"]]
+    shards = [Shard(data_dir, meta, dtype, fp) for meta in manifest["splits"][split]["shards"]]
+    vocab_size = int(manifest["vocab_size"])
+    for shard in shards:
+        # One pass over the tokens (about a second per GB, once per process: workers reopen shards unchecked).
+        # An id past the vocabulary would index past the embedding table, in the middle of training.
+        top = int(shard._tokens.max()) if len(shard._tokens) else 0
+        if top >= vocab_size:
+            raise BertforgeError(f"shard {data_dir / shard.name} holds token id {top}, but the tokenizer has "
+                                 f"{vocab_size} tokens (ids 0-{vocab_size - 1}): the data was modified after it was "
+                                 "prepared; prepare the corpus again into a fresh directory")
+    return shards

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import open_text
 
 KINDS = ("classification", "regression", "multiple_choice", "token_classification", "question_answering")
 SPLITS = ("train", "dev", "test")
@@ -185,7 +186,7 @@ def where(path: Path, line: int) -> str:
 def read_tsv(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of a tab-separated file, quotes taken literally (GLUE files have stray ones);
     blank lines skipped. An empty file is an error."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open_text(path, newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         seen = False
         for row in reader:

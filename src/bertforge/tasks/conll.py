@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import open_text
 from bertforge.tasks import metrics as M
 from bertforge.tasks.base import Feature, TaggedExample, Task, split_file, where
 from bertforge.tasks.classification import as_array
@@ -34,6 +35,7 @@ def read_conll(path: Path) -> list[TaggedExample]:
     words: list[str] = []
     tags: list[str] = []
     first_line = 0
+    width, width_line = 0, 0  # the column count of the first token line: the tag is the last column of every line
 
     def flush() -> None:
         if words:
@@ -42,7 +44,7 @@ def read_conll(path: Path) -> list[TaggedExample]:
             words.clear()
             tags.clear()
 
-    with open(path, encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         for line_no, line in enumerate(f, 1):
             columns = line.split()
             if not columns:
@@ -54,6 +56,12 @@ def read_conll(path: Path) -> list[TaggedExample]:
             if len(columns) < 2:
                 raise BertforgeError(f"{where(path, line_no)}: expected 'word ... tag' columns, found "
                                      f"{line.strip()!r}; separate columns with spaces, sentences with blank lines")
+            if not width:
+                width, width_line = len(columns), line_no
+            elif len(columns) != width:
+                raise BertforgeError(f"{where(path, line_no)}: {len(columns)} columns, but line {width_line} has "
+                                     f"{width}; the tag is the last column, so every line needs the same columns "
+                                     f"(word ... TAG): fix the line or the file's mix of formats")
             if not words:
                 first_line = line_no
             words.append(columns[0])

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import open_text
 from bertforge.tasks.base import TextExample, split_file, where
 from bertforge.tasks.classification import SequenceTask
 
@@ -34,7 +35,7 @@ def _names(exts: Sequence[str]) -> dict[str, list[str]]:
 
 def _records_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open_text(path, newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         header = next(reader, None)
         if header is None:
@@ -51,7 +52,7 @@ def _records_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def _records_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path, encoding="utf-8-sig") as f:
+    with open_text(path) as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import open_text
 from bertforge.tasks import metrics as M
 from bertforge.tasks.base import Feature, QAExample, Task, split_file
 from bertforge.tasks.features import encode_plain
@@ -64,7 +65,8 @@ def _id_lines(text: str) -> dict[str, int]:
 
 
 def read_squad(path: Path, *, require_answers: bool) -> list[QAExample]:
-    text = path.read_text(encoding="utf-8-sig")
+    with open_text(path) as f:
+        text = f.read()
     if not text.strip():
         raise BertforgeError(f"{path} is empty: expected the SQuAD v1.1 JSON format")
     try:

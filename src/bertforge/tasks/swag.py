@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import open_text
 from bertforge.tasks import metrics as M
 from bertforge.tasks.base import ChoiceExample, Feature, Task, split_file, where
 from bertforge.tasks.classification import as_array
@@ -36,7 +37,7 @@ class SwagTask(Task):
         path = split_file(data_path, split, _FILES, self.name)
         endings = [f"ending{i}" for i in range(NUM_CHOICES)]
         examples = []
-        with open(path, encoding="utf-8-sig", newline="") as f:
+        with open_text(path, newline="") as f:
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
             if not header:

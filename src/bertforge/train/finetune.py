@@ -37,7 +37,7 @@ from bertforge.heads import (
 )
 from bertforge.io import atomic_dir, atomic_path, write_json
 from bertforge.train import distributed
-from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, write_run_config
+from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, _to_device, write_run_config
 
 MODEL_FOR_KIND = {
     "classification": BertForSequenceClassification,
@@ -151,7 +151,8 @@ def _per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         batch = collate([features[j] for j in idx], pad_id)
-        inputs = {k: batch[k].to(device) for k in MODEL_INPUTS}
+        # pinned, non-blocking copies on CUDA; a mask without padding stays on the host and is dropped
+        inputs = _to_device({k: batch[k] for k in MODEL_INPUTS}, device)
         out = model(**inputs)
         if isinstance(out, tuple) or hasattr(out, "start_logits"):
             start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()

@@ -124,12 +124,20 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """The precision a run uses, "fp32" or "bf16": "auto" is bf16 on CUDA and fp32 on the CPU (bf16 there is
-    opt-in, as in other training tools: worth it only where the CPU has bf16 instructions, see `bertforge.cpu`)."""
+    """The precision a run uses, "fp32" or "bf16": "auto" is bf16 on a CUDA device with native bf16 (compute
+    capability 8.0 and newer) and fp32 elsewhere, the CPU included (bf16 there is opt-in, as in other training
+    tools: worth it only where the CPU has bf16 instructions, see `bertforge.cpu`). An explicit "bf16" on a CUDA
+    device without native bf16 is refused: torch would emulate it, slower than fp32 (there is no fp16 path).
+    `torch.cuda.is_bf16_supported` asks the current device, which `distributed.setup` sets to the rank's."""
     if precision not in PRECISIONS:
         raise BertforgeError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    native = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
+        return "bf16" if native else "fp32"
+    if precision == "bf16" and device.type == "cuda" and not native:
+        name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "no CUDA device is available"
+        raise BertforgeError(f"--precision bf16: {device} ({name}) has no native bf16 support; "
+                             "use --precision fp32")
     return precision
 
 
@@ -141,7 +149,24 @@ def autocast(device: torch.device, precision: str):
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    """A micro-batch on `device`. On CUDA each tensor is copied from pinned host memory with `non_blocking`, so
+    the copies of all micro-batches of a step are queued without waiting (from pageable memory a
+    `non_blocking` copy is synchronous); the pinned buffers are not reused before their copies end (PyTorch's
+    host allocator records the copy's stream). On the CPU the batch is returned as it is.
+
+    An attention mask without padding stays on the host, so the model drops it (`attention_mask_for_sdpa`
+    checks a host mask for free; on the device that check would wait for the GPU) and SDPA takes its unmasked
+    kernels; the host mask still gives `_step` its token count without a device sync."""
+    if device.type == "cpu":
+        return batch
+    out = {}
+    for k, v in batch.items():
+        stays = (not isinstance(v, torch.Tensor) or v.device == device
+                 or (k == "attention_mask" and v.device.type == "cpu" and bool(v.all())))
+        if not stays and device.type == "cuda" and v.device.type == "cpu" and not v.is_pinned():
+            v = v.pin_memory()
+        out[k] = v if stays else v.to(device, non_blocking=True)
+    return out
 
 
 def _rng_state() -> dict:
@@ -213,21 +238,41 @@ class Trainer:
                 print(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'}; starting from step 0")
                 self._truncate_metrics(0)  # what a run killed before its first checkpoint logged
             return 0, None
-        step, path = found[-1]
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-        if state.get("world_size", 1) != self.dist.world_size:
-            raise BertforgeError(f"{path} was written by {state['world_size']} process(es), not "
-                                 f"{self.dist.world_size}: resume with the same --nproc-per-node")
-        load_state(unwrap(self.model), read_weights(path), source=str(path), verbose=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        rng = state["rng"]
-        _set_rng_state(rng[self.dist.rank] if isinstance(rng, list) else rng)  # a dict: written before per-rank states
-        self.best = state.get("best")
-        if self.dist.is_main:
-            print(f"resumed from {path} (step {step})")
-            self._truncate_metrics(step)
-        return step, state["data_position"]
+        # The newest intact checkpoint: one whose files cannot be read whole (a disk that filled up, a copy cut
+        # short) is set aside as step-N.corrupt, so that later pruning (`keep_last`) never counts it as the newest.
+        unreadable = []
+        for step, path in reversed(found):
+            try:
+                state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+                weights = read_weights(path)
+                rng, position = state["rng"], state["data_position"]
+                optimizer_state, scheduler_state = state["optimizer"], state["scheduler"]
+            except Exception as e:  # noqa: BLE001 (any failure to read means the same: this checkpoint is unusable)
+                reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+                unreadable.append(f"{path.name} ({reason})")
+                if self.dist.is_main:
+                    aside = path.with_name(f"{path.name}.corrupt")
+                    shutil.rmtree(aside, ignore_errors=True)
+                    with contextlib.suppress(OSError):
+                        os.replace(path, aside)
+                    print(f"--resume: checkpoint {path} is unreadable ({reason}); moved it to {aside.name} and "
+                          f"trying the previous one", flush=True)
+                continue
+            if state.get("world_size", 1) != self.dist.world_size:
+                raise BertforgeError(f"{path} was written by {state['world_size']} process(es), not "
+                                     f"{self.dist.world_size}: resume with the same --nproc-per-node")
+            load_state(unwrap(self.model), weights, source=str(path), verbose=False)
+            self.optimizer.load_state_dict(optimizer_state)
+            self.scheduler.load_state_dict(scheduler_state)
+            _set_rng_state(rng[self.dist.rank] if isinstance(rng, list) else rng)  # a dict: before per-rank states
+            self.best = state.get("best")
+            if self.dist.is_main:
+                print(f"resumed from {path} (step {step})" + (f", the newest intact checkpoint; skipped "
+                                                              f"{', '.join(unreadable)}" if unreadable else ""))
+                self._truncate_metrics(step)
+            return step, position
+        raise BertforgeError(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'} can be read "
+                             f"({'; '.join(unreadable)}): start the run again in a new --out")
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop records a killed run logged after its last checkpoint, so the log has each step once."""
@@ -250,7 +295,8 @@ class Trainer:
         start, position = self._load_checkpoint() if self.resume else (0, None)
         if start >= cfg.steps:
             raise BertforgeError(f"{self.out_dir} already holds a checkpoint at step {start} >= --steps "
-                                 f"{cfg.steps}: raise --steps to train further, or use a new --out")
+                                 f"{cfg.steps}: the run is finished; to train further, start a new run from "
+                                 f"it with --init {self.out_dir} and a new --out")
         model = self.model
         if cfg.compile:
             model = torch.compile(model)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import shutil
 import time
@@ -17,11 +18,20 @@ from bertforge.checkpoint import unwrap
 from bertforge.config import PRESETS, BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.heads import IGNORE_INDEX, BertForPreTraining
+from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
 from bertforge.train.budget import BudgetPlan, agree, load_plan, plan_steps, save_plan, time_call, time_steps
-from bertforge.train.loop import LoopConfig, Trainer, TrainResult, autocast, resolve_precision, write_run_config
+from bertforge.train.loop import (
+    LoopConfig,
+    Trainer,
+    TrainResult,
+    autocast,
+    checkpoints,
+    resolve_precision,
+    write_run_config,
+)
 from bertforge.train.recipe import Recipe
-from bertforge.train.rundir import claim_run_dir
+from bertforge.train.rundir import check_resume, claim_run_dir
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
@@ -109,6 +119,33 @@ def resolve_model_config(spec: str, vocab_size: int, max_seq_len: int) -> BertCo
     return config
 
 
+def _check_resume(out_dir: Path, run_config: dict, minutes: float | None, *, verbose: bool) -> list[dict]:
+    """The resumed run's history of changed options (for run_config.json), after `check_resume` refused what may
+    not change. Nothing is compared when no checkpoint was written: the run starts again from step 0."""
+    found = checkpoints(out_dir)
+    recorded_file = out_dir / "run_config.json"
+    if not found or not recorded_file.is_file():
+        return []
+    plain = json.loads(json.dumps(run_config, default=lambda x: asdict(x) if dataclasses.is_dataclass(x) else str(x)))
+    if minutes is not None and plain.get("budget"):
+        plain["budget"]["minutes"] = minutes  # the plan is reloaded on resume: compare the budget asked for now
+    changed = check_resume(out_dir, plain)
+    steps = plain["loop"]["steps"]
+    if found[-1][0] >= steps:
+        raise BertforgeError(f"the run in {out_dir} is complete (checkpoint at step {found[-1][0]} of {steps}) and "
+                             f"its learning-rate schedule has ended: to train further, start a new run from its "
+                             f"model with --init {out_dir} and a new --out")
+    try:
+        history = json.loads(recorded_file.read_text(encoding="utf-8")).get("resumes") or []
+    except ValueError:
+        history = []
+    if changed:
+        history.append({"step": found[-1][0], "changed": changed})
+    if changed and verbose:
+        print("--resume: " + ", ".join(f"{c['option']} {c['recorded']} -> {c['now']}" for c in changed), flush=True)
+    return history
+
+
 def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", loop: LoopConfig,
              data_options: DataOptions | None = None, init: str | Path | None = None, resume: bool = False,
              max_seq_len: int | None = None, dropout: float | None = None, pre_layer_norm: bool = False,
@@ -157,6 +194,12 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
             if net.config.vocab_size != tokenizer.vocab_size:
                 raise BertforgeError(f"--init {init} has vocab_size {net.config.vocab_size} but the data's "
                                      f"tokenizer has {tokenizer.vocab_size}: prepare the data with its tokenizer")
+            if (Path(init) / "vocab.txt").is_file():  # a bare config + weights directory has no tokenizer to check
+                init_fp = Tokenizer.from_pretrained(init).fingerprint
+                if init_fp != tokenizer.fingerprint:
+                    raise BertforgeError(f"--init {init} was trained with tokenizer {init_fp}, but --data {data_dir} "
+                                         f"was prepared with tokenizer {tokenizer.fingerprint}: prepare the corpus "
+                                         f"with the model's tokenizer (`bertforge prepare --tokenizer {init}`)")
             config = net.config
         else:
             if pre_layer_norm:
@@ -214,15 +257,17 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
                 if (tok_dir / name).is_file():
                     shutil.copyfile(tok_dir / name, path / name)
 
+        run_config = dict(command="pretrain", data=str(data_dir), model=config.to_dict(), loop=loop,
+                          data_options=opts, init=str(init) if init else None, world_size=d.world_size,
+                          recipe=recipe.to_dict() if recipe else None, dropout=dropout,
+                          budget=asdict(plan) if plan else None,
+                          manifest={k: v for k, v in train_data.manifest.items() if not isinstance(v, list)})
+        resumes = _check_resume(out_dir, run_config, minutes, verbose=d.is_main) if resume else []
         if d.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
             if plan is not None:
                 save_plan(out_dir, plan)
-            write_run_config(out_dir, command="pretrain", data=str(data_dir), model=config.to_dict(), loop=loop,
-                             data_options=opts, init=str(init) if init else None, world_size=d.world_size,
-                             recipe=recipe.to_dict() if recipe else None, dropout=dropout,
-                             budget=asdict(plan) if plan else None,
-                             manifest={k: v for k, v in train_data.manifest.items() if not isinstance(v, list)})
+            write_run_config(out_dir, **run_config, resumes=resumes)
 
         class _Data:
             def batches(self, micro_batch_size: int, position: dict | None = None):
