@@ -40,8 +40,10 @@ from scipy import stats
 from bertforge.cpu import has_native_bf16
 from bertforge.demo_data import fetch_demo_data, write_movie_corpus
 from bertforge.io import cache_dir
-from bertforge.train.finetune import FinetuneOptions, finetune_scored
+from bertforge.train.finetune import FinetuneOptions
+from bertforge.train.memory import keep_freed_memory
 from bertforge.train.recipe import get_recipe
+from bertforge.train.sweep import finetune_scored
 
 BIN = Path(sys.executable).parent / "bertforge"
 
@@ -101,6 +103,7 @@ def scratch_key(model_dir: Path, task_dir: Path, a: argparse.Namespace) -> str:
 def finetune_one(job: tuple) -> dict:
     """One fine-tuning run scored on dev and test (in a worker process of its own with --jobs)."""
     init, scratch, out, task_dir, lr, seed, epochs, max_train, threads = job
+    keep_freed_memory()  # as `bertforge finetune` does; each --jobs worker is a process of its own
     if threads:
         torch.set_num_threads(threads)
     opts = FinetuneOptions(lr=lr, batch_size=32, epochs=epochs, seed=seed, from_scratch=scratch,

@@ -25,10 +25,11 @@ import torch
 from bertforge import BertForPreTraining
 from bertforge.cli import main
 from bertforge.config import BertConfig
+from bertforge.device import to_device
 from bertforge.errors import BertforgeError
 from bertforge.io import read_jsonl
 from bertforge.model import attention_mask_for_sdpa
-from bertforge.train.loop import _to_device, autocast, resolve_precision
+from bertforge.train.loop import autocast, resolve_precision
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 HERE = Path(__file__).resolve()
@@ -112,17 +113,17 @@ def test_batches_go_to_the_gpu_from_pinned_memory_without_blocking(monkeypatch):
     cuda = torch.device("cuda", 0)
     full = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long),
             "nsp_labels": torch.zeros(2, dtype=torch.long), "note": "not a tensor"}
-    moved = _to_device(full, cuda)
+    moved = to_device(full, cuda)
     assert moved["attention_mask"] is full["attention_mask"] and moved["note"] == "not a tensor"
     assert calls == [("pin", (2, 3)), ("to", (2, 3), True, "cuda:0", True),
                      ("pin", (2,)), ("to", (2,), True, "cuda:0", True)]
     calls.clear()
     padded = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}
-    _to_device(padded, cuda)
+    to_device(padded, cuda)
     assert calls == [("pin", (2, 3)), ("to", (2, 3), True, "cuda:0", True),
                      ("pin", (2, 3)), ("to", (2, 3), True, "cuda:0", True)]
     calls.clear()
-    assert _to_device(padded, torch.device("cpu")) is padded and calls == []
+    assert to_device(padded, torch.device("cpu")) is padded and calls == []
 
 
 # --- the attention mask (CPU) -------------------------------------------------------------------------------
@@ -137,9 +138,9 @@ def test_a_mask_without_padding_is_dropped_and_never_read_on_the_device():
     assert on_device.shape == (2, 1, 1, 4) and on_device.dtype == torch.bool
     # The loop's copy to a device leaves a padding-free mask on the host, so the model drops it there too.
     meta = torch.device("meta")
-    batch = _to_device({"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": full}, meta)
+    batch = to_device({"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": full}, meta)
     assert batch["input_ids"].device == meta and attention_mask_for_sdpa(batch["attention_mask"]) is None
-    batch = _to_device({"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": padded}, meta)
+    batch = to_device({"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": padded}, meta)
     assert batch["attention_mask"].device == meta
 
 

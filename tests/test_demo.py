@@ -10,6 +10,7 @@ import pytest
 
 from bertforge import demo as demo_module
 from bertforge.demo_data import DemoData
+from bertforge.train.memory import keep_freed_memory
 
 
 @pytest.fixture
@@ -29,6 +30,7 @@ def small_demo_data(tmp_path, shared_data, monkeypatch):
 
 
 def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_path, capsys):
+    keep_freed_memory()  # as `bertforge demo` does before it runs: the budget's step timing assumes it
     out = tmp_path / "demo"
     options = demo_module.DemoOptions(out=out, minutes=0.15, model="tiny", vocab_size=2000, batch_size=16,
                                       finetune_examples=200, finetune_epochs=1, finetune_seeds=2, progress=False)

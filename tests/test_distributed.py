@@ -101,7 +101,7 @@ def test_two_process_finetuning_evaluates_and_ends(prepared, tmp_path):
     best dev scores must be what one process scores the kept model at."""
     from bertforge import BertForPreTraining
     from bertforge.config import BertConfig
-    from bertforge.train.finetune import evaluate_examples, load_task_model
+    from bertforge.tasks.runner import evaluate_examples, load_task_model
 
     init = tmp_path / "init"
     torch.manual_seed(0)

@@ -19,7 +19,9 @@ import torch
 
 from bertforge import BertConfig, BertForPreTraining, Tokenizer
 from bertforge.cli import main
+from bertforge.tasks.runner import load_task_model
 from bertforge.train import finetune as ft
+from bertforge.train import sweep
 
 FILLER = ["the", "a", "film", "story", "plot", "actor", "scene", "city", "river", "house", "game", "book", "night",
           "day", "man", "woman", "child", "dog", "walks", "runs", "sees", "finds", "likes", "told", "about", "over",
@@ -636,7 +638,7 @@ def test_out_that_is_not_a_run_directory_is_refused(init_dir, tmp_path, capsys):
 
 
 def test_paper_grid_is_the_papers():
-    assert ft.PAPER_GRID == {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
+    assert sweep.PAPER_GRID == {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 
 
 def test_grid_and_seeds_report_mean_std_and_keep_the_best(init_dir, tmp_path, capsys, monkeypatch):
@@ -644,7 +646,7 @@ def test_grid_and_seeds_report_mean_std_and_keep_the_best(init_dir, tmp_path, ca
 
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(ft, "PAPER_GRID", {"batch_size": (8,), "lr": (1e-3, 1e-5), "epochs": (1,)})
+    monkeypatch.setattr(sweep, "PAPER_GRID", {"batch_size": (8,), "lr": (1e-3, 1e-5), "epochs": (1,)})
     data, out = write_glue("sst2", tmp_path / "data"), tmp_path / "grid"
     code, stdout, err = _cli(capsys, "finetune", "--task", "sst2", "--data", data, "--init", init_dir, "--out",
                              out, "--max-length", "32", "--grid", "--seeds", "2")
@@ -697,7 +699,7 @@ def test_a_tiny_model_learns_a_keyword_task(init_dir, tmp_path):
     losses = [r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
               if r["split"] == "train"]
     assert losses[-1] < 0.6 * losses[0]  # 0.42-0.54 of the start over seeds 1-5 (dropout keeps it from 0)
-    tm = ft.load_task_model(tmp_path / "run")
+    tm = load_task_model(tmp_path / "run")
     from bertforge.infer import predict_records
 
     labels = [p["label"] for p in predict_records(tmp_path / "run", [{"text": f"the film was {GOOD}"},

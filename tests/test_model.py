@@ -223,7 +223,7 @@ def test_mlm_decoder_is_tied_to_word_embeddings():
     with torch.no_grad():
         model.bert.embeddings.word_embeddings.weight[7].fill_(3.0)
     h = torch.randn(1, 128)
-    logits = model.cls.predictions(h)
+    logits = model.cls.predictions(h, model.bert.embeddings.word_embeddings)
     expected = model.cls.predictions.transform(h) @ model.bert.embeddings.word_embeddings.weight.T
     close(logits, expected)
     names = [n for n, _ in model.named_parameters()]

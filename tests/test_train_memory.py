@@ -46,3 +46,22 @@ def test_large_tensors_come_from_the_reusable_heap():
 
 def test_the_setting_can_be_turned_off():
     assert _run("apply", BERTFORGE_SYSTEM_MALLOC="1") == ["False", "1", "True"]
+
+
+def test_the_cli_applies_it_before_a_training_command_only():
+    script = textwrap.dedent("""
+        import sys
+        from bertforge import cli
+        from bertforge.train import memory
+        cli.main(sys.argv[1:])
+        print(memory._applied)
+    """)
+
+    def applied(*argv: str) -> str:
+        out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True)
+        return out.stdout.split()[-1]
+
+    assert applied("model", "info", "--model", "mini") == "None"  # not a training command: left alone
+    # a training command applies it before it starts, here before refusing a missing data directory
+    assert applied("finetune", "--task", "csv", "--data", "/nonexistent", "--init", "/nonexistent",
+                   "--out", "/nonexistent/out") == "True"

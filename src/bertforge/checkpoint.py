@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+import safetensors.torch
 import torch
 from torch import nn
 
@@ -149,9 +150,7 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise BertforgeError(f"weights file {path} does not exist")
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return load_file(path)
+            return safetensors.torch.load_file(path)
         state = torch.load(path, map_location="cpu", weights_only=True)
     except BertforgeError:
         raise
@@ -227,12 +226,10 @@ def load_pretrained(cls, path, *, config: BertConfig | None = None, verbose: boo
 
 def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:
     """Write config.json and model.safetensors (Hugging Face names), each atomically."""
-    from safetensors.torch import save_file
-
     model = unwrap(model)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu") for k, v in to_hf_state_dict(model).items()}
     with atomic_path(path / WEIGHTS_NAME) as tmp:
-        save_file(state, tmp, metadata={"format": "pt"})
+        safetensors.torch.save_file(state, tmp, metadata={"format": "pt"})
     model.config.replace(architectures=[type(model).hf_architecture]).to_json(path / "config.json")

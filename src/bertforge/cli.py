@@ -21,6 +21,7 @@ import typing
 from bertforge import __version__
 from bertforge.commands.base import Command, add_dataclass_arguments, build_args
 from bertforge.errors import BertforgeError
+from bertforge.train.memory import keep_freed_memory
 
 # Every module listed here exposes COMMANDS: list[Command]. Order is the order of `bertforge --help`.
 COMMAND_MODULES = [
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd is None:
         parser.print_help()
         return 0
+    if cmd.trains:
+        keep_freed_memory()  # the training commands' default, process-wide; BERTFORGE_SYSTEM_MALLOC=1 opts out
     try:
         return cmd.run(build_args(cmd.args, ns)) or 0
     except BertforgeError as e:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import write_json
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
@@ -165,8 +166,6 @@ class BertConfig:
             raise ConfigError(f"{source}: {e}") from None
 
     def to_json(self, path: str | os.PathLike) -> None:
-        from bertforge.io import write_json
-
         write_json(path, self.to_dict())
 
     @classmethod

@@ -20,8 +20,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertforge import cpu, demo_data
+from bertforge.commands.train import PretrainArgs, pretrain_kwargs
+from bertforge.data.prepare import prepare
 from bertforge.errors import BertforgeError
-from bertforge.io import cache_dir, write_json, write_text
+from bertforge.infer import MaskFiller
+from bertforge.io import cache_dir, read_jsonl, write_json, write_text
+from bertforge.tokenizer import Tokenizer, corpus_files, corpus_summary, iter_corpus_texts
+from bertforge.train.finetune import FinetuneOptions
+from bertforge.train.pretrain import pretrain
+from bertforge.train.recipe import get_recipe
+from bertforge.train.sweep import finetune_scored
 
 FILL_MASK_EXAMPLES = [
     "the congress of the united [MASK] shall meet.",
@@ -58,33 +67,23 @@ def _say(text: str) -> None:
 
 def demo_precision() -> str:
     """bf16 where the CPU has bf16 instructions (about 1.6x the steps in the same minutes), else the default."""
-    from bertforge.cpu import has_native_bf16
-
-    return "bf16" if has_native_bf16() else "auto"
+    return "bf16" if cpu.has_native_bf16() else "auto"
 
 
 def run_demo(o: DemoOptions) -> dict:
-    from bertforge.commands.train import PretrainArgs, pretrain_kwargs
-    from bertforge.data.prepare import prepare
-    from bertforge.demo_data import fetch_demo_data, write_movie_corpus
-    from bertforge.tokenizer import Tokenizer, corpus_files, corpus_summary, iter_corpus_texts
-    from bertforge.train.finetune import FinetuneOptions, finetune_scored
-    from bertforge.train.pretrain import pretrain
-    from bertforge.train.recipe import get_recipe
-
     out = Path(o.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
 
     _say("1/6 demo data")
-    data = fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
+    data = demo_data.fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
     if o.corpus:
         corpus = list(o.corpus)
     else:  # the addresses, and the unlabelled reviews of the task's training movies (in-domain text)
         movies = out / "corpus" / "movies.txt"
         if not movies.is_file():
             movies.parent.mkdir(parents=True, exist_ok=True)
-            write_movie_corpus(data.sentiment_dir, movies)
+            demo_data.write_movie_corpus(data.sentiment_dir, movies)
         corpus = [str(data.corpus_dir), str(movies)]
     print(f"corpus: {', '.join(corpus)}\nsentiment task: {data.sentiment_dir}")
 
@@ -144,8 +143,6 @@ def run_demo(o: DemoOptions) -> dict:
                                                     for split in ("dev", "test") for stat, f in _STATS.items()}}
 
     _say("6/6 summary")
-    from bertforge.infer import MaskFiller
-
     filled = MaskFiller(pre_dir).fill(FILL_MASK_EXAMPLES, top_k=3)
     summary = {"minutes": round((time.time() - started) / 60, 1), "vocabulary": vocab_summary,
                "pretraining": pre_metrics, "finetune": results,
@@ -160,8 +157,6 @@ def run_demo(o: DemoOptions) -> dict:
 
 
 def _last_eval(metrics_path: Path) -> dict:
-    from bertforge.io import read_jsonl
-
     evals = [r for r in read_jsonl(metrics_path) if r.get("split") == "eval"]
     if not evals:
         raise BertforgeError(f"{metrics_path} has no evaluation: remove {metrics_path.parent} and run the demo again")

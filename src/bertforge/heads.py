@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.config import BertConfig
-from bertforge.model import BertModel, BertPreTrainedModel, activation
+from bertforge.model import CLS_INDEX, BertModel, BertPreTrainedModel, activation
 
 IGNORE_INDEX = -100
 
@@ -34,26 +34,26 @@ class BertPredictionHeadTransform(nn.Module):
 class BertLMPredictionHead(nn.Module):
     """Masked-LM head: transform, then logits = h @ E^T + b with E the (tied) word embedding matrix."""
 
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+    def __init__(self, config: BertConfig):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        # A plain attribute, not a submodule, so the tied matrix appears once in state_dict.
-        self._word_embeddings = [word_embeddings]
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (..., H) -> logits (..., V)."""
-        return F.linear(self.transform(hidden), self._word_embeddings[0].weight, self.bias)
+    def forward(self, hidden: torch.Tensor, word_embeddings: nn.Embedding) -> torch.Tensor:
+        """hidden (..., H) -> logits (..., V). The decoder matrix is the model's word embeddings, passed in
+        rather than held, so the tied matrix has one owner and appears once in state_dict."""
+        return F.linear(self.transform(hidden), word_embeddings.weight, self.bias)
 
 
 class BertPreTrainingHeads(nn.Module):
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding, *, nsp: bool = True):
+    def __init__(self, config: BertConfig, *, nsp: bool = True):
         super().__init__()
-        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.predictions = BertLMPredictionHead(config)
         self.seq_relationship = nn.Linear(config.hidden_size, 2) if nsp else None
 
 
-def masked_lm(head: BertLMPredictionHead, sequence_output: torch.Tensor, labels: torch.Tensor | None):
+def masked_lm(head: BertLMPredictionHead, word_embeddings: nn.Embedding, sequence_output: torch.Tensor,
+              labels: torch.Tensor | None):
     """Run the MLM head, on the labelled positions only when labels are given.
 
     Returns (logits, loss). With labels, logits are (M, V) for the M positions where labels != -100, in
@@ -61,25 +61,28 @@ def masked_lm(head: BertLMPredictionHead, sequence_output: torch.Tensor, labels:
     at about 15% of the vocabulary projection's cost. Without labels, logits are (B, T, V) and loss None.
     """
     if labels is None:
-        return head(sequence_output), None
+        return head(sequence_output, word_embeddings), None
     selected = labels != IGNORE_INDEX  # (B, T)
-    logits = head(sequence_output[selected])  # (M, V)
+    logits = head(sequence_output[selected], word_embeddings)  # (M, V)
     loss = F.cross_entropy(logits.float(), labels[selected])
     return logits, loss
 
 
+MLM_CLS_COLUMN = 0  # `mlm_positions` puts [CLS] in this column, for the pooler
+
+
 def mlm_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The positions the masked-LM and NSP heads read, for `BertModel(positions=...)`: per row, 0 ([CLS], for
-    the pooler) then the labelled positions in order, padded with 0 to the longest row; and the labels at
-    those positions (-100 at [CLS] and the padding). (B, 1 + P) each."""
+    """The positions the masked-LM and NSP heads read, for `BertModel(positions=...)`: per row, [CLS] (for the
+    pooler) in column MLM_CLS_COLUMN, then the labelled positions in order, padded with [CLS] to the longest
+    row; and the labels at those positions (-100 at [CLS] and the padding). (B, 1 + P) each."""
     chosen = labels != IGNORE_INDEX
     counts = chosen.sum(1, keepdim=True)  # (B, 1)
     width = int(counts.max()) if labels.numel() else 0
     order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :width]  # labelled first, in order
     valid = torch.arange(width, device=labels.device) < counts
-    positions = torch.where(valid, order, 0)
+    positions = torch.where(valid, order, CLS_INDEX)
     picked = torch.where(valid, labels.gather(1, order), IGNORE_INDEX)
-    first = torch.zeros_like(labels[:, :1])
+    first = torch.full_like(labels[:, :1], CLS_INDEX)
     return torch.cat([first, positions], 1), torch.cat([torch.full_like(first, IGNORE_INDEX), picked], 1)
 
 
@@ -120,7 +123,7 @@ class BertForPreTraining(BertPreTrainedModel):
         super().__init__()
         self.config = config
         self.bert = BertModel(config)
-        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.cls = BertPreTrainingHeads(config)
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_labels=None,
@@ -131,8 +134,10 @@ class BertForPreTraining(BertPreTrainedModel):
         positions = None
         if mlm_labels is not None:
             positions, mlm_labels = mlm_positions(mlm_labels)
-        out = self.bert(input_ids, token_type_ids, attention_mask, positions=positions)
-        mlm_logits, mlm_loss = masked_lm(self.cls.predictions, out.sequence_output, mlm_labels)
+        out = self.bert(input_ids, token_type_ids, attention_mask, positions=positions, cls_column=MLM_CLS_COLUMN)
+        # the decoder is tied: it is the word embedding matrix
+        mlm_logits, mlm_loss = masked_lm(self.cls.predictions, self.bert.embeddings.word_embeddings,
+                                         out.sequence_output, mlm_labels)
         nsp_logits = self.cls.seq_relationship(out.pooled_output)
         nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels) if nsp_labels is not None else None
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
@@ -149,15 +154,17 @@ class BertForMaskedLM(BertPreTrainedModel):
         super().__init__()
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings, nsp=False)
+        self.cls = BertPreTrainingHeads(config, nsp=False)
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> MaskedLMOutput:
         positions = None
         if labels is not None:
             positions, labels = mlm_positions(labels)
-        out = self.bert(input_ids, token_type_ids, attention_mask, positions=positions)
-        logits, loss = masked_lm(self.cls.predictions, out.sequence_output, labels)
+        out = self.bert(input_ids, token_type_ids, attention_mask, positions=positions)  # no pooler
+        # the decoder is tied: it is the word embedding matrix
+        logits, loss = masked_lm(self.cls.predictions, self.bert.embeddings.word_embeddings, out.sequence_output,
+                                 labels)
         return MaskedLMOutput(loss, logits)
 
 

@@ -8,7 +8,6 @@ in input order. `quantize="int8"` swaps every Linear layer for a dynamically qua
 
 from __future__ import annotations
 
-import functools
 import json
 import warnings
 from collections.abc import Iterator, Sequence
@@ -18,26 +17,31 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+from bertforge import cpu
+from bertforge.checkpoint import load_state, read_weights
+from bertforge.config import BertConfig
+from bertforge.device import pick_device
 from bertforge.errors import BertforgeError
+from bertforge.heads import BertForMaskedLM
 from bertforge.io import open_text
+from bertforge.model import BertModel
+from bertforge.tasks.runner import load_task_model, run_model
+from bertforge.tokenizer import Tokenizer
 
 # Length-grouped batching: a batch holds at most MAX_TOKENS padded tokens and MAX_BATCH sequences.
 MAX_TOKENS = 8192
 MAX_BATCH = 256
 
 
-@functools.cache
-def _full_range_linear() -> type:
+class FullRangeLinear(DynamicLinear):
     """torch's dynamic int8 Linear with 8-bit activations (its own forward asks for 7: reduce_range)."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-    class FullRangeLinear(DynamicLinear):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False)
-            return y.to(x.dtype)
-
-    return FullRangeLinear
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False)
+        return y.to(x.dtype)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -49,12 +53,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     keep 95.9% of fp32's predicted labels instead of 93.3%, at the same speed. Activations get all 8 bits
     where the CPU has int8 dot products into int32 (`bertforge.cpu.has_int8_dot_product`); elsewhere torch's
     7 bits, which keep fbgemm's int16 pair sums from saturating."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    from bertforge.cpu import has_int8_dot_product
-
-    mapping = {nn.Linear: _full_range_linear() if has_int8_dot_product() else DynamicLinear}
+    mapping = {nn.Linear: FullRangeLinear if cpu.has_int8_dot_product() else DynamicLinear}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
         return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
@@ -90,12 +89,6 @@ def _padded_batch(rows: list[list[int]], pad_id: int, device: torch.device) -> t
     return ids.to(device), mask.to(device)
 
 
-def _load_tokenizer(path: str | Path):
-    from bertforge.tokenizer import Tokenizer
-
-    return Tokenizer.from_pretrained(path)
-
-
 def _check_options(quantize: str | None, device: str | None) -> None:
     if quantize not in (None, "none", "int8"):
         raise BertforgeError(f"--quantize {quantize!r}: only int8 is supported")
@@ -105,9 +98,6 @@ def _check_options(quantize: str | None, device: str | None) -> None:
 
 def _load(cls, path: str | Path) -> tuple[nn.Module, list[str]]:
     """(model in eval mode, names of the weights the directory lacked), reading the weights once."""
-    from bertforge.checkpoint import load_state, read_weights
-    from bertforge.config import BertConfig
-
     path = Path(path)
     if not path.is_dir():
         raise BertforgeError(f"model directory {path} does not exist: pass the --out directory of "
@@ -119,8 +109,6 @@ def _load(cls, path: str | Path) -> tuple[nn.Module, list[str]]:
 
 def _prepare(model: nn.Module, quantize: str | None, device: str | None) -> nn.Module:
     """The model quantized (CPU) or moved to its device."""
-    from bertforge.train.distributed import pick_device
-
     _check_options(quantize, device)
     if quantize == "int8":
         return quantize_int8(model.cpu())
@@ -152,10 +140,8 @@ class Encoder:
 
     def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
                  max_length: int = 512):
-        from bertforge.model import BertModel
-
         _check_options(quantize, device)
-        self.tokenizer = _load_tokenizer(path)
+        self.tokenizer = Tokenizer.from_pretrained(path)
         model, fresh = _load(BertModel, path)
         if any(k.startswith("pooler.") for k in fresh):
             model.pooler = None  # never use a randomly initialised pooler
@@ -203,14 +189,12 @@ class MaskFiller:
     """
 
     def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None):
-        from bertforge.heads import BertForMaskedLM
-
         _check_options(quantize, device)
         model, fresh = _load(BertForMaskedLM, path)
         if any(k.startswith("cls.predictions.") for k in fresh):
             raise BertforgeError(f"{path} has no masked-LM head (cls.predictions.*): fill-mask needs a model from "
                                  "`bertforge pretrain` (or a Hugging Face BertForMaskedLM/BertForPreTraining)")
-        self.tokenizer = _load_tokenizer(path)
+        self.tokenizer = Tokenizer.from_pretrained(path)
         self.tokenizer.check_compatible(model.config)
         self.max_length = model.config.max_position_embeddings
         self.model = _prepare(model, quantize, device)
@@ -312,8 +296,6 @@ class Predictor:
     read from the directory's task.json; see `predict`."""
 
     def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None):
-        from bertforge.train.finetune import load_task_model
-
         _check_options(quantize, device)
         self.task_model = load_task_model(path, device="cpu" if quantize == "int8" else device)
         self.task_model.model = _prepare(self.task_model.model, quantize, "cpu" if quantize == "int8" else device)
@@ -330,8 +312,6 @@ class Predictor:
         question answer  {"question", "context"} -> {"answer", "start", "end", "score"} (offsets in context)
         multiple choice  {"context", "choices"} -> {"choice", "probabilities"}
         """
-        from bertforge.train.finetune import run_model
-
         tm, task = self.task_model, self.task
         if not records:
             return []

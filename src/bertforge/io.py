@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from bertforge.errors import BertforgeError
 
 
@@ -137,8 +139,6 @@ def progress_reporter(total: int, *, desc: str, unit: str, enabled: bool = True,
     carriage-return frames pile up into one endless line in a log file. `enabled=False`: silent."""
     stream = sys.stderr if stream is None else stream
     if enabled and stream.isatty():
-        from tqdm.auto import tqdm
-
         return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True, file=stream)
     return PlainProgress(total, desc=desc, unit=unit, interval=interval, stream=stream if enabled else None)
 

@@ -17,7 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertforge.checkpoint import load_pretrained, save_pretrained
 from bertforge.config import BertConfig
+
+CLS_INDEX = 0  # the tokenizer puts [CLS] first in every sequence: token 0 is what the pooler reads
 
 
 def activation(name: str):
@@ -131,14 +134,15 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H)
+    def forward(self, sequence_output: torch.Tensor, cls_index: int) -> torch.Tensor:
+        """sequence_output (B, T, H); cls_index: where [CLS] sits along T."""
+        return torch.tanh(self.dense(sequence_output[:, cls_index]))  # (B, H)
 
 
 @dataclass
-class BertOutput:
+class EncoderOutput:
     sequence_output: torch.Tensor  # (B, T, H) last layer, every position; (B, P, H) with positions=
-    pooled_output: torch.Tensor | None  # (B, H) pooler over [CLS]; None for models built without a pooler
+    pooled_output: torch.Tensor | None  # (B, H) pooler over [CLS]; None without a pooler or cls_column
 
 
 def attention_mask_for_sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -147,7 +151,7 @@ def attention_mask_for_sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor
     A mask with no padding is dropped so SDPA can take its unmasked fast path (the fused kernels). Only a mask
     in host memory is looked at: reading a GPU tensor's values would make the host wait for the GPU on every
     forward pass. So a caller on CUDA that wants the fast path keeps a padding-free mask on the host, as the
-    training loop does (train/loop.py `_to_device`); a mask on the GPU is passed on as it is, which is correct.
+    training loop does (device.py `to_device`); a mask on the GPU is passed on as it is, which is correct.
     """
     if attention_mask is None:
         return None
@@ -194,14 +198,10 @@ class BertPreTrainedModel(nn.Module):
         """Load a model directory (ours, Hugging Face's, or a Google-converted one). Keyword arguments
         override config fields (e.g. `num_labels=3`). Missing task or pretraining heads are initialised
         and reported; any other missing, unexpected or mis-shaped weight raises a BertforgeError."""
-        from bertforge.checkpoint import load_pretrained
-
         return load_pretrained(cls, path, config=config, verbose=verbose, **overrides)
 
     def save_pretrained(self, path) -> None:
         """Write `config.json` and `model.safetensors` with Hugging Face names, atomically."""
-        from bertforge.checkpoint import save_pretrained
-
         save_pretrained(self, path)
 
 
@@ -220,18 +220,22 @@ class BertModel(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, cls_only: bool = False,
-                positions: torch.Tensor | None = None) -> BertOutput:
+                positions: torch.Tensor | None = None, cls_column: int | None = None) -> EncoderOutput:
         """input_ids (B, T); token_type_ids (B, T) or None (all segment A); attention_mask (B, T) 1 = real.
 
         positions (B, P): the last layer is computed at these positions only, and sequence_output is (B, P, H)
         in their order: the same values for most of a layer's work less, when a head reads only some
-        positions (the pooler reads the first of them: make it 0, [CLS]). cls_only: positions [[0]] * B."""
+        positions. cls_column: the column of positions that holds [CLS] (CLS_INDEX), which the pooler reads;
+        with positions and no cls_column the pooler does not run. cls_only: [CLS] only, positions
+        [[CLS_INDEX]] * B."""
         if input_ids.shape[-1] > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds max_position_embeddings="
                              f"{self.config.max_position_embeddings}; truncate the input")
         x = self.embeddings(input_ids, token_type_ids)
         if cls_only:
-            positions = torch.zeros(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)
+            positions = torch.full((input_ids.shape[0], 1), CLS_INDEX, dtype=torch.long, device=input_ids.device)
+            cls_column = 0
         x = self.encoder(x, attention_mask_for_sdpa(attention_mask), positions)
-        pooled = self.pooler(x) if self.pooler is not None else None
-        return BertOutput(sequence_output=x, pooled_output=pooled)
+        cls_index = CLS_INDEX if positions is None else cls_column
+        pooled = self.pooler(x, cls_index) if self.pooler is not None and cls_index is not None else None
+        return EncoderOutput(sequence_output=x, pooled_output=pooled)

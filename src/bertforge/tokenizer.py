@@ -39,6 +39,7 @@ import functools
 import glob
 import gzip
 import hashlib
+import inspect
 import itertools
 import json
 import os
@@ -52,10 +53,11 @@ from typing import Any
 
 import numpy as np
 import tokenizers
+import torch
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertforge.errors import BertforgeError
-from bertforge.io import write_json, write_text
+from bertforge.io import cache_dir, write_json, write_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)  # the order `train` gives them: [PAD] = 0
@@ -85,10 +87,6 @@ def _unicode_classes() -> dict[str, str]:
     them takes about 0.3 s, so they are kept in the cache directory, keyed by the Unicode version and a hash
     of the code that builds them; unpickled tokenizers do not need them at all.
     """
-    import inspect
-
-    from bertforge.io import cache_dir, write_json
-
     source = inspect.getsource(_build_unicode_classes) + inspect.getsource(_char_class) + repr(
         (_CJK_RANGES, _ASCII_PUNCT_RANGES))
     key = hashlib.sha256(f"{unicodedata.unidata_version} {sys.maxunicode} {source}".encode()).hexdigest()[:16]
@@ -331,8 +329,6 @@ class BatchEncoding:
         return len(self._a)
 
     def _lengths(self):
-        import numpy as np
-
         la = np.asarray(self._len_a, dtype=np.int64)
         lb = np.asarray(self._len_b, dtype=np.int64) if self._len_b is not None else np.zeros_like(la)
         n_special = 0 if self._specials is None else (2 if self._b is None else 3)
@@ -349,9 +345,6 @@ class BatchEncoding:
 
     def to_tensors(self) -> dict[str, Any]:
         """{"input_ids", "token_type_ids", "attention_mask"}: torch LongTensors of shape (B, T)."""
-        import numpy as np
-        import torch
-
         la, lb, lengths = self._lengths()
         width = self.width if self.width is not None else int(lengths.max(initial=0))
         if (lengths > width).any() or (self.width is None and (lengths != width).any()):

@@ -92,6 +92,7 @@ class Command:
     run: Callable[[Any], int | None]
     help: str
     description: str = ""
+    trains: bool = False  # a training command: the CLI keeps freed CPU memory for it (train/memory.py)
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:

@@ -41,4 +41,4 @@ def run(args: DemoArgs) -> int:
 
 
 COMMANDS = [Command("demo", DemoArgs, run, help="the whole journey end to end on public-domain demo data",
-                    description=__doc__)]
+                    description=__doc__, trains=True)]

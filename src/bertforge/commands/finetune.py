@@ -78,7 +78,8 @@ def run_finetune(args: FinetuneArgs) -> int:
 
 
 def _finetune(args: FinetuneArgs) -> int:
-    from bertforge.train.finetune import FinetuneOptions, finetune, finetune_many
+    from bertforge.train.finetune import FinetuneOptions, finetune
+    from bertforge.train.sweep import finetune_many
 
     opts = FinetuneOptions(lr=args.lr, batch_size=args.batch_size, epochs=args.epochs,
                            warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
@@ -113,7 +114,7 @@ class EvaluateArgs:
 
 def run_evaluate(args: EvaluateArgs) -> int:
     from bertforge.io import write_json
-    from bertforge.train.finetune import evaluate_examples, load_task_model
+    from bertforge.tasks.runner import evaluate_examples, load_task_model
 
     check_output_file(args.out)
     tm = load_task_model(args.model, device=args.device)
@@ -163,7 +164,7 @@ def run_predict(args: PredictArgs) -> int:
 
 COMMANDS = [
     Command("finetune", FinetuneArgs, run_finetune, help="fine-tune a pretrained model on a task",
-            description=__doc__),
+            description=__doc__, trains=True),
     Command("evaluate", EvaluateArgs, run_evaluate, help="score a fine-tuned model on a split",
             description=__doc__),
     Command("predict", PredictArgs, run_predict, help="predict with a fine-tuned model on new text",

@@ -31,6 +31,7 @@ from bertforge.data.instances import Instance, create_instances, create_single_s
 from bertforge.data.masking import IGNORE_INDEX, mask_tokens
 from bertforge.data.shards import Shard, open_split, read_manifest
 from bertforge.errors import BertforgeError
+from bertforge.tokenizer import Tokenizer
 
 BLOCK_TOKENS = 1 << 20  # instances are shuffled within blocks of about this many corpus tokens
 _ORDER, _DOC, _BLOCK, _MASK = 0, 1, 2, 3  # RNG streams
@@ -134,8 +135,6 @@ class PretrainingData:
         return self.manifest["tokenizer_fingerprint"]
 
     def _load_tokenizer(self) -> Any:
-        from bertforge.tokenizer import Tokenizer
-
         path = self.data_dir / "tokenizer"
         if not path.is_dir():
             raise BertforgeError(f"{path} is missing: prepare the data again")

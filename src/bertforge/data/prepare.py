@@ -22,6 +22,7 @@ from bertforge.data.corpus import ReadStats, Unit, expand_inputs, plan_units, re
 from bertforge.data.shards import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_dir, progress_reporter, write_json
+from bertforge.tokenizer import Tokenizer
 
 BATCH_CHARS = 1 << 20  # text tokenized per call, per worker
 MAX_DOC_TOKENS = 1 << 20  # longer documents are cut into pieces of about this size
@@ -29,8 +30,6 @@ MAX_DOC_TOKENS = 1 << 20  # longer documents are cut into pieces of about this s
 
 def _load_tokenizer(tokenizer: Any):
     if isinstance(tokenizer, str | os.PathLike):
-        from bertforge.tokenizer import Tokenizer
-
         path = Path(tokenizer)
         if not path.is_dir():
             raise BertforgeError(f"tokenizer directory {path} not found: train one with `bertforge vocab train`")

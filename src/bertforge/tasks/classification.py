@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from bertforge.errors import BertforgeError
 from bertforge.tasks import metrics as M
 from bertforge.tasks.base import Feature, Task, TextExample
@@ -18,8 +20,6 @@ from bertforge.tasks.features import sequence_features
 
 def as_array(outputs: Any) -> Any:
     """A numpy array from a tensor, an array or nested lists."""
-    import numpy as np
-
     if hasattr(outputs, "detach"):
         outputs = outputs.detach().float().cpu().numpy()
     return np.asarray(outputs)

@@ -18,6 +18,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from bertforge.errors import BertforgeError
 from bertforge.tasks.base import IGNORE_INDEX, ChoiceExample, Feature, TaggedExample, TextExample
 
@@ -160,8 +162,6 @@ def collate(features: Sequence[Feature], pad_id: int) -> dict[str, Any]:
     for multiple choice; and, when the features have them, labels ((B,) long, (B,) float for regression,
     (B, T) long padded with -100 for tagging) and start_positions/end_positions ((B,) long).
     """
-    import torch
-
     first_ids = features[0]["input_ids"]
     choices = bool(first_ids) and isinstance(first_ids[0], list)
     rows = [f["input_ids"] for f in features]

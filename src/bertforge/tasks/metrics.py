@@ -21,6 +21,9 @@ import string
 from collections import Counter
 from collections.abc import Hashable, Sequence
 
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import matthews_corrcoef
+
 
 def accuracy(predictions: Sequence[Hashable], references: Sequence[Hashable]) -> float:
     _check_lengths(predictions, references)
@@ -48,8 +51,6 @@ def macro_f1(predictions: Sequence[Hashable], references: Sequence[Hashable]) ->
 
 
 def matthews(predictions: Sequence[Hashable], references: Sequence[Hashable]) -> float:
-    from sklearn.metrics import matthews_corrcoef
-
     _check_lengths(predictions, references)
     if not references:
         return 0.0
@@ -57,8 +58,6 @@ def matthews(predictions: Sequence[Hashable], references: Sequence[Hashable]) ->
 
 
 def pearson(predictions: Sequence[float], references: Sequence[float]) -> float:
-    from scipy.stats import pearsonr
-
     _check_lengths(predictions, references)
     if len(references) < 2 or _constant(predictions) or _constant(references):
         return 0.0
@@ -66,8 +65,6 @@ def pearson(predictions: Sequence[float], references: Sequence[float]) -> float:
 
 
 def spearman(predictions: Sequence[float], references: Sequence[float]) -> float:
-    from scipy.stats import spearmanr
-
     _check_lengths(predictions, references)
     if len(references) < 2 or _constant(predictions) or _constant(references):
         return 0.0

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bertforge.errors import BertforgeError
 from bertforge.io import open_text
 from bertforge.tasks import metrics as M
@@ -220,8 +222,6 @@ class SquadTask(Task):
         """Per example, up to `n_best` distinct answers, best first: {"text", "start", "end" (characters in
         the context), "score", "probability"}. `outputs` = (start_logits, end_logits), each (N, T) or a list
         of per-feature arrays."""
-        import numpy as np
-
         start_logits, end_logits = outputs
         by_example: dict[int, list[int]] = defaultdict(list)
         for fi, f in enumerate(features):
@@ -278,8 +278,6 @@ class SquadTask(Task):
 
 
 def _logits(values: Any, n: int) -> Any:
-    import numpy as np
-
     if hasattr(values, "detach"):
         values = values.detach().float().cpu().numpy()
     return np.asarray(values, dtype=np.float64)[:n]

@@ -24,7 +24,6 @@ from bertforge.errors import BertforgeError
 from bertforge.io import write_json
 from bertforge.train import distributed
 from bertforge.train.loop import autocast, resolve_precision
-from bertforge.train.memory import keep_freed_memory
 from bertforge.train.optim import build_optimizer
 
 PLAN_FILE = "budget_plan.json"
@@ -64,8 +63,6 @@ def time_steps(model: nn.Module, batches: Iterator[dict], losses: Callable[[nn.M
                accum: int, lr: float, device: torch.device, precision: str, clip: float = 1.0) -> float:
     """Median seconds of one optimizer step (`accum` micro-batches) of a copy of `model`; nothing of `model`,
     and no random number generator, is changed."""
-    if device.type == "cpu":
-        keep_freed_memory()  # as the training loop will: without it the first steps run ~40% slower here
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     net = copy.deepcopy(model).to(device).train()

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bertforge.device import pick_device
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -34,12 +36,6 @@ class Dist:
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
-
-
-def pick_device(requested: str | None = None) -> torch.device:
-    if requested:
-        return torch.device(requested)
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 def setup(device: str | None = None) -> Dist:

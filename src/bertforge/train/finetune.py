@@ -1,4 +1,5 @@
-"""Fine-tuning and evaluation: any task of `bertforge.tasks` through the one training loop.
+"""Fine-tuning: any task of `bertforge.tasks` through the one training loop. Loading and running the
+fine-tuned model is `bertforge.tasks.runner`; the paper's grid and seed sweeps are `bertforge.train.sweep`.
 
 A fine-tuned model directory holds the model (config.json with the label map, model.safetensors), the
 tokenizer, `task.json` (task name, options, labels, sequence length), `metrics.json` (best dev scores and
@@ -16,10 +17,8 @@ import json
 import math
 import os
 import shutil
-import statistics
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,32 +27,26 @@ import torch
 from torch import nn
 
 from bertforge.checkpoint import unwrap
+from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
-from bertforge.heads import (
-    BertForMultipleChoice,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
+from bertforge.io import atomic_dir, write_json
+from bertforge.tasks import collate, get_task
+from bertforge.tasks.runner import (
+    MODEL_FOR_KIND,
+    MODEL_INPUTS,
+    TASK_FILE,
+    assemble_outputs,
+    evaluate_examples,  # noqa: F401 (bench/finetune.py imports it from here)
+    feature_length,
+    load_task_model,  # noqa: F401 (bench/finetune.py imports it from here)
+    per_feature_outputs,
 )
-from bertforge.io import atomic_dir, atomic_path, write_json
+from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
-from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, _to_device, write_run_config
+from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, write_run_config
+from bertforge.train.report import plot_metrics
 
-MODEL_FOR_KIND = {
-    "classification": BertForSequenceClassification,
-    "regression": BertForSequenceClassification,
-    "token_classification": BertForTokenClassification,
-    "question_answering": BertForQuestionAnswering,
-    "multiple_choice": BertForMultipleChoice,
-}
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 TARGETS = ("labels", "start_positions", "end_positions")
-TASK_FILE = "task.json"
-
-
-def _length(feature: dict) -> int:
-    ids = feature["input_ids"]
-    return max(len(s) for s in ids) if ids and isinstance(ids[0], list) else len(ids)
 
 
 class FeatureBatches:
@@ -68,7 +61,7 @@ class FeatureBatches:
                  group_by_length: bool = True):
         self.features, self.pad_id, self.seed = list(features), pad_id, seed
         self.rank, self.world_size, self.group = rank, world_size, group_by_length
-        self.lengths = np.array([_length(f) for f in self.features])
+        self.lengths = np.array([feature_length(f) for f in self.features])
 
     def epoch_batches(self, epoch: int, size: int) -> list[np.ndarray]:
         rng = np.random.default_rng([self.seed, epoch])
@@ -96,8 +89,6 @@ class _FeatureIterator:
         return self
 
     def __next__(self) -> dict:
-        from bertforge.tasks import collate
-
         s = self.source
         while True:
             epoch, k = self.position["epoch"], self.position["batch"]
@@ -129,114 +120,10 @@ class TaskObjective:
         return {"loss": model(**batch).loss}
 
 
-def run_model(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int = 64,
-              device: torch.device | None = None) -> Any:
-    """The head's outputs for every feature, in feature order, with no work on padding beyond each
-    length-sorted batch's longest: (N, L) logits, (N, C) for multiple choice, a list of (T_i, L) arrays for
-    tagging, and (start list, end list) of (T_i,) arrays for QA."""
-    return _assemble(_per_feature_outputs(model, features, pad_id, batch_size=batch_size, device=device))
-
-
-@torch.no_grad()
-def _per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int,
-                         device: torch.device | None) -> list[Any]:
-    """`run_model`'s outputs as one item per feature: a logits array, or a (start, end) pair for QA."""
-    from bertforge.tasks import collate
-
-    model.eval()
-    device = device or next(model.parameters()).device
-    lengths = np.array([_length(f) for f in features])
-    order = np.argsort(-lengths, kind="stable")
-    results: list[Any] = [None] * len(features)
-    for i in range(0, len(order), batch_size):
-        idx = order[i:i + batch_size]
-        batch = collate([features[j] for j in idx], pad_id)
-        # pinned, non-blocking copies on CUDA; a mask without padding stays on the host and is dropped
-        inputs = _to_device({k: batch[k] for k in MODEL_INPUTS}, device)
-        out = model(**inputs)
-        if isinstance(out, tuple) or hasattr(out, "start_logits"):
-            start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
-            for row, j in enumerate(idx):
-                results[j] = (start[row, :lengths[j]], end[row, :lengths[j]])
-        elif out.logits.ndim == 3:
-            logits = out.logits.float().cpu().numpy()
-            for row, j in enumerate(idx):
-                results[j] = logits[row, :lengths[j]]
-        else:
-            logits = out.logits.float().cpu().numpy()
-            for row, j in enumerate(idx):
-                results[j] = logits[row]
-    return results
-
-
-def _assemble(results: list[Any]) -> Any:
-    if results and isinstance(results[0], tuple):
-        return [r[0] for r in results], [r[1] for r in results]
-    if results and results[0].ndim == 1:
-        return np.stack(results)
-    return results
-
-
 def _jsonable(predictions: Any) -> Any:
     if isinstance(predictions, np.ndarray):
         return predictions.tolist()
     return predictions
-
-
-@dataclass
-class TaskModel:
-    """A fine-tuned model with everything needed to use it."""
-
-    task: Any
-    model: nn.Module
-    tokenizer: Any
-    max_length: int
-    spec: dict = field(default_factory=dict)
-
-
-def load_task_model(path: str | Path, *, device: str | None = None) -> TaskModel:
-    """Load a fine-tuned model directory (written by `finetune`)."""
-    from bertforge.tasks import get_task
-    from bertforge.tokenizer import Tokenizer
-
-    path = Path(path)
-    spec_path = path / TASK_FILE
-    if not spec_path.is_file():
-        raise BertforgeError(f"{path} has no {TASK_FILE}: it is not a fine-tuned model; pass the --out "
-                             f"directory of `bertforge finetune`")
-    spec = json.loads(spec_path.read_text())
-    task = get_task(spec["task"], **spec.get("options", {}))
-    if spec.get("labels") is not None:
-        task.labels = list(spec["labels"])
-    model_cls = MODEL_FOR_KIND[task.kind]
-    model = model_cls.from_pretrained(path, verbose=False).to(distributed.pick_device(device)).eval()
-    tokenizer = Tokenizer.from_pretrained(path)
-    tokenizer.check_compatible(model.config)
-    return TaskModel(task, model, tokenizer, int(spec.get("max_length", task.max_length)), spec)
-
-
-def is_labelled(example: Any) -> bool:
-    """Does the example carry a gold answer to score against?"""
-    from bertforge.tasks import QAExample, TaggedExample
-
-    if isinstance(example, QAExample):
-        return bool(example.answers)
-    if isinstance(example, TaggedExample):
-        return example.tags is not None
-    return example.label is not None
-
-
-def evaluate_examples(tm: TaskModel, examples: Sequence, *, batch_size: int = 64) -> tuple[dict[str, float], Any]:
-    """(metrics, predictions) of a task model on examples. Metrics are {} when no example has a gold answer
-    (a test split): then only the predictions are made."""
-    labelled = any(is_labelled(ex) for ex in examples)
-    label_map = tm.task.label_map() if tm.task.labels else None
-    features = tm.task.features(examples, tm.tokenizer, tm.max_length, label_map)
-    outputs = run_model(tm.model, features, tm.tokenizer.pad_id, batch_size=batch_size)
-    predictions = tm.task.decode(examples, features, outputs)
-    if not labelled:
-        return {}, predictions
-    return tm.task.metric(predictions, tm.task.references(examples)), predictions
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -284,9 +171,6 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
 
     Every input is read and checked before training starts; `out` appears (or is replaced) only when the
     run has finished, see the module docstring."""
-    from bertforge.tasks import get_task
-    from bertforge.tokenizer import Tokenizer
-
     o = options or FinetuneOptions()
     out = Path(out)
     check_out_dir(out)
@@ -318,8 +202,6 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
                                      "task": task.name,
                                      "id2label": dict(enumerate(labels)) if labels else None}
         if o.from_scratch:
-            from bertforge.config import BertConfig
-
             torch.manual_seed(o.seed)
             model = model_cls(BertConfig.from_json(init).replace(**overrides))
         else:
@@ -372,8 +254,8 @@ def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, de
         # each rank runs its share of the features; every rank decodes and scores all of them (cheap next to
         # the forward passes), so all return the figures of one process
         mine = [dev_features[i] for i in distributed.shard(len(dev_features), d)]
-        local = _per_feature_outputs(m, mine, tokenizer.pad_id, batch_size=o.eval_batch_size, device=d.device)
-        outputs = _assemble(distributed.unshard(distributed.gather_objects(local, d), len(dev_features)))
+        local = per_feature_outputs(m, mine, tokenizer.pad_id, batch_size=o.eval_batch_size, device=d.device)
+        outputs = assemble_outputs(distributed.unshard(distributed.gather_objects(local, d), len(dev_features)))
         predictions = task.decode(dev, dev_features, outputs)
         scores = task.metric(predictions, task.references(dev))
         last_eval.update(predictions=predictions, scores=scores)
@@ -408,85 +290,5 @@ def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, de
         for name in ("best", "checkpoints", "last"):
             shutil.rmtree(work / name, ignore_errors=True)
         write_json(work / "metrics.json", result)
-        from bertforge.train.report import plot_metrics
-
         plot_metrics(work / "metrics.jsonl", work / "training_curves.png")
     return result
-
-
-PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
-
-
-def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
-                  task_options: dict | None = None, options: FinetuneOptions | None = None, grid: bool = False,
-                  seeds: int = 1) -> dict:
-    """The paper's grid (batch x lr x epochs, best mean dev score) and/or several seeds (mean and sample
-    standard deviation reported). Each run goes to `out/runs/<settings>-seed<N>/`; the best run of the best
-    settings is copied to `out` with a `metrics.json` holding every run's scores. Only that run keeps its
-    weights (the others keep their metrics and predictions), so a grid costs the disk of one model."""
-    if seeds < 1:
-        raise BertforgeError(f"--seeds {seeds} must be at least 1")
-    base = options or FinetuneOptions()
-    out = Path(out)
-    check_out_dir(out)
-    combos = [dict(batch_size=b, lr=lr, epochs=e) for b in PAPER_GRID["batch_size"] for lr in PAPER_GRID["lr"]
-              for e in PAPER_GRID["epochs"]] if grid else [{}]
-    out.mkdir(parents=True, exist_ok=True)
-    write_run_config(out, command="finetune", task=task_name, task_options=task_options or {}, data=str(data),
-                     init=str(init), options=base, grid=combos if grid else None, seeds=seeds)
-    runs: list[dict] = []
-    best: dict | None = None
-    for combo in combos:
-        per_seed = []
-        for s in range(seeds):
-            opts = FinetuneOptions(**{**base.__dict__, **combo, "seed": base.seed + s})
-            name = "-".join(f"{k}{v}" for k, v in combo.items()) or "run"
-            run_dir = out / "runs" / f"{name}-seed{opts.seed}"
-            result = finetune(task_name, data, init, run_dir, task_options=task_options, options=opts)
-            per_seed.append({"dir": str(run_dir), "seed": opts.seed, **combo, "metrics": result["metrics"]})
-        main = result["main_metric"]
-        keys = list(per_seed[0]["metrics"])
-        summary = {"settings": combo, "runs": per_seed, "main_metric": main,
-                   "mean": {k: statistics.fmean(r["metrics"][k] for r in per_seed) for k in keys},
-                   "std": {k: statistics.stdev([r["metrics"][k] for r in per_seed]) if len(per_seed) > 1 else 0.0
-                           for k in keys},
-                   "best_run": max(per_seed, key=lambda r: r["metrics"][main])}
-        runs.append(summary)
-        if best is None or summary["mean"][main] > best["mean"][main]:
-            best = summary
-        for r in (r for summary in runs for r in summary["runs"]):  # keep one model's weights on disk
-            if r is not best["best_run"]:
-                Path(r["dir"], "model.safetensors").unlink(missing_ok=True)
-    assert best is not None
-    main = best["main_metric"]
-    for f in Path(best["best_run"]["dir"]).iterdir():
-        if f.is_file() and f.name not in ("metrics.json", "run_config.json"):  # ours describe the grid
-            with atomic_path(out / f.name) as tmp:
-                shutil.copyfile(f, tmp)
-    report = {"task": task_name, "main_metric": main, "best_settings": best["settings"], "best": best,
-              "all": runs, "metrics": best["best_run"]["metrics"]}
-    write_json(out / "metrics.json", report)  # last: its presence marks a finished run
-    return report
-
-
-def finetune_scored(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
-                    options: FinetuneOptions, task_options: dict | None = None) -> dict:
-    """`finetune`, then the kept (best dev) model scored on the test split when it has labels. Returns
-    {"dev": dev metrics, "test": test metrics or None, "seconds": wall time}; a finished `out` is read back,
-    not trained again."""
-    out = Path(out)
-    record_file = out / "scores.json"
-    if record_file.is_file():
-        return json.loads(record_file.read_text())
-    start = time.perf_counter()
-    result = finetune(task_name, data, init, out, task_options=task_options, options=options)
-    tm = load_task_model(out, device=options.device)
-    try:
-        test = tm.task.read(data, "test")
-    except BertforgeError:  # no test split
-        test = []
-    test_metrics = evaluate_examples(tm, test)[0] if test else {}
-    record = {"dev": result["metrics"], "test": test_metrics or None,
-              "seconds": round(time.perf_counter() - start, 1)}
-    write_json(record_file, record)
-    return record

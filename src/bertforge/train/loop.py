@@ -30,12 +30,13 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from bertforge.checkpoint import load_state, read_weights, unwrap
+from bertforge.device import pick_device, to_device
 from bertforge.errors import BertforgeError
 from bertforge.io import MetricsLog, atomic_dir, read_jsonl, write_json, write_text
 from bertforge.train import distributed
-from bertforge.train.memory import keep_freed_memory
 from bertforge.train.optim import build_optimizer, build_scheduler
 
 STATE_FILE = "trainer_state.pt"
@@ -148,27 +149,6 @@ def autocast(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
-def _to_device(batch: dict, device: torch.device) -> dict:
-    """A micro-batch on `device`. On CUDA each tensor is copied from pinned host memory with `non_blocking`, so
-    the copies of all micro-batches of a step are queued without waiting (from pageable memory a
-    `non_blocking` copy is synchronous); the pinned buffers are not reused before their copies end (PyTorch's
-    host allocator records the copy's stream). On the CPU the batch is returned as it is.
-
-    An attention mask without padding stays on the host, so the model drops it (`attention_mask_for_sdpa`
-    checks a host mask for free; on the device that check would wait for the GPU) and SDPA takes its unmasked
-    kernels; the host mask still gives `_step` its token count without a device sync."""
-    if device.type == "cpu":
-        return batch
-    out = {}
-    for k, v in batch.items():
-        stays = (not isinstance(v, torch.Tensor) or v.device == device
-                 or (k == "attention_mask" and v.device.type == "cpu" and bool(v.all())))
-        if not stays and device.type == "cuda" and v.device.type == "cpu" and not v.is_pinned():
-            v = v.pin_memory()
-        out[k] = v if stays else v.to(device, non_blocking=True)
-    return out
-
-
 def _rng_state() -> dict:
     """This process's random number generators; a checkpoint holds one per rank (dropout masks differ by rank)."""
     state = {"torch": torch.get_rng_state()}
@@ -210,7 +190,7 @@ class Trainer:
         self.final_dir = Path(final_dir) if final_dir is not None else self.out_dir
         self.evaluate_fn, self.resume = evaluate, resume
         self.save_model_fn = save_model or (lambda m, path: unwrap(m).save_pretrained(path))
-        self.dist = dist or distributed.Dist(device=distributed.pick_device(config.device))
+        self.dist = dist or distributed.Dist(device=pick_device(config.device))
         self.on_log = on_log
         self.micro, self.accum = config.accumulation(self.dist.world_size)
         self.precision = resolve_precision(config.precision, self.dist.device)
@@ -284,8 +264,6 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg, d = self.config, self.dist
-        if d.device.type == "cpu":
-            keep_freed_memory()  # ~15% faster steps for base-sized activations; see memory.py
         torch.manual_seed(cfg.seed + d.rank)
         self.model.to(d.device)
         self.optimizer = build_optimizer(self.model, name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -352,7 +330,7 @@ class Trainer:
     def _step(self, model: nn.Module, batches: Iterator[dict]) -> tuple[dict[str, float], int]:
         """One optimizer step over `accum` micro-batches; returns the global mean of each loss term."""
         d = self.dist
-        parts = [_to_device(next(batches), d.device) for _ in range(self.accum)]
+        parts = [to_device(next(batches), d.device) for _ in range(self.accum)]
         local = [self.objective.counts(b) for b in parts]
         names = list(local[0])
         tokens = sum(int(b["attention_mask"].sum()) for b in parts if "attention_mask" in b)
@@ -441,8 +419,6 @@ def _progress(cfg: LoopConfig, start: int, enabled: bool):
     if not (enabled and cfg.progress):
         yield None
         return
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     try:
         yield bar
@@ -452,8 +428,8 @@ def _progress(cfg: LoopConfig, start: int, enabled: bool):
 
 def _tensorboard(out_dir: Path):
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # tensorboard is optional
+        from torch.utils.tensorboard import SummaryWriter  # here: tensorboard is an optional dependency
+    except Exception:  # not installed: no event files
         return None
     return SummaryWriter(log_dir=str(out_dir / "tensorboard"))
 

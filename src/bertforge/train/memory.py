@@ -4,10 +4,17 @@ glibc serves large requests (above 32 MB at most) with fresh mmap pages and retu
 training step pays page faults and kernel zeroing for each big activation (a base model's 32 x 128 x 3072
 GELU input is 48 MB). Measured here: a (4096 x 768) @ (768 x 3072) matmul runs at 153 GFLOP/s into a new
 output and 180 into a reused one; transformers' `base` pretraining step runs 17% faster under it
-(bench/pretrain_step.py: 214 -> 250 tokens/s). PyTorch's CUDA allocator caches for the same reason. The
-setting is process-wide: freed memory stays with the process (its resident size stays near its peak), so it
-is made by the training commands, not by inference. Set BERTFORGE_SYSTEM_MALLOC=1 to leave the allocator
-alone.
+(bench/pretrain_step.py: 214 -> 250 tokens/s), and a budget's timed steps run ~40% slower without it. PyTorch's
+CUDA allocator caches for the same reason.
+
+The setting is process-wide: freed memory stays with the process (its resident size stays near its peak), so
+no library function makes it. The `bertforge` training commands (pretrain, finetune, demo) apply it before
+they start (`bertforge.cli.main`); a Python user opts in with one call before training:
+
+    from bertforge.train.memory import keep_freed_memory
+    keep_freed_memory()
+
+Set BERTFORGE_SYSTEM_MALLOC=1 to leave the allocator alone (the call then does nothing).
 """
 
 from __future__ import annotations

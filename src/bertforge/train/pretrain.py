@@ -16,6 +16,7 @@ from torch import nn
 
 from bertforge.checkpoint import unwrap
 from bertforge.config import PRESETS, BertConfig
+from bertforge.data.loader import PretrainingData
 from bertforge.errors import BertforgeError
 from bertforge.heads import IGNORE_INDEX, BertForPreTraining
 from bertforge.tokenizer import Tokenizer
@@ -31,6 +32,7 @@ from bertforge.train.loop import (
     write_run_config,
 )
 from bertforge.train.recipe import Recipe
+from bertforge.train.report import plot_metrics
 from bertforge.train.rundir import check_resume, claim_run_dir
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
@@ -161,8 +163,6 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
     steps that end at that wall time (see budget.py), with `warmup_fraction` of them as warmup (None: keep
     `loop.warmup_steps`); `recipe` is recorded in run_config.json.
     """
-    from bertforge.data.loader import PretrainingData
-
     started = time.perf_counter()
     opts = data_options or DataOptions()
     d = distributed.setup(loop.device)
@@ -277,8 +277,6 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
                           save_model=save_model, dist=d, resume=resume)
         result = trainer.run()
         if d.is_main:
-            from bertforge.train.report import plot_metrics
-
             plot_metrics(out_dir / "metrics.jsonl", out_dir / "training_curves.png")
             if plan is not None:
                 took = (time.perf_counter() - started) / 60

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 from bertforge.io import atomic_path, read_jsonl
 
 _TRAIN_KEYS = ("loss", "mlm_loss", "nsp_loss")
@@ -12,17 +14,13 @@ _TRAIN_KEYS = ("loss", "mlm_loss", "nsp_loss")
 def plot_metrics(metrics_path: str | Path, png_path: str | Path) -> Path | None:
     """Training losses on the left, evaluation metrics on the right. Returns the PNG path, or None if the
     log is empty."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     records = read_jsonl(metrics_path) if Path(metrics_path).is_file() else []
     train = [r for r in records if r.get("split") == "train"]
     evals = [r for r in records if r.get("split") == "eval"]
     if not train and not evals:
         return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))  # not pyplot: no global backend or figure registry is touched
+    left, right = fig.subplots(1, 2)
     for key in _TRAIN_KEYS:
         points = [(r["step"], r[key]) for r in train if key in r]
         if points:
@@ -46,5 +44,4 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path) -> Path | None:
     png_path = Path(png_path)
     with atomic_path(png_path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
     return png_path

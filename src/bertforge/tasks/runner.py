@@ -1,0 +1,145 @@
+"""A fine-tuned task model, loaded from its directory and run in batches: what `evaluate`, `predict`,
+`export` and the fine-tuning loop's dev evaluation share.
+
+A fine-tuned model directory holds the model (config.json with the label map, model.safetensors), the
+tokenizer and `task.json` (task name, options, labels, sequence length); `bertforge.train.finetune` writes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertforge.device import pick_device, to_device
+from bertforge.errors import BertforgeError
+from bertforge.heads import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bertforge.tasks.base import QAExample, TaggedExample, Task
+from bertforge.tasks.features import collate
+from bertforge.tasks.registry import get_task
+from bertforge.tokenizer import Tokenizer
+
+MODEL_FOR_KIND = {
+    "classification": BertForSequenceClassification,
+    "regression": BertForSequenceClassification,
+    "token_classification": BertForTokenClassification,
+    "question_answering": BertForQuestionAnswering,
+    "multiple_choice": BertForMultipleChoice,
+}
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+TASK_FILE = "task.json"
+
+
+def feature_length(feature: dict) -> int:
+    """Tokens of a feature; of its longest choice for multiple choice."""
+    ids = feature["input_ids"]
+    return max(len(s) for s in ids) if ids and isinstance(ids[0], list) else len(ids)
+
+
+def run_model(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int = 64,
+              device: torch.device | None = None) -> Any:
+    """The head's outputs for every feature, in feature order, with no work on padding beyond each
+    length-sorted batch's longest: (N, L) logits, (N, C) for multiple choice, a list of (T_i, L) arrays for
+    tagging, and (start list, end list) of (T_i,) arrays for QA."""
+    return assemble_outputs(per_feature_outputs(model, features, pad_id, batch_size=batch_size, device=device))
+
+
+@torch.no_grad()
+def per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int,
+                        device: torch.device | None) -> list[Any]:
+    """`run_model`'s outputs as one item per feature: a logits array, or a (start, end) pair for QA."""
+    model.eval()
+    device = device or next(model.parameters()).device
+    lengths = np.array([feature_length(f) for f in features])
+    order = np.argsort(-lengths, kind="stable")
+    results: list[Any] = [None] * len(features)
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        batch = collate([features[j] for j in idx], pad_id)
+        # pinned, non-blocking copies on CUDA; a mask without padding stays on the host and is dropped
+        inputs = to_device({k: batch[k] for k in MODEL_INPUTS}, device)
+        out = model(**inputs)
+        if isinstance(out, tuple) or hasattr(out, "start_logits"):
+            start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+            for row, j in enumerate(idx):
+                results[j] = (start[row, :lengths[j]], end[row, :lengths[j]])
+        elif out.logits.ndim == 3:
+            logits = out.logits.float().cpu().numpy()
+            for row, j in enumerate(idx):
+                results[j] = logits[row, :lengths[j]]
+        else:
+            logits = out.logits.float().cpu().numpy()
+            for row, j in enumerate(idx):
+                results[j] = logits[row]
+    return results
+
+
+def assemble_outputs(results: list[Any]) -> Any:
+    """`per_feature_outputs`' items in `run_model`'s shape."""
+    if results and isinstance(results[0], tuple):
+        return [r[0] for r in results], [r[1] for r in results]
+    if results and results[0].ndim == 1:
+        return np.stack(results)
+    return results
+
+
+@dataclass
+class TaskModel:
+    """A fine-tuned model with everything needed to use it."""
+
+    task: Task
+    model: nn.Module
+    tokenizer: Tokenizer
+    max_length: int
+    spec: dict = field(default_factory=dict)
+
+
+def load_task_model(path: str | Path, *, device: str | None = None) -> TaskModel:
+    """Load a fine-tuned model directory (written by `finetune`)."""
+    path = Path(path)
+    spec_path = path / TASK_FILE
+    if not spec_path.is_file():
+        raise BertforgeError(f"{path} has no {TASK_FILE}: it is not a fine-tuned model; pass the --out "
+                             f"directory of `bertforge finetune`")
+    spec = json.loads(spec_path.read_text())
+    task = get_task(spec["task"], **spec.get("options", {}))
+    if spec.get("labels") is not None:
+        task.labels = list(spec["labels"])
+    model_cls = MODEL_FOR_KIND[task.kind]
+    model = model_cls.from_pretrained(path, verbose=False).to(pick_device(device)).eval()
+    tokenizer = Tokenizer.from_pretrained(path)
+    tokenizer.check_compatible(model.config)
+    return TaskModel(task, model, tokenizer, int(spec.get("max_length", task.max_length)), spec)
+
+
+def is_labelled(example: Any) -> bool:
+    """Does the example carry a gold answer to score against?"""
+    if isinstance(example, QAExample):
+        return bool(example.answers)
+    if isinstance(example, TaggedExample):
+        return example.tags is not None
+    return example.label is not None
+
+
+def evaluate_examples(tm: TaskModel, examples: Sequence, *, batch_size: int = 64) -> tuple[dict[str, float], Any]:
+    """(metrics, predictions) of a task model on examples. Metrics are {} when no example has a gold answer
+    (a test split): then only the predictions are made."""
+    labelled = any(is_labelled(ex) for ex in examples)
+    label_map = tm.task.label_map() if tm.task.labels else None
+    features = tm.task.features(examples, tm.tokenizer, tm.max_length, label_map)
+    outputs = run_model(tm.model, features, tm.tokenizer.pad_id, batch_size=batch_size)
+    predictions = tm.task.decode(examples, features, outputs)
+    if not labelled:
+        return {}, predictions
+    return tm.task.metric(predictions, tm.task.references(examples)), predictions

@@ -1,0 +1,93 @@
+"""Sweeps of fine-tuning runs: the paper's grid (batch size x learning rate x epochs) and several seeds, and
+one run scored on the test split. Each run is `bertforge.train.finetune.finetune`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from bertforge.errors import BertforgeError
+from bertforge.io import atomic_path, write_json
+from bertforge.tasks.runner import evaluate_examples, load_task_model
+from bertforge.train.finetune import FinetuneOptions, check_out_dir, finetune
+from bertforge.train.loop import write_run_config
+
+PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
+
+
+def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
+                  task_options: dict | None = None, options: FinetuneOptions | None = None, grid: bool = False,
+                  seeds: int = 1) -> dict:
+    """The paper's grid (batch x lr x epochs, best mean dev score) and/or several seeds (mean and sample
+    standard deviation reported). Each run goes to `out/runs/<settings>-seed<N>/`; the best run of the best
+    settings is copied to `out` with a `metrics.json` holding every run's scores. Only that run keeps its
+    weights (the others keep their metrics and predictions), so a grid costs the disk of one model."""
+    if seeds < 1:
+        raise BertforgeError(f"--seeds {seeds} must be at least 1")
+    base = options or FinetuneOptions()
+    out = Path(out)
+    check_out_dir(out)
+    combos = [dict(batch_size=b, lr=lr, epochs=e) for b in PAPER_GRID["batch_size"] for lr in PAPER_GRID["lr"]
+              for e in PAPER_GRID["epochs"]] if grid else [{}]
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_config(out, command="finetune", task=task_name, task_options=task_options or {}, data=str(data),
+                     init=str(init), options=base, grid=combos if grid else None, seeds=seeds)
+    runs: list[dict] = []
+    best: dict | None = None
+    for combo in combos:
+        per_seed = []
+        for s in range(seeds):
+            opts = FinetuneOptions(**{**base.__dict__, **combo, "seed": base.seed + s})
+            name = "-".join(f"{k}{v}" for k, v in combo.items()) or "run"
+            run_dir = out / "runs" / f"{name}-seed{opts.seed}"
+            result = finetune(task_name, data, init, run_dir, task_options=task_options, options=opts)
+            per_seed.append({"dir": str(run_dir), "seed": opts.seed, **combo, "metrics": result["metrics"]})
+        main = result["main_metric"]
+        keys = list(per_seed[0]["metrics"])
+        summary = {"settings": combo, "runs": per_seed, "main_metric": main,
+                   "mean": {k: statistics.fmean(r["metrics"][k] for r in per_seed) for k in keys},
+                   "std": {k: statistics.stdev([r["metrics"][k] for r in per_seed]) if len(per_seed) > 1 else 0.0
+                           for k in keys},
+                   "best_run": max(per_seed, key=lambda r: r["metrics"][main])}
+        runs.append(summary)
+        if best is None or summary["mean"][main] > best["mean"][main]:
+            best = summary
+        for r in (r for summary in runs for r in summary["runs"]):  # keep one model's weights on disk
+            if r is not best["best_run"]:
+                Path(r["dir"], "model.safetensors").unlink(missing_ok=True)
+    assert best is not None
+    main = best["main_metric"]
+    for f in Path(best["best_run"]["dir"]).iterdir():
+        if f.is_file() and f.name not in ("metrics.json", "run_config.json"):  # ours describe the grid
+            with atomic_path(out / f.name) as tmp:
+                shutil.copyfile(f, tmp)
+    report = {"task": task_name, "main_metric": main, "best_settings": best["settings"], "best": best,
+              "all": runs, "metrics": best["best_run"]["metrics"]}
+    write_json(out / "metrics.json", report)  # last: its presence marks a finished run
+    return report
+
+
+def finetune_scored(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
+                    options: FinetuneOptions, task_options: dict | None = None) -> dict:
+    """`finetune`, then the kept (best dev) model scored on the test split when it has labels. Returns
+    {"dev": dev metrics, "test": test metrics or None, "seconds": wall time}; a finished `out` is read back,
+    not trained again."""
+    out = Path(out)
+    record_file = out / "scores.json"
+    if record_file.is_file():
+        return json.loads(record_file.read_text())
+    start = time.perf_counter()
+    result = finetune(task_name, data, init, out, task_options=task_options, options=options)
+    tm = load_task_model(out, device=options.device)
+    try:
+        test = tm.task.read(data, "test")
+    except BertforgeError:  # no test split
+        test = []
+    test_metrics = evaluate_examples(tm, test)[0] if test else {}
+    record = {"dev": result["metrics"], "test": test_metrics or None,
+              "seconds": round(time.perf_counter() - start, 1)}
+    write_json(record_file, record)
+    return record
