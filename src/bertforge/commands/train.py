@@ -14,6 +14,7 @@ the first, then start the second from the first's model with --init:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from bertforge.commands.base import (
@@ -146,6 +147,8 @@ def run_pretrain(args: PretrainArgs) -> int:
     except TrainingInterrupted as e:
         print(str(e))
         return 130
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports, as only it writes
+        return 0
     if result.final_metrics:
         print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in result.final_metrics.items()))
     print(f"model saved to {result.out_dir}")
