@@ -28,9 +28,14 @@ With --precision bf16 every side runs under bf16 autocast (as `bertforge pretrai
 one more side, ours in fp32 (freed memory kept), shows what bf16 itself is worth (on a CPU it pays where the
 CPU has bf16 instructions, AVX512-BF16 or AMX). MFU stays relative to the fp32 matmul peak.
 
+With --compile one more side, ours with the encoder compiled (`compile_encoder`, as `bertforge pretrain
+--compile`; freed memory kept), is timed against ours eager; its cold start (the first step, which compiles) is
+printed on its own line and is not part of the timed steps.
+
     .venv/bin/python bench/pretrain_step.py                     # tiny mini small base
     .venv/bin/python bench/pretrain_step.py --presets mini --steps 20
     .venv/bin/python bench/pretrain_step.py --presets mini small --precision bf16
+    .venv/bin/python bench/pretrain_step.py --presets tiny mini --compile
 """
 
 from __future__ import annotations
@@ -92,15 +97,19 @@ def make_batch(V: int, B: int, T: int, seed: int = 0):
     return inputs, types, mask, labels, nsp
 
 
-def time_steps(step, steps: int, device: torch.device) -> float:
-    for _ in range(2):
-        step()
+def time_steps(step, steps: int, device: torch.device) -> tuple[float, float]:
+    """(seconds of the first step, which compiles when compiling, seconds per step after 2 warm-up steps)."""
+    start = time.perf_counter()
+    step()
+    sync(device)
+    cold = time.perf_counter() - start
+    step()
     sync(device)
     start = time.perf_counter()
     for _ in range(steps):
         step()
     sync(device)
-    return (time.perf_counter() - start) / steps
+    return cold, (time.perf_counter() - start) / steps
 
 
 # side -> (label, bertforge's model?, freed memory kept?)
@@ -110,11 +119,13 @@ SIDES = {
     "ref-kept": ("transformers, freed memory kept", False, True),
     "ours-kept": ("bertforge, freed memory kept", True, True),
     "ours-fp32": ("bertforge fp32, freed memory kept", True, True),  # only with --precision bf16
+    "ours-compiled": ("bertforge compiled, freed memory kept", True, True),  # only with --compile
 }
 
 
-def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: str, device: torch.device) -> float:
-    """Seconds per training step of one side of SIDES, in this process."""
+def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: str, device: torch.device
+                 ) -> tuple[float, float]:
+    """(cold first step, seconds per training step) of one side of SIDES, in this process."""
     import transformers
 
     _, ours, kept = SIDES[side]
@@ -132,6 +143,8 @@ def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: 
         ref.load_state_dict(to_hf_state_dict(model), strict=False)
         model = ref
     model = model.to(device)
+    if side == "ours-compiled":
+        model.compile_encoder()
     inputs, types, mask, labels, nsp = (t.to(device) for t in make_batch(config.vocab_size, B, T))
     opt = build_optimizer(model, lr=1e-4)
 
@@ -153,8 +166,10 @@ def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: 
 def bench(preset: str, steps: int, B: int, T: int, peak: float, args: argparse.Namespace) -> dict[str, list[float]]:
     """Tokens/s of each side per round; each side in a child process, interleaved over the rounds so drift in
     machine load hits all alike."""
-    sides = [s for s in SIDES if s != "ours-fp32" or args.precision == "bf16"]
+    optional = {"ours-fp32": args.precision == "bf16", "ours-compiled": args.compile}
+    sides = [s for s in SIDES if optional.get(s, True)]
     rates: dict[str, list[float]] = {side: [] for side in sides}
+    cold: list[float] = []
     for r in range(args.rounds):
         for side in sides[r % len(sides):] + sides[:r % len(sides)]:  # rotate: no side always first
             out = subprocess.run([sys.executable, __file__, "--child", side, "--presets", preset, "--steps",
@@ -163,8 +178,11 @@ def bench(preset: str, steps: int, B: int, T: int, peak: float, args: argparse.N
                                  capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
             if out.returncode:
                 sys.exit(f"{side} {preset} failed:\n{out.stderr}")
-            rates[side].append(B * T / float(out.stdout.split()[-1]))
-    return rates
+            first, seconds = map(float, out.stdout.split()[-2:])
+            rates[side].append(B * T / seconds)
+            if side == "ours-compiled":
+                cold.append(first)
+    return rates, cold
 
 
 def main() -> None:
@@ -177,11 +195,12 @@ def main() -> None:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: every side under bf16 autocast, plus ours in fp32 for comparison")
     p.add_argument("--device", default="cpu", help="where every side runs (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--compile", action="store_true", help="also time ours with the encoder compiled")
     p.add_argument("--child", choices=list(SIDES), help=argparse.SUPPRESS)  # internal: time one side
     args = p.parse_args()
     device = pin_device(args.device)
     if args.child:
-        print(side_seconds(args.child, args.presets[0], args.steps, args.batch, args.seq, args.precision, device))
+        print(*side_seconds(args.child, args.presets[0], args.steps, args.batch, args.seq, args.precision, device))
         return
     import transformers
 
@@ -191,14 +210,14 @@ def main() -> None:
           f"{args.precision}; median (min-max) over {args.rounds} rounds")
     for preset in args.presets:
         steps = args.steps if preset != "base" else max(2, args.steps // 3)
-        rates = bench(preset, steps, args.batch, args.seq, peak, args)
+        rates, cold = bench(preset, steps, args.batch, args.seq, peak, args)
         config = BertConfig.from_preset(preset)
         _, _, _, labels, _ = make_batch(config.vocab_size, args.batch, args.seq)
         flops = model_flops_per_step(config, args.batch, args.seq, int((labels != -100).sum()))
         print(f"\n{preset}: tokens/s, median (min-max); MFU at the median")
         for side, values in rates.items():
             mfu = flops * statistics.median(values) / (args.batch * args.seq) / 1e9 / peak
-            print(f"  {SIDES[side][0]:<34} {spread(values, ',.0f'):>26}  MFU {mfu:6.1%}")
+            print(f"  {SIDES[side][0]:<38} {spread(values, ',.0f'):>26}  MFU {mfu:6.1%}")
         print(f"  bertforge vs transformers, same allocator (headline): "
               f"{ratio(rates['ours-kept'], rates['ref-kept']):.2f}x with freed memory kept, "
               f"{ratio(rates['ours-sys'], rates['ref-sys']):.2f}x with the system allocator")
@@ -206,6 +225,9 @@ def main() -> None:
               f"{ratio(rates['ours-kept'], rates['ref-sys']):.2f}x")
         if "ours-fp32" in rates:
             print(f"  bf16 autocast vs fp32, ours: {ratio(rates['ours-kept'], rates['ours-fp32']):.2f}x", flush=True)
+        if "ours-compiled" in rates:
+            print(f"  compiled vs eager, ours: {ratio(rates['ours-compiled'], rates['ours-kept']):.2f}x; cold start "
+                  f"(compile + first step, not timed above): {spread(cold, '.1f')} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,14 @@ prepared data with token ids past the vocabulary."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
+import os
 import random
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -345,3 +348,84 @@ def test_progress_into_a_file_is_whole_lines_at_an_interval():
     bar.update(3)
     bar.close()
     assert silent.getvalue() == ""
+
+
+def _labelled_csv(data: Path) -> Path:
+    data.mkdir()
+    rows = [f"{w} {v} words,{i % 2}\n" for i, (w, v) in enumerate(zip(WORDS, reversed(WORDS), strict=True))]
+    (data / "train.csv").write_text("text,label\n" + "".join(rows))  # 31 rows: 4 steps of 8
+    (data / "dev.csv").write_text("text,label\n" + "".join(rows[:10]))
+    return data
+
+
+def test_training_progress_into_a_log_file_has_no_carriage_returns(toy, tmp_path, capsys):
+    """Under pytest stderr is not a terminal: pretrain and finetune report plain lines (here the one at the
+    end), and finetune's --no-progress reports none."""
+    capsys.readouterr()
+    argv = [a for a in _pretrain(toy["data_a"], tmp_path / "run") if a != "--no-progress"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert "train: 6/6 (100%) steps" in err
+    data = _labelled_csv(tmp_path / "csv")
+    finetune = ["finetune", "--task", "csv", "--data", str(data), "--init", _model_dir(toy), "--epochs", "1",
+                "--batch-size", "8", "--device", "cpu"]
+    assert main([*finetune, "--out", str(tmp_path / "ft")]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert "train: 4/4 (100%) steps" in err
+    assert main([*finetune, "--out", str(tmp_path / "quiet"), "--no-progress"]) == 0
+    assert "train:" not in capsys.readouterr().err
+
+
+# -- files bertforge writes -----------------------------------------------------------------------------------
+
+def test_every_written_file_gets_the_mode_the_umask_gives(toy, tmp_path):
+    """Atomic writes go through a temporary file made 0600: the finished file must get 0666 & ~umask, like
+    every other file (config.json, model.safetensors and manifest.json were left 0600)."""
+    previous = os.umask(0o027)
+    try:
+        assert main(["prepare", "--corpus", str(toy["corpus"]), "--tokenizer", str(toy["data_a"] / "tokenizer"),
+                     "--out", str(tmp_path / "data"), "--max-seq-len", "32", "--val-fraction", "0.1",
+                     "--workers", "1", "--no-progress"]) == 0
+        assert main(_pretrain(tmp_path / "data", tmp_path / "run", steps=2)) == 0
+    finally:
+        os.umask(previous)
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode)
+             for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    for name in ("data/manifest.json", "run/config.json", "run/model.safetensors", "run/run_config.json",
+                 "run/vocab.txt", "run/checkpoints/step-2/model.safetensors"):
+        assert name in modes
+    assert {name: mode for name, mode in modes.items() if mode != 0o640} == {}
+
+
+def _killed_midway(out: Path) -> Path:
+    """What a `prepare` or `finetune` killed before it finished leaves beside --out: atomic_dir's temporary."""
+    stale = out.parent / f".{out.name}.k1ll3d_x.tmp"
+    (stale / ".parts").mkdir(parents=True)
+    (stale / ".parts" / "part-0.tokens").write_bytes(b"\0" * 64)
+    return stale
+
+
+def test_temporaries_of_a_killed_prepare_or_finetune_are_removed_by_the_next_run(toy, tmp_path):
+    data = tmp_path / "data"
+    stale = _killed_midway(data)
+    running = tmp_path / f".{data.name}.st1llrun.tmp"  # another process's, still writing: it holds the lock
+    running.mkdir()
+    fd = os.open(running, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    other = tmp_path / ".elsewhere.k1ll3d_x.tmp"  # beside another --out: not this run's
+    other.mkdir()
+    try:
+        assert main(["prepare", "--corpus", str(toy["corpus"]), "--tokenizer", str(toy["data_a"] / "tokenizer"),
+                     "--out", str(data), "--max-seq-len", "32", "--workers", "1", "--no-progress"]) == 0
+    finally:
+        os.close(fd)
+    assert not stale.exists() and running.is_dir() and other.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([data.name, running.name, other.name])
+    ft = tmp_path / "ft"
+    stale = _killed_midway(ft)
+    assert main(["finetune", "--task", "csv", "--data", str(_labelled_csv(tmp_path / "csv")), "--init",
+                 _model_dir(toy), "--out", str(ft), "--epochs", "0.3", "--batch-size", "8", "--device", "cpu",
+                 "--no-progress"]) == 0
+    assert not stale.exists() and (ft / "config.json").is_file()

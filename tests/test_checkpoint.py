@@ -214,3 +214,38 @@ def test_save_is_atomic_when_interrupted(tmp_path, monkeypatch):
         model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def _shard(model, directory, names: tuple[str, str]) -> dict:
+    """Save `model` as two safetensors files under `names` and an index naming them."""
+    model.save_pretrained(directory)
+    state = load_file(directory / "model.safetensors")
+    (directory / "model.safetensors").unlink()
+    keys = sorted(state)
+    halves = {names[0]: keys[: len(keys) // 2], names[1]: keys[len(keys) // 2:]}
+    for name, part in halves.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: state[k].contiguous() for k in part}, directory / name)
+    index = {"metadata": {}, "weight_map": {k: name for name, part in halves.items() for k in part}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    return state
+
+
+def test_a_sharded_index_loads_only_files_inside_the_model_directory(tmp_path):
+    model = tiny_ours()
+    inside = tmp_path / "inside"
+    _shard(model, inside, ("model-1.safetensors", "shards/model-2.safetensors"))
+    close(BertForPreTraining.from_pretrained(inside).state_dict(), model.state_dict())
+    escapes = ("../model-2.safetensors", str(tmp_path / "model-2.safetensors"), "shards/../../model-2.safetensors")
+    for i, escape in enumerate(escapes):  # each names a readable file: only the check stands in the way
+        directory = tmp_path / f"hostile{i}"
+        _shard(model, directory, ("model-1.safetensors", "shards/model-2.safetensors"))
+        (directory / "shards" / "model-2.safetensors").rename(tmp_path / "model-2.safetensors")
+        index = json.loads((directory / "model.safetensors.index.json").read_text())
+        index["weight_map"] = {k: escape if v.startswith("shards/") else v for k, v in index["weight_map"].items()}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(BertforgeError, match="names the weight file .*outside"):
+            BertForPreTraining.from_pretrained(directory)
+    (inside / "model.safetensors.index.json").write_text('{"weight_map": ["not", "a", "map"]}')
+    with pytest.raises(BertforgeError, match="is not a weights index"):
+        BertForPreTraining.from_pretrained(inside)

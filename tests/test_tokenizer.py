@@ -499,3 +499,24 @@ def test_fingerprint_is_vocabulary_order_and_casing(tmp_path):
     with pytest.raises(BertforgeError, match=f"{fingerprint(moved, True)}.*records {tok.fingerprint}"):
         Tokenizer.from_pretrained(tmp_path)
     assert Tokenizer.from_pretrained(tmp_path / "vocab.txt").vocab == moved  # a bare vocab.txt records nothing
+
+
+@pytest.mark.parametrize(("name", "what"), [("config.json", "a model"), ("model.safetensors", "a model"),
+                                            ("manifest.json", "prepared data")])
+def test_vocab_train_refuses_a_directory_with_a_model_or_data(tmp_path, capsys, name, what):
+    root = _corpus(tmp_path)
+    out = tmp_path / "holder"
+    out.mkdir()
+    (out / name).write_bytes(b"{}")
+    (out / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nkeep\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(["vocab", "train", "--corpus", str(root / "a.txt"), "--vocab-size", "100", "--min-frequency", "1",
+                 "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out} holds {what} ({name})") and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    tok = tmp_path / "tok"  # a tokenizer directory alone may be trained again
+    for _ in range(2):
+        assert main(["vocab", "train", "--corpus", str(root / "a.txt"), "--vocab-size", "100", "--min-frequency",
+                     "1", "--out", str(tok), "--no-progress"]) == 0

@@ -139,9 +139,8 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         else:
             index = path / f"{WEIGHTS_NAME}.index.json"
             if index.is_file():
-                files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
                 state: dict[str, torch.Tensor] = {}
-                for f in files:
+                for f in _indexed_files(index):
                     state.update(read_weights(path / f))
                 return state
             raise BertforgeError(f"no {WEIGHTS_NAME} or {LEGACY_WEIGHTS_NAME} in {path}; point to a model "
@@ -163,6 +162,25 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise BertforgeError(f"{path} does not hold a flat dictionary of tensors; is it a training "
                              f"checkpoint rather than a model? Load the model directory instead")
     return state
+
+
+def _indexed_files(index: Path) -> list[str]:
+    """The weight files a sharded checkpoint's index names, each refused unless it lies inside the index's
+    directory: a downloaded index must not make us read `../../elsewhere` or `/absolute/path`. The names are
+    resolved as written, not through symlinks, so a Hugging Face cache snapshot (files linking to ../blobs)
+    still loads."""
+    try:
+        files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise BertforgeError(f"{index} is not a weights index (JSON with a \"weight_map\" of tensor name to "
+                             f"file name); repair or remove it") from None
+    home = os.path.normpath(index.parent.absolute())
+    for f in files:
+        target = os.path.normpath(os.path.join(home, str(f)))
+        if target == home or os.path.commonpath([home, target]) != home:
+            raise BertforgeError(f"{index} names the weight file {f!r}, outside {index.parent}; a model "
+                                 f"directory's weights must lie inside it: the index is corrupt or hostile")
+    return files
 
 
 def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str = "checkpoint",

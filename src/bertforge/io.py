@@ -7,6 +7,7 @@ one, never half of one: write to a temporary name in the same directory, fsync, 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -65,6 +66,13 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _umask() -> int:
+    """The process umask (read by setting it, so set it straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it is renamed over `path`, on error removed."""
@@ -75,6 +83,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tmp)
     try:
         yield tmp
+        # mkstemp makes 0600 (and a writer may replace the file with its own): give it the mode open() would
+        os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -96,10 +106,36 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _lock_nowait(directory: Path) -> int | None:
+    """An open descriptor of `directory` holding an exclusive flock, or None when another process holds it."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary directories (`.NAME.*.tmp`) that `atomic_dir(path)` calls killed midway left
+    beside `path`; returns them. A temporary whose writer still runs is locked by it and kept."""
+    path = Path(path)
+    removed = []
+    with contextlib.suppress(OSError):  # no parent yet, or unreadable: nothing of ours to clean
+        for p in path.parent.iterdir():
+            if not (p.name.startswith(f".{path.name}.") and p.name.endswith(".tmp") and p.is_dir()
+                    and not p.is_symlink()):
+                continue
+            fd = _lock_nowait(p)
+            if fd is None:
+                continue
+            try:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+            finally:
+                os.close(fd)
+    return removed
 
 
 @contextlib.contextmanager
@@ -107,12 +143,16 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory beside `path`; on success it replaces `path` whole.
 
     An existing `path` is moved aside first and deleted only after the new one is in place, so a crash at
-    any moment leaves a complete directory under `path` or under its `.old` name.
+    any moment leaves a complete directory under `path` or under its `.old` name. The temporary is flocked
+    while in use; those a killed process left (unlocked: the system drops a dead process's locks) are removed
+    when the next `atomic_dir(path)` starts.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the finished directory the usual mode
+    lock = _lock_nowait(tmp)
     try:
         yield tmp
         old = path.with_name(f".{path.name}.old")
@@ -127,20 +167,25 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
 
 
 PLAIN_PROGRESS_SECONDS = 60.0  # between two plain progress lines: ~1.5k short lines a day, not 70 MB of frames
 
 
-def progress_reporter(total: int, *, desc: str, unit: str, enabled: bool = True,
+def progress_reporter(total: int, *, desc: str, unit: str, enabled: bool = True, initial: int = 0,
                       interval: float = PLAIN_PROGRESS_SECONDS, stream: Any = None) -> Any:
     """A progress reporter with tqdm's `update`, `set_postfix` and `close`: a tqdm bar when `stream` (stderr)
     is a terminal; otherwise one plain line every `interval` seconds and one at the end, since a bar's
-    carriage-return frames pile up into one endless line in a log file. `enabled=False`: silent."""
+    carriage-return frames pile up into one endless line in a log file. `enabled=False`: silent. `initial`:
+    units already done (a resumed run), counted in the total but not in the rate."""
     stream = sys.stderr if stream is None else stream
     if enabled and stream.isatty():
-        return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True, file=stream)
-    return PlainProgress(total, desc=desc, unit=unit, interval=interval, stream=stream if enabled else None)
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=unit == "B",
+                    dynamic_ncols=True, file=stream)
+    return PlainProgress(total, desc=desc, unit=unit, interval=interval, stream=stream if enabled else None,
+                         initial=initial)
 
 
 def _amount(n: float, unit: str) -> str:
@@ -157,9 +202,10 @@ class PlainProgress:
     """Progress as whole lines (`desc: n/total unit (p%), rate, postfix`), at most one per `interval` seconds;
     `stream=None` reports nothing."""
 
-    def __init__(self, total: int, *, desc: str, unit: str, interval: float, stream: Any):
+    def __init__(self, total: int, *, desc: str, unit: str, interval: float, stream: Any, initial: int = 0):
         self.total, self.desc, self.unit, self.interval, self.stream = total, desc, unit, interval, stream
-        self.n, self.postfix = 0, {}
+        self.n, self.postfix = initial, {}
+        self._initial = initial
         self._start = self._last = time.monotonic()
         self._shown = -1
 
@@ -186,7 +232,7 @@ class PlainProgress:
         if self.unit != "B":
             parts[0] += f" {self.unit}s"
         if seconds > 0:
-            rate = self.n / seconds
+            rate = (self.n - self._initial) / seconds
             parts.append(f"{_amount(rate, 'B')}/s" if self.unit == "B" else f"{rate:.3g} {self.unit}s/s")
         parts += [f"{k} {v}" for k, v in self.postfix.items()]
         print(", ".join(parts), file=self.stream, flush=True)

@@ -178,6 +178,16 @@ class BertPreTrainedModel(nn.Module):
             elif isinstance(module, BertSelfAttention):
                 module.dropout_p = p
 
+    def compile_encoder(self) -> None:
+        """torch.compile the encoder layers in place (where the time goes), with dynamic batch, length and
+        position counts, so batches of any shape reuse one graph (one more for a batch without padding, one for
+        evaluation). The embeddings, the mask and the heads stay eager: they read values that set shapes (the
+        masked positions, whether anything is padded), which would break the graph or recompile every step.
+        Eager behaviour is unchanged when this is not called; `state_dict` keys are unchanged when it is."""
+        for module in self.modules():
+            if isinstance(module, BertEncoder):
+                module.compile(dynamic=True)
+
     def _init_module(self, module: nn.Module) -> None:
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):

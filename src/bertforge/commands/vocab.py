@@ -44,6 +44,7 @@ def vocab_train(args: VocabTrainArgs) -> None:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise BertforgeError(f"--out {out} is a file; give a directory to write the vocabulary into")
+    _refuse_model_or_data(out)
     files = corpus_files(args.corpus)
     size = sum(f.stat().st_size for f in files)
     print(f"corpus: {len(files):,} file{'s' * (len(files) != 1)}, {size / 1e6:,.1f} MB")
@@ -67,6 +68,20 @@ def vocab_train(args: VocabTrainArgs) -> None:
     print(f"  tokens per word:    {summary['tokens_per_word']:.3f}")
     print(f"  [UNK] rate:         {summary['unk_rate']:.3%} of tokens")
     print(f"summary: {out}/vocab_summary.json")
+
+
+# a model directory's tokenizer must stay the one its weights were trained with; prepared data's, its tokens'
+HOLDERS = {"config.json": "a model", "model.safetensors": "a model", "pytorch_model.bin": "a model",
+           "model.safetensors.index.json": "a model", "manifest.json": "prepared data"}
+
+
+def _refuse_model_or_data(out) -> None:
+    from bertforge.errors import BertforgeError
+
+    for name, what in HOLDERS.items():
+        if (out / name).is_file():
+            raise BertforgeError(f"--out {out} holds {what} ({name}); a new vocabulary there would no longer "
+                                 f"match it: choose another directory")
 
 
 COMMANDS = [

@@ -30,12 +30,11 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from bertforge.checkpoint import load_state, read_weights, unwrap
 from bertforge.device import pick_device, to_device
 from bertforge.errors import BertforgeError
-from bertforge.io import MetricsLog, atomic_dir, read_jsonl, write_json, write_text
+from bertforge.io import MetricsLog, atomic_dir, progress_reporter, read_jsonl, write_json, write_text
 from bertforge.train import distributed
 from bertforge.train.optim import build_optimizer, build_scheduler
 
@@ -277,7 +276,13 @@ class Trainer:
                                  f"it with --init {self.out_dir} and a new --out")
         model = self.model
         if cfg.compile:
-            model = torch.compile(model)
+            # A model that knows which of its parts have data-dependent shapes compiles the rest itself (BERT: its
+            # encoder); any other model is compiled whole.
+            compile_parts = getattr(model, "compile_encoder", None)
+            if compile_parts is not None:
+                compile_parts()
+            else:
+                model = torch.compile(model)
         if d.enabled:
             model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
@@ -416,10 +421,11 @@ class _Window:
 
 @contextlib.contextmanager
 def _progress(cfg: LoopConfig, start: int, enabled: bool):
+    """A bar on a terminal, plain lines now and then when stderr is a log file (see `progress_reporter`)."""
     if not (enabled and cfg.progress):
         yield None
         return
-    bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    bar = progress_reporter(cfg.steps, initial=start, desc="train", unit="step")
     try:
         yield bar
     finally:
