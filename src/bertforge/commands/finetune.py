@@ -55,6 +55,7 @@ class FinetuneArgs:
     max_train_examples: int | None = arg(None, help="use only the first N training examples", bound=at_least(1))
     device: str | None = arg(None, help="cpu or cuda (default: cuda when available)")
     precision: str = precision_arg()
+    compile: bool = arg(False, help="torch.compile the encoder (dynamic shapes: one graph for every batch)")
     progress: bool = arg(True, help="show progress: a bar on a terminal, a plain line a minute in a log file "
                                     "(--no-progress: none; metrics.jsonl is written either way)")
 
@@ -87,7 +88,8 @@ def _finetune(args: FinetuneArgs) -> int:
                            warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
                            max_length=args.max_length, micro_batch_size=args.micro_batch_size,
                            from_scratch=args.from_scratch, max_train_examples=args.max_train_examples,
-                           device=args.device, precision=args.precision, progress=args.progress)
+                           device=args.device, precision=args.precision, compile=args.compile,
+                           progress=args.progress)
     if args.grid or args.seeds > 1:
         report = finetune_many(args.task, args.data, args.init, args.out, task_options=task_options(args),
                                options=opts, grid=args.grid, seeds=args.seeds)

@@ -88,7 +88,7 @@ class PretrainArgs:
     keep_last: int = arg(3, help="checkpoints to keep", bound=at_least(1, "the last checkpoint is what --resume needs"))
     log_every: int = arg(10, help="write a metrics.jsonl line every K steps", bound=at_least(1))
     resume: bool = arg(False, help="continue exactly from the last checkpoint in --out")
-    compile: bool = arg(False, help="use torch.compile")
+    compile: bool = arg(False, help="torch.compile the encoder (dynamic shapes: one graph for every batch)")
     seed: int = seed_arg(12345, help="seed for initialisation, data order and masks")
     workers: int = arg(0, help="data loader worker processes (0: load in the training process)", bound=at_least(0))
     progress: bool = arg(True, help="show a progress bar (--no-progress: none; metrics.jsonl is written either way)")
