@@ -335,13 +335,16 @@ class Trainer:
     def _step(self, model: nn.Module, batches: Iterator[dict]) -> tuple[dict[str, float], int]:
         """One optimizer step over `accum` micro-batches; returns the global mean of each loss term."""
         d = self.dist
-        parts = [to_device(next(batches), d.device) for _ in range(self.accum)]
-        local = [self.objective.counts(b) for b in parts]
+        host = [next(batches) for _ in range(self.accum)]
+        # counted on the host batches, before they move: no device sync per micro-batch
+        local = [self.objective.counts(b) for b in host]
         names = list(local[0])
-        tokens = sum(int(b["attention_mask"].sum()) for b in parts if "attention_mask" in b)
+        tokens = sum(int(b["attention_mask"].sum()) for b in host if "attention_mask" in b)
+        parts = [to_device(b, d.device) for b in host]
         totals = distributed.all_reduce_sum([sum(float(c[n]) for c in local) for n in names] + [tokens], d)
         global_counts, tokens = dict(zip(names, totals[:-1], strict=True)), int(totals[-1])
-        logged = [0.0] * (len(names) + 1)  # each term's share of the global mean, then the weighted loss
+        # each term's share of the global mean, then the weighted loss, summed on the device and read once a step
+        logged = torch.zeros(len(names) + 1, dtype=torch.float64, device=d.device)
         model.train()
         for i, (batch, counts) in enumerate(zip(parts, local, strict=True)):
             sync = i == len(parts) - 1
@@ -351,11 +354,12 @@ class Trainer:
                 weighted = [term_losses[n] * (counts[n] / global_counts[n]) for n in names if global_counts[n] > 0]
                 loss = torch.stack(weighted).sum()
             (loss * d.world_size).backward()  # DDP averages over processes; we want the sum of shares
-            for j, n in enumerate(names):
-                if global_counts[n] > 0:
-                    logged[j] += float(term_losses[n].detach()) * counts[n] / global_counts[n]
-            logged[-1] += float(loss.detach())
-        logged = distributed.all_reduce_sum(logged, d)
+            with torch.no_grad():
+                for j, n in enumerate(names):
+                    if global_counts[n] > 0:
+                        logged[j] += term_losses[n].double() * (counts[n] / global_counts[n])
+                logged[-1] += loss.double()
+        logged = distributed.all_reduce_sum(logged.tolist(), d)
         total = logged[-1]
         if not math.isfinite(total):
             last = checkpoints(self.out_dir)
