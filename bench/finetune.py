@@ -69,8 +69,9 @@ def read_split(data: Path, split: str) -> tuple[list[str], list[str]]:
 
 
 def run_ours(data: Path, init: Path, args: argparse.Namespace, seed: int) -> dict:
+    from bertforge.tasks.runner import evaluate_examples, load_task_model
     from bertforge.train import loop
-    from bertforge.train.finetune import FinetuneOptions, evaluate_examples, finetune, load_task_model
+    from bertforge.train.finetune import FinetuneOptions, finetune
 
     device = torch.device(args.device)
     step_seconds = [0.0]

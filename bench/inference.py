@@ -135,7 +135,7 @@ def uniform_texts(texts: list[str], tokenizer, n: int, seed: int = 0) -> list[st
 
 def sorted_batches(lengths: list[int], size: int) -> list[np.ndarray]:
     """Indices sorted by length, longest first, cut into batches of `size`: the order `Predictor.predict`
-    batches in (bertforge.train.finetune.run_model)."""
+    batches in (bertforge.tasks.runner.run_model)."""
     order = np.argsort(-np.asarray(lengths), kind="stable")
     return [order[i:i + size] for i in range(0, len(order), size)]
 

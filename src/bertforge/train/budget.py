@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bertforge.device import to_device
 from bertforge.errors import BertforgeError
 from bertforge.io import write_json
 from bertforge.train import distributed
@@ -70,8 +71,7 @@ def time_steps(model: nn.Module, batches: Iterator[dict], losses: Callable[[nn.M
     precision = resolve_precision(precision, device)
     times = []
     for i in range(TIMED_STEPS + 2):
-        parts = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in next(batches).items()}
-                 for _ in range(accum)]
+        parts = [to_device(next(batches), device) for _ in range(accum)]  # as the training step moves them
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()

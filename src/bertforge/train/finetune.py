@@ -36,9 +36,7 @@ from bertforge.tasks.runner import (
     MODEL_INPUTS,
     TASK_FILE,
     assemble_outputs,
-    evaluate_examples,  # noqa: F401 (bench/finetune.py imports it from here)
     feature_length,
-    load_task_model,  # noqa: F401 (bench/finetune.py imports it from here)
     per_feature_outputs,
 )
 from bertforge.tokenizer import Tokenizer

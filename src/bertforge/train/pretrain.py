@@ -17,6 +17,7 @@ from torch import nn
 from bertforge.checkpoint import unwrap
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.loader import PretrainingData
+from bertforge.device import to_device
 from bertforge.errors import BertforgeError
 from bertforge.heads import IGNORE_INDEX, BertForPreTraining
 from bertforge.tokenizer import Tokenizer
@@ -80,7 +81,7 @@ def evaluate_pretraining(model: BertForPreTraining, batches: list[dict], device:
     passes its share of the batches and gets the figures of all of them."""
     mlm_loss_sum = mlm_correct = mlm_n = nsp_correct = nsp_n = 0.0
     for batch in batches:
-        b = {k: v.to(device) for k, v in batch.items()}
+        b = to_device(batch, device)  # as the training step moves its batches
         out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"], mlm_labels=b["mlm_labels"],
                     nsp_labels=b["nsp_labels"])
         targets = b["mlm_labels"][b["mlm_labels"] != IGNORE_INDEX]
