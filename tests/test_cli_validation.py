@@ -20,8 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertforge.cli import _commands, build_parser, main
-from bertforge.commands.base import _unwrap_optional, merge_config_file
-from bertforge.commands.train import PretrainArgs
+from bertforge.commands.base import _unwrap_optional, build_args
 from bertforge.train.rundir import LOCK_FILE, claim_run_dir
 
 # The required arguments of each command, so that only the option under test is wrong.
@@ -59,16 +58,17 @@ ALLOWED = {
     ("pretrain", "--short-seq-prob"): "[0,1]", ("pretrain", "--dupe-factor"): ">=1",
     ("pretrain", "--eval-every"): ">=0", ("pretrain", "--eval-batches"): ">=0", ("pretrain", "--save-every"): ">=0",
     ("pretrain", "--keep-last"): ">=1", ("pretrain", "--log-every"): ">=1", ("pretrain", "--seed"): SEED,
-    ("pretrain", "--workers"): ">=0",
+    ("pretrain", "--workers"): ">=0", ("pretrain", "--clip-grad-norm"): ">=0",
     ("finetune", "--lr"): ">0", ("finetune", "--batch-size"): ">=1", ("finetune", "--epochs"): ">0",
     ("finetune", "--warmup-ratio"): "[0,1)", ("finetune", "--weight-decay"): ">=0", ("finetune", "--seed"): SEED,
     ("finetune", "--max-length"): ">=5", ("finetune", "--micro-batch-size"): ">=1", ("finetune", "--seeds"): ">=1",
-    ("finetune", "--max-train-examples"): ">=1",
+    ("finetune", "--max-train-examples"): ">=1", ("finetune", "--eval-batch-size"): ">=1",
     ("evaluate", "--batch-size"): ">=1", ("predict", "--batch-size"): ">=1", ("fill-mask", "--top-k"): ">=1",
     ("export", "--opset"): ">=17",
     ("demo", "--minutes"): ">0", ("demo", "--finetune-epochs"): ">0", ("demo", "--finetune-seeds"): ">=1",
     ("demo", "--finetune-lr-pretrained"): ">0", ("demo", "--finetune-lr-scratch"): ">0",
-    ("demo", "--finetune-examples"): ">=1", ("demo", "--seed"): SEED,
+    ("demo", "--finetune-examples"): ">=1", ("demo", "--seed"): SEED, ("demo", "--vocab-size"): ">=6",
+    ("demo", "--batch-size"): ">=1",
 }
 
 
@@ -232,8 +232,11 @@ def test_a_directory_as_output_file_is_refused_before_the_model_loads(argv, tmp_
 
 # -- --config ---------------------------------------------------------------------------------------------------
 
-def pretrain_args(config: Path, **given) -> PretrainArgs:
-    return PretrainArgs(data="d", out="o", config=str(config), **given)
+def pretrain_args(config: Path, *given: str):
+    """`bertforge pretrain`'s arguments with the `--config` file `config` and the flags `given`, resolved as the
+    command does."""
+    ns = build_parser().parse_args(["pretrain", "--data", "d", "--out", "o", "--config", str(config), *given])
+    return build_args(ns._command.args, ns)
 
 
 @pytest.mark.parametrize(("values", "needles"), [
@@ -256,7 +259,7 @@ def test_config_values_are_checked_like_the_command_line(tmp_path, values, needl
     config = tmp_path / "run.json"
     config.write_text(json.dumps(values))
     with pytest.raises(BertforgeError) as e:
-        merge_config_file(pretrain_args(config), str(config))
+        pretrain_args(config)
     message = str(e.value)
     assert "\n" not in message and str(config) in message
     for needle in needles:
@@ -275,7 +278,7 @@ def test_a_bad_config_file_ends_pretrain_in_one_error_line(tmp_path, capsys):
 def test_good_config_values_apply_and_the_command_line_wins(tmp_path):
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"lr": 5e-4, "steps": 200, "betas": [0.9, 0.98], "nsp": False, "minutes": "90s"}))
-    args = merge_config_file(pretrain_args(config, steps=50), str(config))
+    args = pretrain_args(config, "--steps", "50")
     assert (args.lr, args.steps, args.betas, args.nsp, args.minutes) == (5e-4, 50, [0.9, 0.98], False, "90s")
     assert isinstance(args.lr, float)
 

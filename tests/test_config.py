@@ -74,3 +74,25 @@ def test_refuses_other_models_and_bad_files(tmp_path):
         BertConfig.from_json(tmp_path)
     with pytest.raises(ValueError, match="no config.json"):
         BertConfig.from_json(tmp_path / "nowhere")
+
+
+def test_config_files_that_are_not_a_json_object_name_the_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"hidden_size": 64, "name": "caf\xe9"}')
+    with pytest.raises(ValueError, match=f"{path}:1: not UTF-8 text \\(byte 0xe9 at offset 32\\)"):
+        BertConfig.from_json(tmp_path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must hold a JSON object"):
+        BertConfig.from_json(path)
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"hidden_size": 64, "num_attention_heads": 4}).encode())
+    assert BertConfig.from_json(path).hidden_size == 64  # a byte-order mark, as some editors write
+    path.unlink()
+    path.mkdir()  # a model directory whose config.json is a directory
+    with pytest.raises(ValueError, match=f"cannot read {path} "):
+        BertConfig.from_json(tmp_path)
+
+
+@pytest.mark.parametrize("id2label", [["neg", "pos"], {"first": "neg"}, 5, "ab"])
+def test_a_label_map_that_is_not_one_names_it(id2label):
+    with pytest.raises(ValueError, match="id2label"):
+        BertConfig.from_dict({"id2label": id2label})

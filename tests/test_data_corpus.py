@@ -9,7 +9,15 @@ import tracemalloc
 
 import pytest
 
-from bertforge.data.corpus import ReadStats, Unit, detect_txt_format, expand_inputs, plan_units, read_unit
+from bertforge.data.corpus import (
+    ReadStats,
+    Unit,
+    detect_txt_format,
+    expand_inputs,
+    plan_units,
+    read_sentences,
+    read_unit,
+)
 from bertforge.errors import BertforgeError
 
 
@@ -151,3 +159,27 @@ def test_expand_inputs_dirs_globs_and_errors(tmp_path):
     assert got == ["b.jsonl", "a.txt"]
     with pytest.raises(BertforgeError, match="matches no file"):
         expand_inputs([str(tmp_path / "nothing-*.txt")])
+
+
+def test_a_path_met_twice_is_read_once_and_counted(tmp_path):
+    (tmp_path / "a.txt").write_text("One. Two.\n")
+    (tmp_path / "b.txt").write_text("Three.\n")
+    stats = ReadStats()
+    paths = expand_inputs([str(tmp_path), str(tmp_path / "a.txt"), str(tmp_path / "*.txt")], stats)
+    assert [p.name for p in paths] == ["a.txt", "b.txt"]
+    assert sorted(reason for _, reason in stats.skipped) == ["duplicate path"] * 3
+    assert expand_inputs(tmp_path / "b.txt") == [tmp_path / "b.txt"]  # one path, not a list of them
+
+
+def test_read_sentences_is_every_unit_without_document_ends(tmp_path):
+    docs = [[f"Doc {d} sentence {s} is here." for s in range(1 + d % 3)] for d in range(50)]
+    p = tmp_path / "big.txt"
+    p.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)))
+    stats = ReadStats()
+    progress = []
+    reporter = type("Reporter", (), {"update": lambda self, n: progress.append(n)})()
+    got = list(read_sentences([p, tmp_path / "binary.txt"], stats, fmt="lines", progress=reporter))
+    assert got == [s for d in docs for s in d]
+    assert stats.counts["documents"] == 50 and stats.skipped == [(str(tmp_path / "binary.txt"), "binary file")]
+    assert sum(progress) == p.stat().st_size + 256

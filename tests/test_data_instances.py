@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_data_support import binomial_bound
 
-from bertforge.data.instances import create_instances, truncate_pair, truncated_lengths
+from bertforge.data.instances import create_instances, truncate_pair
 from bertforge.data.masking import mask_tokens
+from bertforge.tokenizer import longest_first
 
 MAX_SEQ_LEN = 64
 
@@ -226,7 +227,7 @@ def test_single_document_split_makes_only_isnext_pairs():
 def test_closed_form_truncation_matches_the_token_by_token_loop(la, lb, max_tokens):
     a, b = list(range(la)), list(range(1000, 1000 + lb))
     ref_truncate_seq_pair(a, b, max_tokens, random.Random(0))
-    assert truncated_lengths(la, lb, max_tokens) == (len(a), len(b))
+    assert longest_first(la, lb, la + lb - max_tokens) == (len(a), len(b))
 
 
 def test_truncation_cuts_both_ends_evenly():

@@ -1,5 +1,6 @@
 """PretrainingData and its batches: conventions, determinism in (seed, epoch), exact resume, DDP rank and
-DataLoader worker sharding, dynamic and static masking, tokenizer checks."""
+DataLoader worker sharding, dynamic and static masking, tokenizer checks; the one padding helper that pretraining
+and task batches share."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 import torch
 from test_data_support import prepared_dir, tokenizer
 
-from bertforge.data.loader import PretrainingData
+from bertforge.data.loader import PretrainingData, collate
+from bertforge.data.padding import pad_ids, pad_rows
 from bertforge.errors import BertforgeError
+from bertforge.tasks import collate as collate_features
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +163,19 @@ def test_tokenizer_mismatch_and_bad_arguments_are_refused(data_dir, tmp_path):
         PretrainingData(tmp_path)
     with pytest.raises(BertforgeError, match="multiple of world_size"):
         PretrainingData(data_dir, world_size=2).batches(2, position={"epoch": 0, "position": 3})
+
+
+def test_pretraining_and_task_batches_are_padded_by_one_helper():
+    rows = [[5, 6, 7], [8], [9, 10]]
+    ids, mask = pad_ids(rows, 0)
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0], [9, 10, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0]]
+    assert ids.dtype == mask.dtype == torch.long
+    assert pad_rows([np.array([1]), [2, 3]], -100, width=4).tolist() == [[1, -100, -100, -100], [2, 3, -100, -100]]
+    pretraining = collate([(np.array(r), np.full(len(r), -100), np.zeros(len(r), np.int64), False) for r in rows], 0)
+    task = collate_features([{"input_ids": r, "token_type_ids": [0] * len(r)} for r in rows], 0)
+    for batch in (pretraining, task):
+        assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["attention_mask"], mask)
+    choices = collate_features([{"input_ids": [r, r[:1]], "token_type_ids": [[0] * len(r), [0]]} for r in rows], 0)
+    assert choices["input_ids"].shape == (3, 2, 3) and choices["attention_mask"][:, 1].sum() == 3  # (B, C, T)
+    with pytest.raises(BertforgeError, match="same number of choices"):  # padded as rows, not silently reshaped
+        collate_features([{"input_ids": [[1, 2]] * n, "token_type_ids": [[0, 0]] * n} for n in (2, 1, 3)], 0)

@@ -99,10 +99,10 @@ def test_bad_input_is_summarised_and_the_rest_prepared(tmp_path):
     (tmp_path / "c" / "bin.txt").write_bytes(b"\x00\x01\x02" * 100)
     (tmp_path / "c" / "latin1.txt").write_bytes("The caf\xe9 was open. It was [MASK] late.".encode("latin-1"))
     (tmp_path / "c" / "blank.txt").write_text("\n \n")
-    m = prepare([str(tmp_path / "c")], str(tokenizer_dir()), tmp_path / "data", workers=1, val_fraction=0.0,
-                progress=False)
+    m = prepare([str(tmp_path / "c"), str(tmp_path / "c" / "good.txt")], str(tokenizer_dir()), tmp_path / "data",
+                workers=1, val_fraction=0.0, progress=False)
     reading = m["reading"]
-    assert reading["skipped_files"] == {"binary file": 1}
+    assert reading["skipped_files"] == {"binary file": 1, "duplicate path": 1}  # good.txt is read once
     assert reading["counts"]["invalid_utf8_bytes_replaced"] == 1
     assert reading["counts"]["empty_documents"] == 1
     assert reading["counts"]["special_tokens_in_text_dropped"] == 1

@@ -93,6 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     except BertforgeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the machine's, not a bug: a full disk, a file where --out wants a directory
+        from bertforge.io import os_error_message  # here only: bertforge.io loads tqdm, which --help need not
+
+        message = os_error_message(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

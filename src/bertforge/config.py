@@ -10,10 +10,11 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import write_json
+from bertforge.io import not_utf8_message, write_json
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
@@ -91,7 +92,11 @@ class BertConfig:
             raise ConfigError(f"config pad_token_id={self.pad_token_id!r} is outside the vocabulary "
                               f"(vocab_size={self.vocab_size})")
         if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            try:
+                self.id2label = {int(k): str(v) for k, v in dict(self.id2label).items()}
+            except (TypeError, ValueError):
+                raise ConfigError(f"config id2label={self.id2label!r} must map the ids 0..n-1 to label "
+                                  f"names") from None
             if sorted(self.id2label) != list(range(len(self.id2label))):
                 raise ConfigError(f"config id2label keys {sorted(self.id2label)} must be 0..n-1")
             if len(self.id2label) != self.num_labels and self.num_labels != 1:
@@ -158,7 +163,7 @@ class BertConfig:
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         extra = {k: v for k, v in d.items() if k not in names and k not in _ACCEPTED_VALUES}
-        if "id2label" in known and known["id2label"] is not None and "num_labels" not in known:
+        if isinstance(known.get("id2label"), dict) and "num_labels" not in known:
             known["num_labels"] = len(known["id2label"])
         try:
             return cls(**known, extra=extra)
@@ -174,12 +179,16 @@ class BertConfig:
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:
                 d = json.load(f)
         except FileNotFoundError:
             raise ConfigError(f"no config.json at {path}; point to a model directory written by "
                               f"`save_pretrained` (or a Hugging Face BERT directory)") from None
-        except json.JSONDecodeError as e:
+        except OSError as e:  # a directory named config.json, no permission
+            raise ConfigError(f"cannot read {path} ({e.strerror}); point to a readable config.json") from None
+        except UnicodeDecodeError:
+            raise ConfigError(not_utf8_message(Path(path))) from None
+        except ValueError as e:  # json.JSONDecodeError
             raise ConfigError(f"{path} is not valid JSON ({e}); restore or re-create the file") from None
         if not isinstance(d, dict):
             raise ConfigError(f"{path} must hold a JSON object of BERT settings")

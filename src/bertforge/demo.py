@@ -17,16 +17,17 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge import cpu, demo_data
 from bertforge.commands.train import PretrainArgs, pretrain_kwargs
+from bertforge.data.corpus import expand_inputs, read_sentences
 from bertforge.data.prepare import prepare
 from bertforge.errors import BertforgeError
 from bertforge.infer import MaskFiller
 from bertforge.io import cache_dir, read_jsonl, write_json, write_text
-from bertforge.tokenizer import Tokenizer, corpus_files, corpus_summary, iter_corpus_texts
+from bertforge.options import DemoOptions
+from bertforge.tokenizer import Tokenizer, corpus_summary
 from bertforge.train.finetune import FinetuneOptions
 from bertforge.train.pretrain import pretrain
 from bertforge.train.recipe import get_recipe
@@ -38,26 +39,6 @@ FILL_MASK_EXAMPLES = [
     "the [MASK] of the union is strong.",
     "our army and [MASK] are ready to defend the nation.",
 ]
-
-
-@dataclass
-class DemoOptions:
-    out: Path = Path("runs/demo")
-    cache: Path | None = None  # demo data cache (default: ~/.cache/bertforge)
-    corpus: list[str] | None = None  # your own pretraining text instead of the fetched corpus
-    minutes: float = 10.0  # pretraining budget
-    model: str = "mini"
-    recipe: str = "budget"  # pretraining recipe (bertforge.train.recipe)
-    vocab_size: int = 8000
-    batch_size: int | None = None  # None: the recipe's
-    finetune_epochs: float = 2.0
-    # Each side at the learning rate that measured best for it (docs/experiments/budget-pretraining.md).
-    finetune_lr_pretrained: float = 1e-3
-    finetune_lr_scratch: float = 3e-4
-    finetune_seeds: int = 3
-    finetune_examples: int | None = None  # use only the first N training reviews (quick runs)
-    seed: int = 12345
-    progress: bool = True
 
 
 def _say(text: str) -> None:
@@ -93,9 +74,9 @@ def run_demo(o: DemoOptions) -> dict:
         tokenizer = Tokenizer.from_pretrained(tok_dir)
         print(f"reusing {tok_dir}")
     else:
-        files = corpus_files(corpus)
+        files = expand_inputs(corpus)
         tokenizer = Tokenizer.train(files, vocab_size=o.vocab_size, show_progress=o.progress)
-        summary = corpus_summary(tokenizer, iter_corpus_texts(files))
+        summary = corpus_summary(tokenizer, read_sentences(files))
         tokenizer.save_pretrained(tok_dir)
         write_json(tok_dir / "vocab_summary.json", summary)
     vocab_summary = json.loads((tok_dir / "vocab_summary.json").read_text())
@@ -108,7 +89,7 @@ def run_demo(o: DemoOptions) -> dict:
         print(f"reusing {data_dir}")
     else:
         # About 2% of the documents for validation; more when there are few files (one document each).
-        val_fraction = max(0.02, min(0.2, 3 / max(1, len(corpus_files(corpus)))))
+        val_fraction = max(0.02, min(0.2, 3 / max(1, len(expand_inputs(corpus)))))
         prepare(corpus, tokenizer, data_dir, max_seq_len=seq_len, val_fraction=val_fraction, seed=o.seed,
                 progress=o.progress)
 

@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
+
+from bertforge.errors import BertforgeError
+
+
+def _choices() -> str:
+    """The --device values this build of torch knows."""
+    return "cpu, cuda, cuda:N" + (", mps" if torch.backends.mps.is_built() else "")
 
 
 def pick_device(requested: str | None = None) -> torch.device:
-    """The device asked for (`cpu`, `cuda`, `cuda:1`), else CUDA when there is one, else the CPU."""
-    if requested:
+    """The device asked for (`cpu`, `cuda`, `cuda:1`, `mps`), else CUDA when there is one, else the CPU. Another
+    name, or a device this machine lacks, is a BertforgeError here, rather than torch's RuntimeError (a name it
+    does not know) or an AssertionError at the first tensor moved (cuda without CUDA)."""
+    if not requested:
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if requested in ("cpu", "meta"):  # meta: shapes without data, for tests that run the loop without arithmetic
         return torch.device(requested)
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    cuda = re.fullmatch(r"cuda(?::(0|[1-9][0-9]*))?", requested)  # torch refuses an index with a leading 0
+    if cuda:
+        if not torch.cuda.is_available():
+            raise BertforgeError(f"--device {requested}: CUDA is not available on this machine (torch "
+                                 f"{torch.__version__}); use --device cpu")
+        count = torch.cuda.device_count()
+        if cuda.group(1) is not None and int(cuda.group(1)) >= count:
+            raise BertforgeError(f"--device {requested}: this machine has {count} CUDA device(s), cuda:0 to "
+                                 f"cuda:{count - 1}; choose one of those")
+        return torch.device(requested)
+    if requested == "mps" and torch.backends.mps.is_built():
+        if not torch.backends.mps.is_available():
+            raise BertforgeError("--device mps: MPS is not available on this machine; use --device cpu")
+        return torch.device("mps")
+    raise BertforgeError(f"--device {requested!r} is not a device: use one of {_choices()}")
 
 
 def to_device(batch: dict, device: torch.device) -> dict:

@@ -1,15 +1,21 @@
 """Atomic file and directory writes, and the JSONL metrics log.
 
 Everything the product writes goes through here, so an interrupted run leaves either the old file or the new
-one, never half of one: write to a temporary name in the same directory, fsync, then `os.replace`.
+one, never half of one: write to a temporary name in the same directory, fsync, then `os.replace`. A write
+that fails because the output does not fit (a full disk or quota, a file-size limit) is raised as an OSError
+with that errno naming the output the user asked for, not the temporary; `os_error_message` makes the CLI's
+one-line error of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import re
+import resource
 import shutil
 import sys
 import tempfile
@@ -57,6 +63,76 @@ def not_utf8_message(path: Path) -> str:
     return f"{path} is not UTF-8 text: convert the file to UTF-8"
 
 
+# The errors that mean an output does not fit where it is written. EFBIG: past the file system's largest file,
+# or the process's file-size limit (`ulimit -f`; Python ignores its SIGXFSZ, so the write fails instead).
+DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+             errno.EFBIG: "file too large"}
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' and tokenizers' writers report one
+_NEARLY_FULL = 1 << 20  # bytes still available on a device that a failed write has filled
+
+
+def os_error_message(e: OSError) -> str | None:
+    """The one-line message for an OSError the user's machine causes rather than a bug: an output that does not
+    fit (DISK_FULL), or a file where a directory must be made. None for any other."""
+    where = e.filename
+    if e.errno in DISK_FULL:
+        fix = "free space or choose another --out"
+        if e.errno == errno.EFBIG:
+            fix = "raise the file-size limit (ulimit -f) or choose another --out on a file system without one"
+        elif where is not None and cache_dir() in Path(where).parents:
+            fix = "free space or set XDG_CACHE_HOME to a directory on another disk"
+        return f"{DISK_FULL[e.errno]} writing {where or 'the output'}: {fix}"
+    if e.errno in (errno.EEXIST, errno.ENOTDIR) and where is not None:
+        path = Path(where)
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocker == path:
+            return f"{path} is a file, not a directory: choose another --out or move the file"
+        if blocker is not None:
+            return f"cannot make the directory {path}: {blocker} is a file; choose another --out or move the file"
+    return None
+
+
+def _disk_full(exc: BaseException, written: Path) -> int | None:
+    """The DISK_FULL errno behind `exc`, raised while writing `written` (a file or directory), else None.
+    Python's writers set errno; Rust's put "(os error N)" in the message; torch.save to a path (RuntimeError)
+    and numpy's tofile (OSError without errno) say nothing usable, so for those the file system is asked."""
+    if isinstance(exc, BertforgeError):
+        return None
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno if exc.errno in DISK_FULL else None
+    found = _RUST_OS_ERROR.search(str(exc))
+    if found:
+        code = int(found.group(1))
+        return code if code in DISK_FULL else None
+    if not isinstance(exc, OSError | RuntimeError):
+        return None
+    with contextlib.suppress(OSError):
+        fs = os.statvfs(written)
+        if fs.f_bavail * fs.f_frsize < _NEARLY_FULL:
+            return errno.ENOSPC
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        files = written.rglob("*") if written.is_dir() else [written]
+        if limit != resource.RLIM_INFINITY and any(p.is_file() and p.stat().st_size >= limit for p in files):
+            return errno.EFBIG
+    return None
+
+
+@contextlib.contextmanager
+def _naming_the_output(tmp: Path, path: Path) -> Iterator[None]:
+    """Re-raise a write into the temporary `tmp` that failed for lack of room as OSError(DISK_FULL errno) naming
+    what it becomes under `path`: the temporary is gone by the time the user reads the message."""
+    try:
+        yield
+    except Exception as e:
+        code = _disk_full(e, tmp)
+        if code is None:
+            raise
+        failed = Path(e.filename) if isinstance(e, OSError) and e.filename is not None else tmp
+        if failed == tmp or tmp in failed.parents:
+            failed = path / failed.relative_to(tmp)
+        raise OSError(code, os.strerror(code), str(failed)) from e
+
+
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
@@ -82,11 +158,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp)
     try:
-        yield tmp
-        # mkstemp makes 0600 (and a writer may replace the file with its own): give it the mode open() would
-        os.chmod(tmp, 0o666 & ~_umask())
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        with _naming_the_output(tmp, path):
+            yield tmp
+            # mkstemp makes 0600 (and a writer may replace the file with its own): give it the mode open() would
+            os.chmod(tmp, 0o666 & ~_umask())
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     finally:
@@ -154,13 +231,19 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the finished directory the usual mode
     lock = _lock_nowait(tmp)
     try:
-        yield tmp
+        with _naming_the_output(tmp, path):
+            yield tmp
         old = path.with_name(f".{path.name}.old")
-        if old.exists():
-            shutil.rmtree(old)
         if path.exists():
+            if old.exists():
+                shutil.rmtree(old)
             os.replace(path, old)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if old.exists() and not path.exists():
+                os.replace(old, path)  # the previous version stays in place, not in a name the next call clears
+            raise
         _fsync_dir(path.parent)
         if old.exists():
             shutil.rmtree(old)
@@ -239,30 +322,38 @@ class PlainProgress:
 
 
 class MetricsLog:
-    """Append-only `metrics.jsonl`: one JSON object per line, flushed at once so a crash loses nothing.
+    """Append-only `metrics.jsonl`: one JSON object per line, written at once so a crash loses nothing.
 
-    Each record gets a wall-clock `time`. `enabled=False` (non-zero DDP ranks) makes every call a no-op.
+    Each record gets a wall-clock `time`. A record that cannot be written whole (a full disk) is cut off again,
+    so the file stays whole lines. `enabled=False` (non-zero DDP ranks) makes every call a no-op.
     """
 
     def __init__(self, path: str | os.PathLike, *, enabled: bool = True):
         self.path = Path(path)
         self.enabled = enabled
-        self._file = None
+        self._fd: int | None = None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open for the run; closed by close())
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
 
     def log(self, **record: Any) -> None:
-        if self._file is None:
+        if self._fd is None:
             return
-        record = {"time": round(time.time(), 3), **record}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = (json.dumps({"time": round(time.time(), 3), **record}) + "\n").encode("utf-8")
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(line):  # a write can be short, the next one then says why
+                written += os.write(self._fd, line[written:])
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, end)
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> MetricsLog:
         return self

@@ -1,10 +1,14 @@
-"""Typed argument dataclasses become argparse subcommands.
+"""Commands' arguments as typed dataclasses, and the argparse parsers made from them.
 
-A command is a dataclass of arguments (each field declared with `arg(..., help=...)`) plus a function that
-takes an instance of it. Field types decide the parsing: `str`, `int`, `float`, `bool` (a `--x/--no-x`
-switch), `list[str]` (one or more values), and `X | None` (optional). A numeric field's `bound` (`at_least(1)`,
-`POSITIVE`, `PROBABILITY`, ...) is checked where the value arrives, on the command line or in a `--config`
-file, so an impossible value is an `error:` line before any work starts.
+A command is a dataclass of arguments plus a function that takes an instance of it. Each field is an option
+declared with `bertforge.options.option` (help, default, choices, a numeric `bound`); a command that runs a
+library entry point takes that entry point's options from its option class (`command_args(LoopConfig, ...)`)
+rather than declaring them again, and hands them back with one conversion (`options_from`).
+
+Field types decide the parsing: `str`, `int`, `float`, `bool` (a `--x/--no-x` switch), `list[str]` (one or more
+values), and `X | None` (optional). A numeric field's `bound` is checked where the value arrives, on the command
+line or in a `--config` file, so an impossible value is an `error:` line before any work starts. Every value
+resolves through `build_args`: the command line's, else the `--config` file's, else the declared default.
 """
 
 from __future__ import annotations
@@ -16,71 +20,13 @@ import math
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-
-
-@dataclasses.dataclass(frozen=True)
-class Bound:
-    """The values a numeric option may take: `lo` and `hi` (None: unbounded), each included unless `*_open`;
-    `why` is added to the refusal."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    why: str = ""
-
-    def describe(self) -> str:
-        if self.hi is None:
-            return f"above {self.lo}" if self.lo_open else f"at least {self.lo}"
-        if self.lo is None:
-            return f"below {self.hi}" if self.hi_open else f"at most {self.hi}"
-        return f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
-
-    def because(self, why: str) -> Bound:
-        return dataclasses.replace(self, why=why)
-
-    def admits(self, value: float) -> bool:
-        above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
-        below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
-        return above and below
-
-
-def at_least(n: int, why: str = "") -> Bound:
-    return Bound(lo=n, why=why)
-
-
-POSITIVE = Bound(lo=0, lo_open=True)  # a learning rate, a number of epochs, minutes
-PROBABILITY = Bound(lo=0, hi=1, lo_open=True, hi_open=True)  # a share that must leave some of both sides
-FRACTION = Bound(lo=0, hi=1, hi_open=True)  # a share that may be zero but not all (dropout, warmup, held out)
-MIN_SEQ_LEN = at_least(8)  # the least `prepare` makes instances for
-SEED = Bound(lo=0, hi=2**32 - 1, why="a seed is a 32-bit number")
-
-
-def arg(default: Any = dataclasses.MISSING, *, help: str, positional: bool = False, short: str | None = None,
-        choices: list[str] | None = None, metavar: str | None = None, bound: Bound | None = None) -> Any:
-    """Declare one command-line argument as a dataclass field; a numeric one with the `bound` its values keep."""
-    meta = {"help": help, "positional": positional, "short": short, "choices": choices, "metavar": metavar,
-            "bound": bound}
-    if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
-
-
-def precision_arg() -> Any:
-    """`--precision`, the same for every training command."""
-    return arg("auto", choices=["auto", "fp32", "bf16"],
-               help="bf16 autocast (weights and optimizer stay fp32) or fp32; auto: bf16 on CUDA devices with "
-                    "native bf16, fp32 elsewhere (bf16 pays on CPUs with AVX512-BF16 or AMX, about 1.6x)")
-
-
-def seed_arg(default: int, help: str = "random seed") -> Any:
-    """A `--seed`: every command's takes the same values."""
-    return arg(default, help=help, bound=SEED)
+from bertforge.options import Bound, default_of, redeclare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +52,72 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
 
 def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def cli_name(f: dataclasses.Field) -> str:
+    """The name of an option class's field on the command line and in `--config` files: `mask_prob` for
+    `masked_lm_prob`, declared with flag="mask-prob"."""
+    return (f.metadata.get("flag") or f.name).replace("-", "_")
+
+
+def command_args(*sources: type, defaults: Mapping[str, Any] | None = None,
+                 optional: Mapping[str, str] | None = None) -> Callable[[type], type]:
+    """A class decorator that makes a command's argument dataclass (keyword-only): the class's own fields, declared
+    with `option`, then every option of the option classes `sources` under its command-line name. A name the class
+    declares itself, or that several sources have, is one argument, which `options_from` gives to each of them.
+    `defaults` gives some options the command's own default; those named in `optional` default to None, for the
+    command to fill in (from a recipe, say), and get that text added to their help."""
+    defaults, optional = defaults or {}, optional or {}
+
+    def make(cls: type) -> type:
+        declared: dict[str, tuple[Any, Any, dict]] = {}  # name -> (type, default, option metadata)
+        for name, tp in typing.get_type_hints(cls).items():
+            f = cls.__dict__[name]
+            declared[name] = (tp, default_of(f), dict(f.metadata))
+        for source in sources:
+            summary = (source.__doc__ or "").strip().split("\n")[0].rstrip(".")
+            title = f"{source.__name__}: {summary[:1].lower()}{summary[1:]}"  # its options' group in --help
+            hints = typing.get_type_hints(source)
+            for f in dataclasses.fields(source):
+                name, tp = cli_name(f), hints[f.name]
+                if "help" in f.metadata and name not in declared:
+                    if typing.get_origin(tp) is tuple:  # a list on the command line; `options_from` checks its length
+                        tp = list[typing.get_args(tp)[0]]
+                    declared[name] = (tp, default_of(f), {**f.metadata, "group": title})
+        for name, default in defaults.items():
+            tp, _, meta = declared[name]
+            declared[name] = (tp, default, meta)
+        for name, note in optional.items():
+            tp, _, meta = declared[name]
+            declared[name] = (tp | None, None, {**meta, "help": f"{meta['help']} ({note})"})
+        made = dataclasses.make_dataclass(
+            cls.__name__, [(name, tp, redeclare(meta, default)) for name, (tp, default, meta) in declared.items()],
+            kw_only=True, namespace={"__doc__": cls.__doc__, "__module__": cls.__module__})
+        made.__qualname__ = cls.__qualname__
+        return made
+
+    return make
+
+
+def options_from(cls: type, args: Any) -> Any:
+    """The library's option class `cls` with each of its options as the command's `args` hold it (under its
+    command-line name); an option the command does not have keeps its default. A list given for a tuple of
+    fixed length is refused unless it has that length."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        name = cli_name(f)
+        if not hasattr(args, name):
+            continue
+        value = getattr(args, name)
+        tp, _ = _unwrap_optional(hints[f.name])
+        if typing.get_origin(tp) is tuple and value is not None:
+            value, size = tuple(value), len(typing.get_args(tp))
+            if len(value) != size:
+                raise BertforgeError(f"{flag_name(name)} {' '.join(map(str, value))}: give {size} values, e.g. "
+                                     f"{' '.join(map(str, default_of(f)))}")
+        values[f.name] = value
+    return cls(**values)
 
 
 _KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
@@ -165,78 +177,84 @@ def _json_value(tp: Any, value: Any, meta: typing.Mapping) -> Any:
     return value
 
 
+def _help(meta: typing.Mapping, tp: Any, default: Any) -> str:
+    """An option's `--help` text: its declared help, its bound and its default (argparse's %-escapes added)."""
+    text = meta.get("help", "")
+    if meta.get("bound") is not None:
+        text += f"; {meta['bound'].describe()}"
+    if default not in (MISSING, None, []) and "(default" not in text:
+        shown = ("on" if default else "off") if tp is bool else (
+            " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default)
+        text += f" (default: {shown})"
+    return text.replace("%", "%%")
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """An argument of `parser` for each field of `cls`, those of an option class in a group of their own. None
+    has a default in the namespace (argparse.SUPPRESS): `build_args` tells what the command line gave."""
     hints = typing.get_type_hints(cls)
+    groups: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        meta = f.metadata
+        meta, default = f.metadata, default_of(f)
         tp, _ = _unwrap_optional(hints[f.name])
-        kwargs: dict[str, Any] = {"help": meta.get("help", "")}
+        kwargs: dict[str, Any] = {"help": _help(meta, tp, default), "default": argparse.SUPPRESS}
         if meta.get("choices"):
             kwargs["choices"] = meta["choices"]
         if meta.get("metavar"):
             kwargs["metavar"] = meta["metavar"]
-        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         if typing.get_origin(tp) is list:
             kwargs["type"] = _command_line_type(typing.get_args(tp)[0], meta.get("bound"))
-            kwargs["nargs"] = "+" if not has_default else "*"
+            kwargs["nargs"] = "+" if default is MISSING else "*"
         elif tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = _command_line_type(tp, meta.get("bound"))
-        if meta.get("bound") is not None:
-            kwargs["help"] += f"; {meta['bound'].describe()}"
-        if has_default:
-            kwargs["default"] = default
-            if tp is not bool and default is not None and "(default" not in kwargs["help"]:
-                kwargs["help"] += f" (default: {default})"
+        group = meta.get("group")
+        if group and group not in groups:
+            groups[group] = parser.add_argument_group(group)
+        target = groups[group] if group else parser
         if meta.get("positional"):
-            if has_default and "nargs" not in kwargs:
+            if default is not MISSING and "nargs" not in kwargs:
                 kwargs["nargs"] = "?"
-            parser.add_argument(f.name, **kwargs)
+            target.add_argument(f.name, **kwargs)
         else:
             names = [flag_name(f.name)] + ([meta["short"]] if meta.get("short") else [])
-            if not has_default:
-                kwargs["required"] = True
-            parser.add_argument(*names, dest=f.name, **kwargs)
+            target.add_argument(*names, dest=f.name, required=default is MISSING, **kwargs)
 
 
 def build_args(cls: type, namespace: argparse.Namespace) -> Any:
-    return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
+    """`cls`'s arguments: each option as the command line gave it, else as the `--config` file gives it (for a
+    command that has one), else its declared default. So the command line always wins, whatever its value."""
+    given = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)}
+    return cls(**{**read_config_file(cls, given.get("config")), **given})
 
 
-def merge_config_file(args: Any, path: str | None) -> Any:
-    """`args` with the options of the JSON file `path` (an object keyed by field name, e.g. "batch_size") filled
-    in where the command line left the default; every value is checked as on the command line, and a refusal
-    is a BertforgeError naming the option and the file."""
+def read_config_file(cls: type, path: str | None) -> dict[str, Any]:
+    """The options of the JSON file `path` (an object keyed by field name, e.g. "batch_size") for the arguments
+    `cls`, each checked as on the command line; a refusal is a BertforgeError naming the option and the file."""
     if path is None:
-        return args
+        return {}
     try:
         values = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BertforgeError(f"cannot read --config {path}: {e}") from None
     if not isinstance(values, dict):
         raise BertforgeError(f"--config {path} must hold a JSON object of options, e.g. {{\"lr\": 0.001}}")
-    cls = type(args)
     hints = typing.get_type_hints(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(by_name))
     if unknown:
         raise BertforgeError(f"--config {path} has unknown options {unknown}; see the command's --help for them")
-    merged = {}
+    checked = {}
     for key, value in values.items():
         f = by_name[key]
-        if key == "config" or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING):
+        if key == "config" or default_of(f) is MISSING:
             raise BertforgeError(f"--config {path}: {flag_name(key)} is given on the command line only")
         try:
-            value = _json_value(hints[key], value, f.metadata)
+            checked[key] = _json_value(hints[key], value, f.metadata)
         except ValueError as e:
             raise BertforgeError(f"--config {path}: {flag_name(key)} {e}") from None
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if getattr(args, key) == default:  # not given on the command line, which wins
-            merged[key] = value
-    return dataclasses.replace(args, **merged)
+    return checked
 
 
 def check_output_file(path: str | None, flag: str = "--out") -> None:

@@ -5,24 +5,25 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from bertforge.commands.base import FRACTION, MIN_SEQ_LEN, Command, arg, at_least, seed_arg
+from bertforge.commands.base import Command
+from bertforge.options import FRACTION, MIN_SEQ_LEN, at_least, option, seed_option
 
 
 @dataclasses.dataclass
 class PrepareArgs:
-    corpus: list[str] = arg(help="corpus files, directories or globs: .txt, .jsonl (a 'text' field), or .gz")
-    tokenizer: str = arg(help="tokenizer directory (from `bertforge vocab train` or a model directory)")
-    out: str = arg(help="output directory for the shards and manifest.json")
-    max_seq_len: int = arg(128, help="sequence length the instances will be made for (BERT: 128, then 512)",
-                           bound=MIN_SEQ_LEN)
-    workers: int | None = arg(None, help="worker processes (default: all cores)", bound=at_least(1))
-    val_fraction: float = arg(0.01, help="fraction of documents held out for validation", bound=FRACTION)
-    seed: int = seed_arg(12345, help="random seed of the validation split")
-    format: str = arg("auto", choices=["auto", "doc", "lines"],
-                      help=".txt layout: doc (one document per file, paragraphs split into sentences), lines "
-                           "(BERT's: one sentence per line, blank line between documents), auto (detect per file)")
-    overwrite: bool = arg(False, help="replace --out even if it holds other data")
-    progress: bool = arg(True, help="show a progress bar")
+    corpus: list[str] = option(help="corpus files, directories or globs: .txt, .jsonl (a 'text' field), or .gz")
+    tokenizer: str = option(help="tokenizer directory (from `bertforge vocab train` or a model directory)")
+    out: str = option(help="output directory for the shards and manifest.json")
+    max_seq_len: int = option(128, help="sequence length the instances will be made for (BERT: 128, then 512)",
+                              bound=MIN_SEQ_LEN)
+    workers: int | None = option(None, help="worker processes (default: all cores)", bound=at_least(1))
+    val_fraction: float = option(0.01, help="fraction of documents held out for validation", bound=FRACTION)
+    seed: int = seed_option(12345, help="random seed of the validation split")
+    format: str = option("auto", choices=["auto", "doc", "lines"],
+                         help=".txt layout: doc (one document per file, paragraphs split into sentences), lines "
+                              "(BERT's: one sentence per line, blank line between documents), auto (detect per file)")
+    overwrite: bool = option(False, help="replace --out even if it holds other data")
+    progress: bool = option(True, help="show a progress bar")
 
 
 def run_prepare(args: PrepareArgs) -> int:
@@ -38,13 +39,13 @@ def run_prepare(args: PrepareArgs) -> int:
 
 @dataclasses.dataclass
 class InspectArgs:
-    data: str = arg(help="prepared data directory", positional=True)
-    split: str = arg("train", choices=["train", "val"], help="which split's instances to show")
-    num: int = arg(3, help="how many instances to decode", bound=at_least(1))
-    max_seq_len: int | None = arg(None, help="instance length (default: the manifest's)", bound=MIN_SEQ_LEN)
-    whole_word_mask: bool = arg(False, help="show whole-word masking")
-    seed: int = seed_arg(12345, help="random seed of the instances and masks")
-    epoch: int = arg(0, help="epoch whose instances to show", bound=at_least(0))
+    data: str = option(help="prepared data directory", positional=True)
+    split: str = option("train", choices=["train", "val"], help="which split's instances to show")
+    num: int = option(3, help="how many instances to decode", bound=at_least(1))
+    max_seq_len: int | None = option(None, help="instance length (default: the manifest's)", bound=MIN_SEQ_LEN)
+    whole_word_mask: bool = option(False, help="show whole-word masking")
+    seed: int = seed_option(12345, help="random seed of the instances and masks")
+    epoch: int = option(0, help="epoch whose instances to show", bound=at_least(0))
 
 
 def run_inspect(args: InspectArgs) -> int:

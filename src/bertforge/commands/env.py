@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from bertforge.commands.base import Command, arg
+from bertforge.commands.base import Command
+from bertforge.options import option
 
 # CPU flags worth a line in a bug report: the vector widths and the bf16/int8 dot products (see bertforge.cpu).
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
@@ -31,7 +32,7 @@ PACKAGES = ("bertforge", "torch", "numpy", "tokenizers", "transformers")
 
 @dataclass
 class EnvArgs:
-    json: bool = arg(False, help="print one JSON object instead of lines")
+    json: bool = option(False, help="print one JSON object instead of lines")
 
 
 def _version(package: str) -> str | None:

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg, at_least
+from bertforge.commands.base import Command
+from bertforge.options import at_least, option
 
 
 @dataclass
 class ExportArgs:
-    model: str = arg(help="model directory (from `bertforge pretrain` or `bertforge finetune`)")
-    out: str = arg(help="a .onnx file, or a directory for model.onnx plus the config and tokenizer files")
-    format: str = arg("onnx", help="export format", choices=["onnx"])
-    opset: int = arg(17, help="ONNX opset version",
-                      bound=at_least(17, "LayerNormalization is an ONNX operator from opset 17"))
+    model: str = option(help="model directory (from `bertforge pretrain` or `bertforge finetune`)")
+    out: str = option(help="a .onnx file, or a directory for model.onnx plus the config and tokenizer files")
+    format: str = option("onnx", help="export format", choices=["onnx"])
+    opset: int = option(17, help="ONNX opset version",
+                         bound=at_least(17, "LayerNormalization is an ONNX operator from opset 17"))
 
 
 def run_export(args: ExportArgs) -> int:

@@ -12,52 +12,28 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from bertforge.commands.base import (
-    FRACTION,
-    POSITIVE,
-    Command,
-    arg,
-    at_least,
-    check_output_file,
-    emit_jsonl,
-    precision_arg,
-    seed_arg,
-)
+from bertforge.commands.base import Command, check_output_file, command_args, emit_jsonl, options_from
 from bertforge.errors import BertforgeError
+from bertforge.options import FinetuneOptions, at_least, option
 
 
-@dataclass
+@command_args(FinetuneOptions)
 class FinetuneArgs:
-    task: str = arg(help="cola sst2 mrpc qqp stsb mnli qnli rte wnli swag squad conll2003, or csv / jsonl "
-                         "for your own data")
-    data: str = arg(help="the task's data directory in its official layout (or a file)")
-    init: str = arg(help="model directory to start from (pretrained BERT with its tokenizer)")
-    out: str = arg(help="output directory: the best model on dev, metrics.json, predictions")
-    lr: float = arg(3e-5, help="peak learning rate (the paper: 5e-5, 3e-5 or 2e-5)", bound=POSITIVE)
-    batch_size: int = arg(32, help="batch size (the paper: 16 or 32)", bound=at_least(1))
-    epochs: float = arg(3.0, help="epochs (the paper: 2 to 4)", bound=POSITIVE)
-    warmup_ratio: float = arg(0.1, help="fraction of steps with linear warmup", bound=FRACTION)
-    weight_decay: float = arg(0.01, help="AdamW weight decay", bound=at_least(0))
-    seed: int = seed_arg(42)
-    max_length: int | None = arg(None, help="sequence length (default: 128; SQuAD 384)",
-                                 bound=at_least(5, "[CLS] A [SEP] B [SEP] needs 5"))
-    micro_batch_size: int | None = arg(None, help="sequences per forward pass (gradient accumulation)",
-                                       bound=at_least(1))
-    grid: bool = arg(False, help="run the paper's grid (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), "
-                                 "keep the best on dev")
-    seeds: int = arg(1, help="repeat with this many seeds and report mean and standard deviation",
-                     bound=at_least(1))
-    from_scratch: bool = arg(False, help="random weights with --init's architecture and tokenizer (a baseline)")
-    text_column: str | None = arg(None, help="csv/jsonl: column with the text (default: text)")
-    text_pair_column: str | None = arg(None, help="csv/jsonl: column with the second text of a pair")
-    label_column: str | None = arg(None, help="csv/jsonl: column with the label (default: label)")
-    regression: bool = arg(False, help="csv/jsonl: labels are numbers to predict (regression)")
-    max_train_examples: int | None = arg(None, help="use only the first N training examples", bound=at_least(1))
-    device: str | None = arg(None, help="cpu or cuda (default: cuda when available)")
-    precision: str = precision_arg()
-    compile: bool = arg(False, help="torch.compile the encoder (dynamic shapes: one graph for every batch)")
-    progress: bool = arg(True, help="show progress: a bar on a terminal, a plain line a minute in a log file "
-                                    "(--no-progress: none; metrics.jsonl is written either way)")
+    """`bertforge finetune`'s arguments: these, then the options of FinetuneOptions."""
+
+    task: str = option(help="cola sst2 mrpc qqp stsb mnli qnli rte wnli swag squad conll2003, or csv / jsonl for "
+                            "your own data")
+    data: str = option(help="the task's data directory in its official layout (or a file)")
+    init: str = option(help="model directory to start from (pretrained BERT with its tokenizer)")
+    out: str = option(help="output directory: the best model on dev, metrics.json, predictions")
+    grid: bool = option(False, help="run the paper's grid (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), keep "
+                                    "the best on dev")
+    seeds: int = option(1, help="repeat with this many seeds and report mean and standard deviation",
+                        bound=at_least(1))
+    text_column: str | None = option(None, help="csv/jsonl: column with the text (default: text)")
+    text_pair_column: str | None = option(None, help="csv/jsonl: column with the second text of a pair")
+    label_column: str | None = option(None, help="csv/jsonl: column with the label (default: label)")
+    regression: bool = option(False, help="csv/jsonl: labels are numbers to predict (regression)")
 
 
 def task_options(args) -> dict:
@@ -81,15 +57,10 @@ def run_finetune(args: FinetuneArgs) -> int:
 
 
 def _finetune(args: FinetuneArgs) -> int:
-    from bertforge.train.finetune import FinetuneOptions, finetune
+    from bertforge.train.finetune import finetune
     from bertforge.train.sweep import finetune_many
 
-    opts = FinetuneOptions(lr=args.lr, batch_size=args.batch_size, epochs=args.epochs,
-                           warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
-                           max_length=args.max_length, micro_batch_size=args.micro_batch_size,
-                           from_scratch=args.from_scratch, max_train_examples=args.max_train_examples,
-                           device=args.device, precision=args.precision, compile=args.compile,
-                           progress=args.progress)
+    opts = options_from(FinetuneOptions, args)
     if args.grid or args.seeds > 1:
         report = finetune_many(args.task, args.data, args.init, args.out, task_options=task_options(args),
                                options=opts, grid=args.grid, seeds=args.seeds)
@@ -107,13 +78,13 @@ def _finetune(args: FinetuneArgs) -> int:
 
 @dataclass
 class EvaluateArgs:
-    model: str = arg(help="fine-tuned model directory (from `bertforge finetune`)")
-    data: str = arg(help="the task's data directory or file")
-    split: str = arg("dev", help="split to evaluate: dev, test (MNLI also dev_mismatched); a split without "
-                                 "labels (GLUE's test files) gets predictions only")
-    out: str | None = arg(None, help="write metrics, example ids and predictions to this JSON file")
-    batch_size: int = arg(64, help="sequences per forward pass", bound=at_least(1))
-    device: str | None = arg(None, help="cpu or cuda")
+    model: str = option(help="fine-tuned model directory (from `bertforge finetune`)")
+    data: str = option(help="the task's data directory or file")
+    split: str = option("dev", help="split to evaluate: dev, test (MNLI also dev_mismatched); a split without "
+                                    "labels (GLUE's test files) gets predictions only")
+    out: str | None = option(None, help="write metrics, example ids and predictions to this JSON file")
+    batch_size: int = option(64, help="sequences per forward pass", bound=at_least(1))
+    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
 
 
 def run_evaluate(args: EvaluateArgs) -> int:
@@ -143,14 +114,14 @@ def run_evaluate(args: EvaluateArgs) -> int:
 
 @dataclass
 class PredictArgs:
-    model: str = arg(help="fine-tuned model directory (from `bertforge finetune`)")
-    text: list[str] = arg([], help="text(s) to predict on; for QA the question")
-    text_pair: str | None = arg(None, help="second text of a pair; for QA the context")
-    input: str | None = arg(None, help="JSONL file of inputs: {\"text\", \"text_pair\"} per line (QA: "
-                                       "{\"question\", \"context\"}; multiple choice: {\"context\", \"choices\"})")
-    out: str | None = arg(None, help="write JSONL predictions here instead of standard output")
-    batch_size: int = arg(64, help="sequences per forward pass", bound=at_least(1))
-    device: str | None = arg(None, help="cpu or cuda")
+    model: str = option(help="fine-tuned model directory (from `bertforge finetune`)")
+    text: list[str] = option([], help="text(s) to predict on; for QA the question")
+    text_pair: str | None = option(None, help="second text of a pair; for QA the context")
+    input: str | None = option(None, help="JSONL file of inputs: {\"text\", \"text_pair\"} per line (QA: "
+                                          "{\"question\", \"context\"}; multiple choice: {\"context\", \"choices\"})")
+    out: str | None = option(None, help="write JSONL predictions here instead of standard output")
+    batch_size: int = option(64, help="sequences per forward pass", bound=at_least(1))
+    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
 
 
 def run_predict(args: PredictArgs) -> int:

@@ -12,11 +12,13 @@ fast for a small change in the outputs (see bench/inference.py).
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg, at_least, check_output_file, emit_jsonl
+from bertforge.commands.base import Command, check_output_file, emit_jsonl
 from bertforge.errors import BertforgeError
+from bertforge.options import at_least, option
 
 
 def _texts(texts: list[str], input_file: str | None) -> list[str]:
@@ -32,13 +34,13 @@ def _texts(texts: list[str], input_file: str | None) -> list[str]:
 
 @dataclass
 class FillMaskArgs:
-    model: str = arg(help="model directory with an MLM head (from `bertforge pretrain`)")
-    text: list[str] = arg([], positional=True, help="text(s) with [MASK] where a word should be predicted")
-    input: str | None = arg(None, help="file with one text per line (or JSONL with a 'text' field)")
-    top_k: int = arg(5, help="predictions per [MASK]", bound=at_least(1))
-    json: bool = arg(False, help="print JSON lines instead of a table")
-    quantize: str | None = arg(None, help="int8: dynamically quantized Linear layers (CPU)", choices=["int8"])
-    device: str | None = arg(None, help="cpu or cuda")
+    model: str = option(help="model directory with an MLM head (from `bertforge pretrain`)")
+    text: list[str] = option([], positional=True, help="text(s) with [MASK] where a word should be predicted")
+    input: str | None = option(None, help="file with one text per line (or JSONL with a 'text' field)")
+    top_k: int = option(5, help="predictions per [MASK]", bound=at_least(1))
+    json: bool = option(False, help="print JSON lines instead of a table")
+    quantize: str | None = option(None, help="int8: dynamically quantized Linear layers (CPU)", choices=["int8"])
+    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
 
 
 def run_fill_mask(args: FillMaskArgs) -> int:
@@ -62,15 +64,15 @@ def run_fill_mask(args: FillMaskArgs) -> int:
 
 @dataclass
 class EmbedArgs:
-    model: str = arg(help="model directory (pretrained or fine-tuned)")
-    text: list[str] = arg([], help="text(s) to embed")
-    input: str | None = arg(None, help="file with one text per line (or JSONL with a 'text' field)")
-    out: str | None = arg(None, help="output: .npy (an N x H array) or .jsonl (default: JSONL on stdout)")
-    pooling: str = arg("cls", help="cls: final [CLS] state; mean: mean of token states; pooler: BERT's pooler",
-                       choices=["cls", "mean", "pooler"])
-    normalize: bool = arg(False, help="scale each vector to unit length")
-    quantize: str | None = arg(None, help="int8: dynamically quantized Linear layers (CPU)", choices=["int8"])
-    device: str | None = arg(None, help="cpu or cuda")
+    model: str = option(help="model directory (pretrained or fine-tuned)")
+    text: list[str] = option([], help="text(s) to embed")
+    input: str | None = option(None, help="file with one text per line (or JSONL with a 'text' field)")
+    out: str | None = option(None, help="output: .npy (an N x H array) or .jsonl (default: JSONL on stdout)")
+    pooling: str = option("cls", help="cls: final [CLS] state; mean: mean of token states; pooler: BERT's pooler",
+                          choices=["cls", "mean", "pooler"])
+    normalize: bool = option(False, help="scale each vector to unit length")
+    quantize: str | None = option(None, help="int8: dynamically quantized Linear layers (CPU)", choices=["int8"])
+    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
 
 
 def run_embed(args: EmbedArgs) -> int:
@@ -87,10 +89,13 @@ def run_embed(args: EmbedArgs) -> int:
     vectors = Encoder(args.model, quantize=args.quantize, device=args.device).embed(
         texts, pooling=args.pooling, normalize=args.normalize)
     if args.out and args.out.endswith(".npy"):
-        from bertforge.io import atomic_path
+        from bertforge.io import write_bytes
 
-        with atomic_path(args.out) as tmp, open(tmp, "wb") as f:
-            np.save(f, vectors)
+        # np.save into a file writes the array with ndarray.tofile, which can lose a write on a full disk without
+        # a word: save into memory, then write the bytes as every other output is written
+        buffer = io.BytesIO()
+        np.save(buffer, vectors)
+        write_bytes(args.out, buffer.getvalue())
         print(f"{vectors.shape[0]} x {vectors.shape[1]} embeddings written to {args.out}")
         return 0
     emit_jsonl(({"text": t, "embedding": [round(float(x), 6) for x in v]} for t, v in zip(texts, vectors, strict=True)),

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, arg, at_least
+from bertforge.commands.base import Command
+from bertforge.options import at_least, option
 
 
 @dataclass
 class ModelInfoArgs:
-    model: str = arg("base", help="a preset (tiny, mini, small, medium, base, large), config.json or model directory")
+    model: str = option("base", help="a preset (tiny, mini, small, medium, base, large), config.json or model "
+                                     "directory")
 
 
 def _load_config(spec: str):
@@ -51,9 +53,9 @@ def model_info(args: ModelInfoArgs) -> None:
 
 @dataclass
 class SmokeArgs:
-    model: str = arg("mini", help="a preset or config.json")
-    steps: int = arg(20, help="training steps on random tokens", bound=at_least(1))
-    out: str | None = arg(None, help="directory to save the final model into (default: a temporary directory)")
+    model: str = option("mini", help="a preset or config.json")
+    steps: int = option(20, help="training steps on random tokens", bound=at_least(1))
+    out: str | None = option(None, help="directory to save the final model into (default: a temporary directory)")
 
 
 def smoke(args: SmokeArgs) -> None:

@@ -8,8 +8,9 @@ Formats (DESIGN.md "Formats"):
 `auto` (the default) picks `doc` or `lines` for each `.txt` from a sample of its first lines.
 
 Bad input never stops a run: invalid UTF-8 is replaced and counted, binary and unreadable files are skipped,
-bad JSON lines are skipped, and a line of any length is read in pieces of `max_line_bytes`, never whole.
-Everything skipped is counted in a `ReadStats`.
+bad JSON lines are skipped, a path given twice is read once, and a line of any length is read in pieces of
+`max_line_bytes`, never whole. Everything skipped is counted in a `ReadStats`. `prepare` reads units in worker
+processes; `vocab train` reads them in order (`read_sentences`).
 
 A file is read as one or more `Unit`s: large uncompressed `lines`/`jsonl` files are cut into byte ranges that
 each own the documents (or records) that start inside them, so one big file is read by several workers.
@@ -26,8 +27,9 @@ import json
 import os
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from bertforge.data.sentences import split_complete, split_sentences
 from bertforge.errors import BertforgeError
@@ -76,8 +78,15 @@ class Unit:
     end: int = -1
 
 
-def expand_inputs(patterns: list[str]) -> list[Path]:
-    """Files named, files under directories (recursively, by suffix) and glob matches; sorted, deduplicated."""
+def expand_inputs(patterns: str | os.PathLike | Iterable[str | os.PathLike],
+                  stats: ReadStats | None = None) -> list[Path]:
+    """Files named, files under directories (recursively, by suffix) and glob matches; sorted, deduplicated.
+
+    A path met twice (named twice, or under two of the patterns) is read once; `stats` counts the repeats as
+    skipped ("duplicate path")."""
+    if isinstance(patterns, str | os.PathLike):
+        patterns = [patterns]
+    patterns = [os.fspath(p) for p in patterns]
     found: list[Path] = []
     for pattern in patterns:
         p = Path(pattern).expanduser()
@@ -98,7 +107,10 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
     out, seen = [], set()
     for q in found:
         key = str(q.resolve())
-        if key not in seen:
+        if key in seen:
+            if stats is not None:
+                stats.skipped.append((str(q), "duplicate path"))
+        else:
             seen.add(key)
             out.append(q)
     if not out:
@@ -410,3 +422,23 @@ def _read_jsonl(f, decoder, unit: Unit, stats: ReadStats, max_line_bytes: int) -
             continue
         pieces = ((ln, True) for ln in value.split("\n"))
         yield from _emit_document(_prose_sentences(pieces, max_line_bytes, stats), stats)
+
+
+def read_sentences(paths: list[Path], stats: ReadStats | None = None, *, fmt: str = "auto",
+                   progress: Any = None) -> Iterator[str]:
+    """The sentences of every file in order, without document ends: text to count (`vocab train`), read exactly
+    as `prepare` reads it. `progress` (`bertforge.io.progress_reporter`) advances by each unit's bytes."""
+    stats = stats if stats is not None else ReadStats()
+    for unit in plan_units(paths, fmt, stats=stats):
+        yield from (s for s in read_unit(unit, stats) if s is not END)
+        if progress is not None:
+            progress.update(_unit_bytes(unit))
+
+
+def _unit_bytes(unit: Unit) -> int:
+    if unit.end >= 0:
+        return unit.end - unit.start
+    try:
+        return os.path.getsize(unit.path)
+    except OSError:  # it vanished while it was read (counted in the stats)
+        return 0

@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from bertforge.tokenizer.truncation import longest_first
+
 
 class Instance(NamedTuple):
     """One pair before masking. `is_random_next` is the NSP label (True = NotNext); `forced_random` says the
@@ -33,21 +35,6 @@ class Instance(NamedTuple):
     tokens_b: np.ndarray
     is_random_next: bool
     forced_random: bool
-
-
-def truncated_lengths(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
-    """Lengths after the original's truncation: trim the longer side one token at a time, B when equal."""
-    excess = len_a + len_b - max_tokens
-    if excess <= 0:
-        return len_a, len_b
-    gap = abs(len_a - len_b)
-    first = min(excess, gap)
-    if len_a > len_b:
-        len_a -= first
-    else:
-        len_b -= first
-    rest = excess - first  # now equal: B, A, B, A, ...
-    return len_a - rest // 2, len_b - (rest + 1) // 2
 
 
 def _cut(tokens: np.ndarray, keep: int, rng: np.random.Generator) -> np.ndarray:
@@ -61,8 +48,9 @@ def _cut(tokens: np.ndarray, keep: int, rng: np.random.Generator) -> np.ndarray:
 
 def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int,
                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """The original `truncate_seq_pair`, in closed form: same lengths, same distribution of cut ends."""
-    la, lb = truncated_lengths(len(a), len(b), max_tokens)
+    """The original `truncate_seq_pair`, in closed form: same lengths (the tokenizer's `longest_first` rule),
+    same distribution of cut ends."""
+    la, lb = longest_first(len(a), len(b), len(a) + len(b) - max_tokens)
     return _cut(a, la, rng), _cut(b, lb, rng)
 
 

@@ -29,6 +29,7 @@ import torch.utils.data
 
 from bertforge.data.instances import Instance, create_instances, create_single_segment_instances
 from bertforge.data.masking import IGNORE_INDEX, mask_tokens
+from bertforge.data.padding import pad_ids, pad_rows
 from bertforge.data.shards import Shard, open_split, read_manifest
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer import Tokenizer
@@ -73,23 +74,10 @@ def collate(instances: list[tuple[np.ndarray, np.ndarray, np.ndarray, bool]], pa
     longest in the batch. Returns torch tensors: input_ids, token_type_ids, attention_mask (1 = real token,
     0 = padding), mlm_labels (-100 = not predicted) all (B, T) int64; nsp_labels (B,) int64, 0 = IsNext,
     1 = NotNext."""
-    b = len(instances)
-    t = max(len(x[0]) for x in instances)
-    input_ids = np.full((b, t), pad_id, np.int64)
-    labels = np.full((b, t), IGNORE_INDEX, np.int64)
-    types = np.zeros((b, t), np.int64)
-    attention = np.zeros((b, t), np.int64)
-    nsp = np.zeros(b, np.int64)
-    for row, (ids, lab, tt, rnd) in enumerate(instances):
-        n = len(ids)
-        input_ids[row, :n] = ids
-        labels[row, :n] = lab
-        types[row, :n] = tt
-        attention[row, :n] = 1
-        nsp[row] = int(rnd)
-    return {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(types),
-            "attention_mask": torch.from_numpy(attention), "mlm_labels": torch.from_numpy(labels),
-            "nsp_labels": torch.from_numpy(nsp)}
+    input_ids, attention = pad_ids([x[0] for x in instances], pad_id)
+    return {"input_ids": input_ids, "token_type_ids": pad_rows([x[2] for x in instances], 0),
+            "attention_mask": attention, "mlm_labels": pad_rows([x[1] for x in instances], IGNORE_INDEX),
+            "nsp_labels": torch.tensor([int(x[3]) for x in instances], dtype=torch.long)}
 
 
 class PretrainingData:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from bertforge.data.corpus import ReadStats, Unit, expand_inputs, plan_units, read_unit
-from bertforge.data.shards import FORMAT, SPLITS, ShardWriter, read_manifest, token_dtype
+from bertforge.data.shards import FORMAT, SPLITS, Shard, ShardWriter, read_manifest, token_dtype
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_dir, progress_reporter, write_json
 from bertforge.tokenizer import Tokenizer
@@ -75,7 +75,7 @@ def _process_unit(task: tuple[int, Unit, str, int, float, int]) -> tuple[int, Re
 
     def close_doc(part: _Part) -> None:
         if part.doc_sentences:
-            np.array([part.doc_sentences], "<i4").tofile(part.files[2])
+            part.files[2].write(np.array([part.doc_sentences], "<i4"))
         part.doc_sentences = part.doc_tokens = 0
         part.cut = False
 
@@ -147,8 +147,9 @@ def _without_special(ids: np.ndarray, lengths: np.ndarray, specials: np.ndarray,
 def _write(part: _Part, ids: np.ndarray, lengths: list[int]) -> None:
     if not lengths:
         return
-    ids.astype(part.dtype).tofile(part.files[0])
-    np.asarray(lengths, "<i4").tofile(part.files[1])
+    # file.write, not ndarray.tofile: tofile loses a small write whose flush fails (a full disk) without a word
+    part.files[0].write(ids.astype(part.dtype))
+    part.files[1].write(np.asarray(lengths, "<i4"))
 
 
 _WORKER_TOKENIZER: Any = None
@@ -179,7 +180,7 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
     _check_out(out, tok.fingerprint, overwrite)
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     stats = ReadStats()
-    paths = expand_inputs(list(corpus))
+    paths = expand_inputs(list(corpus), stats)
     _check_out_apart(out, corpus, paths)
     units = plan_units(paths, fmt, chunk_bytes=chunk_bytes, stats=stats)
     if not units:
@@ -220,6 +221,7 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
                              {s: w.finish() for s, w in writers.items()}, stats)
         if manifest["splits"]["train"]["documents"] == 0:
             raise BertforgeError(f"no documents with text in {list(corpus)}: check --corpus (and --val-fraction)")
+        _check_shard_sizes(tmp_out, manifest)
         tok.save_pretrained(tmp_out / "tokenizer")
         write_json(tmp_out / "manifest.json", manifest)
     return manifest
@@ -237,6 +239,18 @@ def _merge_part(stem: Path, writer: ShardWriter, dtype: np.dtype) -> None:
         del tokens
     for p in (tok_p, sent_p, doc_p):
         p.unlink()
+
+
+def _check_shard_sizes(out: Path, manifest: dict) -> None:
+    """Every shard file has the size its counts give: a last guard against a short write (a full disk) that
+    went unreported; an OSError here lets bertforge.io find out which limit was hit and say so."""
+    dtype = np.dtype(manifest["dtype"])
+    for split in SPLITS:
+        for meta in manifest["splits"][split]["shards"]:
+            try:
+                Shard(out, meta, dtype, manifest["tokenizer_fingerprint"])
+            except BertforgeError as e:
+                raise OSError(f"a write was lost: {e}") from None
 
 
 def _check_out(out: Path, fingerprint: str, overwrite: bool) -> None:

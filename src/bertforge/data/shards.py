@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from bertforge.errors import BertforgeError
 
 FORMAT = "bertforge-pretraining-data/1"
+# what readers of a manifest look up, besides its format
+MANIFEST_KEYS = ("tokenizer_fingerprint", "vocab_size", "dtype", "max_seq_len", "counts", "splits", "reading")
 SPLITS = ("train", "val")
 
 
@@ -47,8 +50,8 @@ class ShardWriter:
         exts = ("tokens", "sentences", "documents")
         self._files = [open(self.out / f"{name}.{ext}", "wb") for ext in exts]  # noqa: SIM115 (see _close)
         self._n_tokens = self._n_sentences = self._n_documents = 0
-        np.zeros(1, "<i8").tofile(self._files[1])
-        np.zeros(1, "<i8").tofile(self._files[2])
+        _append(self._files[1], np.zeros(1, np.int64), "<i8")
+        _append(self._files[2], np.zeros(1, np.int64), "<i8")
 
     def _close(self) -> None:
         for f in self._files:
@@ -77,9 +80,9 @@ class ShardWriter:
             d1 = min(d1, len(doc_sentence_counts))
             s1 = int(doc_sent_ends[d1 - 1])
             t1 = int(sent_ends[s1 - 1])
-            tokens[t0:t1].astype(self.dtype, copy=False).tofile(self._files[0])
-            (self._n_tokens + sent_ends[s0:s1] - t0).astype("<i8").tofile(self._files[1])
-            (self._n_sentences + doc_sent_ends[d0:d1] - s0).astype("<i8").tofile(self._files[2])
+            _append(self._files[0], tokens[t0:t1], self.dtype)
+            _append(self._files[1], self._n_tokens + sent_ends[s0:s1] - t0, "<i8")
+            _append(self._files[2], self._n_sentences + doc_sent_ends[d0:d1] - s0, "<i8")
             self._n_tokens += t1 - t0
             self._n_sentences += s1 - s0
             self._n_documents += d1 - d0
@@ -91,6 +94,13 @@ class ShardWriter:
         if self._files is not None:
             self._close()
         return self.shards
+
+
+def _append(f: BinaryIO, values: np.ndarray, dtype: np.dtype | str) -> None:
+    """Append `values` as `dtype` to `f` through the file's own write, not ndarray.tofile: tofile can lose a write
+    that fails (a full disk) without a word, or raise an OSError without errno; `f.write` raises ENOSPC or EFBIG
+    (at the latest when `f` is closed)."""
+    f.write(np.ascontiguousarray(values, dtype=dtype).data)
 
 
 class Document:
@@ -118,7 +128,7 @@ class Shard:
     def __init__(self, data_dir: Path, meta: dict, dtype: np.dtype, fingerprint: str):
         self._args = (data_dir, meta, dtype, fingerprint)
         name = meta["name"]
-        own = json.loads((data_dir / f"{name}.json").read_text())
+        own = _json_object(data_dir / f"{name}.json")
         if own.get("tokenizer_fingerprint") != fingerprint:
             raise BertforgeError(
                 f"shard {data_dir / name} was made with another tokenizer than {data_dir}/manifest.json says: "
@@ -160,13 +170,26 @@ def read_manifest(data_dir: str | Path) -> dict:
     path = Path(data_dir) / "manifest.json"
     if not path.is_file():
         raise BertforgeError(f"{data_dir} holds no prepared data (no manifest.json): run `bertforge prepare` first")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise BertforgeError(f"{path} is not valid JSON ({e}): prepare the data again") from None
+    manifest = _json_object(path)
     if manifest.get("format") != FORMAT:
         raise BertforgeError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}: prepare again")
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise BertforgeError(f"{path} lacks {', '.join(missing)}: prepare the data again")
     return manifest
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object `prepare` wrote to `path`; a file gone, cut short or altered is a BertforgeError."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BertforgeError(f"{path} is missing: prepare the data again") from None
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise BertforgeError(f"{path} is not valid JSON ({e}): prepare the data again") from None
+    if not isinstance(value, dict):
+        raise BertforgeError(f"{path} does not hold a JSON object: prepare the data again")
+    return value
 
 
 def open_split(data_dir: str | Path, split: str, manifest: dict | None = None) -> list[Shard]:

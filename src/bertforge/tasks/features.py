@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from bertforge.data.padding import pad_ids, pad_rows
 from bertforge.errors import BertforgeError
 from bertforge.tasks.base import IGNORE_INDEX, ChoiceExample, Feature, TaggedExample, TextExample
 
@@ -166,21 +167,23 @@ def collate(features: Sequence[Feature], pad_id: int) -> dict[str, Any]:
     choices = bool(first_ids) and isinstance(first_ids[0], list)
     rows = [f["input_ids"] for f in features]
     types = [f["token_type_ids"] for f in features]
+    if choices:  # pad the B * C sequences as rows, then give back the choice axis
+        shape = (len(rows), len(rows[0]))
+        if any(len(row) != shape[1] for row in rows):
+            raise BertforgeError(f"multiple-choice inputs with {sorted({len(row) for row in rows})} choices in one "
+                                 f"batch: give every input the same number of choices")
+        rows = [seq for row in rows for seq in row]
+        types = [seq for row in types for seq in row]
+    ids, mask = pad_ids(rows, pad_id)
+    width = ids.shape[-1]
+    tt = pad_rows(types, 0, width=width)
     if choices:
-        width = max(len(seq) for row in rows for seq in row)
-        ids = torch.tensor([[_pad(s, width, pad_id) for s in row] for row in rows], dtype=torch.long)
-        tt = torch.tensor([[_pad(s, width, 0) for s in row] for row in types], dtype=torch.long)
-        mask = torch.tensor([[_pad([1] * len(s), width, 0) for s in row] for row in rows], dtype=torch.long)
-    else:
-        width = max(len(row) for row in rows)
-        ids = torch.tensor([_pad(r, width, pad_id) for r in rows], dtype=torch.long)
-        tt = torch.tensor([_pad(t, width, 0) for t in types], dtype=torch.long)
-        mask = torch.tensor([_pad([1] * len(r), width, 0) for r in rows], dtype=torch.long)
+        ids, tt, mask = (x.view(*shape, width) for x in (ids, tt, mask))  # (B, C, T)
     batch: dict[str, Any] = {"input_ids": ids, "token_type_ids": tt, "attention_mask": mask}
     if all("labels" in f for f in features):
         labels = [f["labels"] for f in features]
         if isinstance(labels[0], list):
-            batch["labels"] = torch.tensor([_pad(lab, width, IGNORE_INDEX) for lab in labels], dtype=torch.long)
+            batch["labels"] = pad_rows(labels, IGNORE_INDEX, width=width)
         elif isinstance(labels[0], float):
             batch["labels"] = torch.tensor(labels, dtype=torch.float)
         else:
@@ -189,7 +192,3 @@ def collate(features: Sequence[Feature], pad_id: int) -> dict[str, Any]:
         if all(key in f for f in features):
             batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
     return batch
-
-
-def _pad(seq: Sequence[int], width: int, value: int) -> list[int]:
-    return [*seq, *([value] * (width - len(seq)))]

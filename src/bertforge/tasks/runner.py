@@ -112,7 +112,7 @@ def load_task_model(path: str | Path, *, device: str | None = None) -> TaskModel
     if not spec_path.is_file():
         raise BertforgeError(f"{path} has no {TASK_FILE}: it is not a fine-tuned model; pass the --out "
                              f"directory of `bertforge finetune`")
-    spec = json.loads(spec_path.read_text())
+    spec = _read_spec(spec_path)
     task = get_task(spec["task"], **spec.get("options", {}))
     if spec.get("labels") is not None:
         task.labels = list(spec["labels"])
@@ -121,6 +121,22 @@ def load_task_model(path: str | Path, *, device: str | None = None) -> TaskModel
     tokenizer = Tokenizer.from_pretrained(path)
     tokenizer.check_compatible(model.config)
     return TaskModel(task, model, tokenizer, int(spec.get("max_length", task.max_length)), spec)
+
+
+def _read_spec(path: Path) -> dict:
+    """task.json as `finetune` writes it: an object with the task's name, and its options, labels and sequence
+    length if any. A file cut short, not UTF-8 or of another shape is a BertforgeError naming it."""
+    fix = "copy it again from the fine-tuning run's --out, or fine-tune again"
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise BertforgeError(f"{path} is not valid JSON ({e}): {fix}") from None
+    if not (isinstance(spec, dict) and isinstance(spec.get("task"), str) and isinstance(spec.get("options", {}), dict)
+            and isinstance(spec.get("labels"), list | None) and type(spec.get("max_length", 1)) is int
+            and spec.get("max_length", 1) > 0):
+        raise BertforgeError(f"{path} is not a task description (a JSON object: \"task\" name, \"options\" object, "
+                             f"\"labels\" list, \"max_length\" above 0): {fix}")
+    return spec
 
 
 def is_labelled(example: Any) -> bool:

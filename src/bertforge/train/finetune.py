@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from bertforge.checkpoint import unwrap
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_dir, write_json
+from bertforge.options import FinetuneOptions
 from bertforge.tasks import collate, get_task
 from bertforge.tasks.runner import (
     MODEL_FOR_KIND,
@@ -141,25 +141,6 @@ def check_out_dir(out: Path) -> None:
     if out.is_dir() and any(out.iterdir()) and not _is_run_dir(out):
         raise BertforgeError(f"--out {out} is not empty and holds no fine-tuning run, so it will not be "
                              "replaced: choose a new directory")
-
-
-@dataclass
-class FinetuneOptions:
-    lr: float = 3e-5
-    batch_size: int = 32
-    epochs: float = 3.0
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    seed: int = 42
-    max_length: int | None = None  # default: the task's (128; SQuAD 384)
-    micro_batch_size: int | None = None
-    from_scratch: bool = False  # random weights with --init's architecture and tokenizer (a baseline)
-    max_train_examples: int | None = None  # use the first N training examples (quick runs)
-    eval_batch_size: int = 64
-    device: str | None = None
-    progress: bool = True
-    compile: bool = False
-    precision: str = "auto"  # see `bertforge.train.loop.resolve_precision`
 
 
 def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,

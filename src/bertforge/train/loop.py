@@ -35,6 +35,7 @@ from bertforge.checkpoint import load_state, read_weights, unwrap
 from bertforge.device import pick_device, to_device
 from bertforge.errors import BertforgeError
 from bertforge.io import MetricsLog, atomic_dir, progress_reporter, read_jsonl, write_json, write_text
+from bertforge.options import PRECISIONS, LoopConfig
 from bertforge.train import distributed
 from bertforge.train.optim import build_optimizer, build_scheduler
 
@@ -47,43 +48,6 @@ class Objective(Protocol):
 
     def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
         """Per loss term, the mean loss over this batch's examples of that term."""
-
-
-@dataclass
-class LoopConfig:
-    steps: int  # optimizer steps in the whole run
-    batch_size: int  # global batch: sequences per optimizer step, over all processes
-    micro_batch_size: int | None = None  # sequences per forward pass per process; None: batch / processes
-    lr: float = 1e-4
-    warmup_steps: int = 10000
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam's
-    optimizer: str = "adamw"  # or "lamb"
-    clip_grad_norm: float = 1.0
-    log_every: int = 10
-    eval_every: int = 0  # 0: only at the end
-    save_every: int = 0  # 0: only at the end (and on SIGINT/SIGTERM)
-    keep_last: int = 3  # checkpoints kept in checkpoints/
-    seed: int = 0
-    compile: bool = False
-    device: str | None = None  # default: cuda when available, else cpu
-    precision: str = "auto"  # "fp32", "bf16" (autocast; weights stay fp32), "auto": see `resolve_precision`
-    best_metric: str | None = None  # evaluation metric whose best value is kept in best/ (fine-tuning)
-    progress: bool = True
-
-    def accumulation(self, world_size: int) -> tuple[int, int]:
-        """(micro_batch_size, micro-batches per step) for `world_size` processes; refuses what cannot be."""
-        if self.steps < 1:
-            raise BertforgeError(f"--steps {self.steps} must be at least 1")
-        if not 0 <= self.warmup_steps < max(self.steps, 2):
-            raise BertforgeError(f"--warmup-steps {self.warmup_steps} must be at least 0 and below --steps "
-                                 f"{self.steps}, or the learning rate never decays")
-        micro = self.micro_batch_size or self.batch_size // world_size
-        if micro < 1 or self.batch_size % (micro * world_size):
-            raise BertforgeError(
-                f"batch size {self.batch_size} is not divisible by micro-batch size {micro} x {world_size} "
-                f"process(es); choose --batch-size a multiple of {max(micro, 1) * world_size}")
-        return micro, self.batch_size // (micro * world_size)
 
 
 class TrainingInterrupted(Exception):
@@ -118,9 +82,6 @@ class _StopFlag:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

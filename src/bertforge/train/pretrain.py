@@ -8,7 +8,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -20,6 +20,7 @@ from bertforge.data.loader import PretrainingData
 from bertforge.device import to_device
 from bertforge.errors import BertforgeError
 from bertforge.heads import IGNORE_INDEX, BertForPreTraining
+from bertforge.options import DataOptions
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
 from bertforge.train.budget import BudgetPlan, agree, load_plan, plan_steps, save_plan, time_call, time_steps
@@ -37,22 +38,6 @@ from bertforge.train.report import plot_metrics
 from bertforge.train.rundir import check_resume, claim_run_dir
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
-
-
-@dataclass
-class DataOptions:
-    """How instances are made from the prepared shards (defaults: the paper's)."""
-
-    short_seq_prob: float = 0.1
-    masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int | None = None  # None: `default_max_predictions`, the paper's 20 at 128, 80 at 512
-    nsp: bool = True  # next-sentence prediction; False: single-segment instances filling the sequence
-    whole_word_mask: bool = False
-    dupe_factor: int | None = None  # None: dynamic masking (new masks every epoch)
-    seed: int = 12345
-    eval_batches: int = 20  # validation batches per evaluation and process, of the micro-batch size
-    num_workers: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class PretrainingObjective:

@@ -69,7 +69,7 @@ def claim_run_dir(out_dir: str | Path, *, resume: bool) -> RunDir:
     lock_existed = (path / LOCK_FILE).exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for every output
     except OSError as e:
         raise BertforgeError(f"cannot use --out {path}: {e.strerror or e}") from None
     try:

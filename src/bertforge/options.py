@@ -1,0 +1,223 @@
+"""The library's options, each declared once: its name, type, default, help and the values it may take.
+
+An option is a dataclass field made with `option(default, help=..., bound=...)`. The option classes here are
+what the library's entry points take (`Trainer` a `LoopConfig`, `pretrain` a `DataOptions`, `finetune` a
+`FinetuneOptions`, `run_demo` a `DemoOptions`), and the `bertforge` commands build their command lines from
+these same fields (`bertforge.commands.base`): the flag from the field's name (or its `flag`), the help and the
+default from the declaration, and a numeric option's `bound` checked where a value arrives, on the command line
+or in a `--config` file. A field declared without `option` is the library's only: the code that makes the class
+sets it.
+
+The classes live here, not beside the code that uses them, because this module imports only the standard
+library (and the recipes' names, which do too): building the command line must not import torch, or every
+`bertforge --help` and every `error:` line would wait seconds for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass
+from typing import Any
+
+from bertforge.errors import BertforgeError
+from bertforge.train.recipe import RECIPES
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric option may take: `lo` and `hi` (None: unbounded), each included unless `*_open`;
+    `why` is added to the refusal."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    why: str = ""
+
+    def describe(self) -> str:
+        if self.hi is None:
+            return f"above {self.lo}" if self.lo_open else f"at least {self.lo}"
+        if self.lo is None:
+            return f"below {self.hi}" if self.hi_open else f"at most {self.hi}"
+        return f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
+
+    def because(self, why: str) -> Bound:
+        return dataclasses.replace(self, why=why)
+
+    def admits(self, value: float) -> bool:
+        above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        return above and below
+
+
+def at_least(n: int, why: str = "") -> Bound:
+    return Bound(lo=n, why=why)
+
+
+POSITIVE = Bound(lo=0, lo_open=True)  # a learning rate, a number of epochs, minutes
+PROBABILITY = Bound(lo=0, hi=1, lo_open=True, hi_open=True)  # a share that must leave some of both sides
+FRACTION = Bound(lo=0, hi=1, hi_open=True)  # a share that may be zero but not all (dropout, warmup, held out)
+MIN_SEQ_LEN = at_least(8)  # the least `prepare` makes instances for
+SEED = Bound(lo=0, hi=2**32 - 1, why="a seed is a 32-bit number")
+
+PRECISIONS = ("auto", "fp32", "bf16")  # see `bertforge.train.loop.resolve_precision`
+
+
+def option(default: Any = MISSING, *, help: str, flag: str | None = None, positional: bool = False,
+           short: str | None = None, choices: list[str] | tuple[str, ...] | None = None, metavar: str | None = None,
+           bound: Bound | None = None) -> Any:
+    """Declare an option as a dataclass field: `help` says what it does (a text for `--help`, so it may name other
+    flags); `flag` is its command-line name when not the field's (`mask-prob` for `masked_lm_prob`); a numeric
+    one keeps its values within `bound`. `positional` and `short` are for a command's own arguments."""
+    return redeclare({"help": help, "flag": flag, "positional": positional, "short": short,
+                      "choices": list(choices) if choices else None, "metavar": metavar, "bound": bound}, default)
+
+
+def redeclare(metadata: Mapping[str, Any], default: Any) -> Any:
+    """A dataclass field with the option declaration `metadata` (what `option` puts in a field's `.metadata`)."""
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda d=default: list(d), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (MISSING when it has none)."""
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def same_as(cls: type, name: str) -> Any:
+    """The option `name` of the option class `cls`, for another class that takes it too."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return redeclare(f.metadata, default_of(f))
+
+
+def seed_option(default: int, help: str = "random seed") -> Any:
+    """A seed: every option class and command takes the same values."""
+    return option(default, help=help, bound=SEED)
+
+
+@dataclass
+class LoopConfig:
+    """The training loop's options.
+
+    `bertforge.train.loop.Trainer` runs pretraining and every fine-tuning task with them."""
+
+    steps: int = option(help="optimizer steps in the whole run", bound=at_least(1))
+    batch_size: int = option(help="global batch size: sequences per optimizer step, over all processes",
+                             bound=at_least(1))
+    micro_batch_size: int | None = option(None, help="sequences per forward pass per process; gradients are "
+                                          "accumulated up to --batch-size (default: batch size / processes)",
+                                          bound=at_least(1))
+    lr: float = option(1e-4, help="peak learning rate", bound=POSITIVE)
+    warmup_steps: int = option(10000, help="linear warmup steps, then linear decay to zero", bound=at_least(0))
+    weight_decay: float = option(0.01, help="AdamW weight decay, not on biases and LayerNorm", bound=at_least(0))
+    betas: tuple[float, float] = option((0.9, 0.999), metavar="B", help="Adam's beta1 beta2", bound=FRACTION)
+    optimizer: str = option("adamw", choices=["adamw", "lamb"], help="adamw, or lamb for large batches")
+    clip_grad_norm: float = option(1.0, help="clip the gradients' norm to this (0: no clipping)", bound=at_least(0))
+    log_every: int = option(10, help="write a metrics.jsonl line every K steps", bound=at_least(1))
+    eval_every: int = option(0, help="evaluate on the validation split every K steps (0: at the end only)",
+                             bound=at_least(0))
+    save_every: int = option(0, help="checkpoint every K steps (0: at the end only; also on Ctrl-C/SIGTERM)",
+                             bound=at_least(0))
+    keep_last: int = option(3, help="checkpoints to keep",
+                            bound=at_least(1, "the last checkpoint is what --resume needs"))
+    seed: int = seed_option(0, help="seed of the training's randomness (dropout; pretrain: initialisation too)")
+    compile: bool = option(False, help="torch.compile the encoder (dynamic shapes: one graph for every batch)")
+    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    precision: str = option("auto", choices=PRECISIONS,
+                            help="bf16 autocast (weights and optimizer stay fp32) or fp32; auto: bf16 on CUDA devices "
+                                 "with native bf16, fp32 elsewhere (bf16 pays on CPUs with AVX512-BF16 or AMX, about "
+                                 "1.6x)")
+    progress: bool = option(True, help="show progress: a bar on a terminal, a plain line a minute in a log file "
+                                       "(--no-progress: none; metrics.jsonl is written either way)")
+    best_metric: str | None = None  # set by fine-tuning: the evaluation metric whose best model is kept in best/
+
+    def accumulation(self, world_size: int) -> tuple[int, int]:
+        """(micro_batch_size, micro-batches per step) for `world_size` processes; refuses what cannot be."""
+        if self.steps < 1:
+            raise BertforgeError(f"--steps {self.steps} must be at least 1")
+        if not 0 <= self.warmup_steps < max(self.steps, 2):
+            raise BertforgeError(f"--warmup-steps {self.warmup_steps} must be at least 0 and below --steps "
+                                 f"{self.steps}, or the learning rate never decays")
+        micro = self.micro_batch_size or self.batch_size // world_size
+        if micro < 1 or self.batch_size % (micro * world_size):
+            raise BertforgeError(
+                f"batch size {self.batch_size} is not divisible by micro-batch size {micro} x {world_size} "
+                f"process(es); choose --batch-size a multiple of {max(micro, 1) * world_size}")
+        return micro, self.batch_size // (micro * world_size)
+
+
+@dataclass
+class DataOptions:
+    """How pretraining makes instances from the prepared shards (defaults: the paper's).
+
+    `bertforge.train.pretrain.pretrain` takes them."""
+
+    short_seq_prob: float = option(0.1, help="share of instances with a random shorter target length",
+                                   bound=Bound(lo=0, hi=1))
+    masked_lm_prob: float = option(0.15, flag="mask-prob", help="share of positions masked for MLM",
+                                   bound=PROBABILITY.because("a masking rate that masks nothing or everything "
+                                                             "teaches nothing"))
+    max_predictions_per_seq: int | None = option(None, help="masked positions per sequence at most (default: the "
+                                                 "paper's 20 at length 128, 80 at 512)", bound=at_least(1))
+    nsp: bool = option(True, help="next-sentence prediction; --no-nsp makes single-segment instances that fill the "
+                                  "sequence")
+    whole_word_mask: bool = option(False, help="mask all WordPieces of a word together")
+    dupe_factor: int | None = option(None, help="static masking with this many mask copies (default: dynamic "
+                                     "masking, new masks every epoch)", bound=at_least(1))
+    seed: int = seed_option(12345, help="seed of the data order and masks")
+    eval_batches: int = option(20, help="validation batches of the micro-batch size per evaluation and process "
+                                        "(0: no evaluation)", bound=at_least(0))
+    num_workers: int = option(0, flag="workers", help="data loader worker processes (0: load in the training "
+                                                      "process)", bound=at_least(0))
+
+
+@dataclass
+class FinetuneOptions:
+    """How fine-tuning trains (defaults: the paper's).
+
+    `bertforge.train.finetune.finetune` and the sweeps of `bertforge.train.sweep` take them."""
+
+    lr: float = option(3e-5, help="peak learning rate (the paper: 5e-5, 3e-5 or 2e-5)", bound=POSITIVE)
+    batch_size: int = option(32, help="batch size (the paper: 16 or 32)", bound=at_least(1))
+    epochs: float = option(3.0, help="epochs (the paper: 2 to 4)", bound=POSITIVE)
+    warmup_ratio: float = option(0.1, help="fraction of steps with linear warmup", bound=FRACTION)
+    weight_decay: float = same_as(LoopConfig, "weight_decay")
+    seed: int = seed_option(42)
+    max_length: int | None = option(None, help="sequence length (default: 128; SQuAD 384)",
+                                    bound=at_least(5, "[CLS] A [SEP] B [SEP] needs 5"))
+    micro_batch_size: int | None = same_as(LoopConfig, "micro_batch_size")
+    from_scratch: bool = option(False, help="random weights with --init's architecture and tokenizer (a baseline)")
+    max_train_examples: int | None = option(None, help="use only the first N training examples", bound=at_least(1))
+    eval_batch_size: int = option(64, help="sequences per forward pass when evaluating on dev", bound=at_least(1))
+    device: str | None = same_as(LoopConfig, "device")
+    progress: bool = same_as(LoopConfig, "progress")
+    compile: bool = same_as(LoopConfig, "compile")
+    precision: str = same_as(LoopConfig, "precision")
+
+
+@dataclass
+class DemoOptions:
+    """What the demo does: the whole journey on the demo data (`bertforge.demo.run_demo`)."""
+
+    out: str = option("runs/demo", help="output directory (a re-run reuses finished stages)")
+    cache: str | None = option(None, help="where fetched demo data is cached (default: ~/.cache/bertforge)")
+    corpus: list[str] | None = option(None, help="pretrain on your own text (files, directories, globs) instead")
+    minutes: float = option(10.0, help="pretraining budget in minutes", bound=POSITIVE)
+    model: str = option("mini", help="model preset to pretrain")
+    recipe: str = option("budget", choices=list(RECIPES), help="pretraining recipe (see bertforge pretrain --help)")
+    vocab_size: int = option(8000, help="WordPiece vocabulary size",
+                             bound=at_least(6, "the 5 special tokens and at least one piece"))
+    batch_size: int | None = option(None, help="pretraining batch size (default: the recipe's)", bound=at_least(1))
+    finetune_epochs: float = option(2.0, help="fine-tuning epochs on Rotten Tomatoes", bound=POSITIVE)
+    # Each side at the learning rate that measured best for it (docs/experiments/budget-pretraining.md).
+    finetune_lr_pretrained: float = option(1e-3, help="fine-tuning learning rate from the pretrained model",
+                                           bound=POSITIVE)
+    finetune_lr_scratch: float = option(3e-4, help="fine-tuning learning rate from random weights", bound=POSITIVE)
+    finetune_seeds: int = option(3, help="fine-tuning runs per side (pretrained, random weights), one seed each",
+                                 bound=at_least(1))
+    finetune_examples: int | None = option(None, help="fine-tune on only the first N training reviews",
+                                           bound=at_least(1))
+    seed: int = seed_option(12345)
+    progress: bool = same_as(LoopConfig, "progress")

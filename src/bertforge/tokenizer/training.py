@@ -1,0 +1,205 @@
+"""Learning a WordPiece vocabulary from a corpus, the same in every run, and measuring how well one covers a corpus.
+
+The engine's WordPiece trainer counts words and learns merges in Rust on all cores, but left alone its vocabulary
+changed from run to run (three processes, one corpus: three different vocab.txt files, and different token sets,
+not only orders). It numbers the `##c` pieces in the iteration order of a hash map whose seed is random in every
+process, and it breaks ties between equally frequent pairs by those numbers; when `limit_alphabet` cuts the
+alphabet, it also drops among equally frequent characters in hash order. Threads are not the cause (its counts
+are sums), nor is PYTHONHASHSEED (the maps are Rust's).
+
+The rule that replaces the hash order: a first pass here counts the characters of the normalized words
+(`count_alphabet`), keeps the `limit_alphabet` most frequent (on a tie, the lower code point), and hands the
+engine the whole initial vocabulary in a fixed order, as tokens it must number first: the special tokens, the
+kept characters by code point, then by code point the ## form of each one that occurs inside a word. The engine
+then numbers only the pieces it learns, in the order it learns them, so its tie-breaks are the same in every
+process. (One corner stays the engine's: its merge queue can hold two entries for the same pair with the same
+count, when a piece is formed by two different merges, and takes them in the order of its heap. None of the
+runs we compared, in separate processes over five corpora, has differed.)
+
+vocab.txt is then: the special tokens ([PAD] = 0), the characters, their ## forms, the learned pieces.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tokenizers
+from tokenizers import trainers
+
+from bertforge.data.corpus import ReadStats, expand_inputs, read_sentences
+from bertforge.errors import BertforgeError
+from bertforge.io import progress_reporter
+from bertforge.tokenizer.engine import CONTROL_BYTES, SURROGATES, pipeline, wordpiece
+from bertforge.tokenizer.unicode import class_table
+from bertforge.tokenizer.vocab import SPECIAL_TOKENS, SUBWORD_PREFIX
+
+if TYPE_CHECKING:
+    from bertforge.tokenizer.wordpiece import Tokenizer
+
+COUNT_BATCH_CHARS = 1 << 20  # text normalized per call while counting characters
+ENGINE_BATCH_CHARS = 1 << 16  # text per engine input while training: the engine holds 256 inputs at a time
+_WORD_ENDS = " \t\n\r"  # after normalization only " " is left; the ASCII path sees the others
+
+
+@dataclass(frozen=True)
+class Alphabet:
+    """The characters a vocabulary starts from (`count_alphabet`)."""
+
+    chars: list[str]  # the kept characters, by code point
+    continuations: list[str]  # "##c" for each kept c that occurs after another character of a word, by code point
+    dropped: int  # distinct characters beyond `limit_alphabet`: they become [UNK]
+
+    @property
+    def initial_tokens(self) -> list[str]:
+        """The vocabulary before any piece is learned: the least `vocab_size` that can be honoured."""
+        return [*SPECIAL_TOKENS, *self.chars, *self.continuations]
+
+
+def count_alphabet(texts: Iterable[str], *, lowercase: bool, limit_alphabet: int) -> Alphabet:
+    """Count the characters of the words of `texts` as the engine's trainer sees them (normalized, split into
+    words) and keep the `limit_alphabet` most frequent, ties going to the lower code point.
+
+    ASCII text without control characters skips the normalizer: for it, normalizing is lowercasing (or nothing).
+    """
+    counts = np.zeros(sys.maxunicode + 1, np.int64)  # occurrences of each character
+    inner = np.zeros(sys.maxunicode + 1, bool)  # seen after another character of its word
+    word_end = class_table("split")  # punctuation and CJK are words of their own, spaces separate words
+    word_end[[ord(c) for c in _WORD_ENDS]] = True
+    normalizer = pipeline(lowercase)[0]
+
+    def tally(batch: list[str], ascii_only: bool) -> None:
+        if not batch:
+            return
+        text = "\n".join(batch)
+        raw = text.encode("ascii") if ascii_only else b""
+        if ascii_only and len(raw.translate(None, CONTROL_BYTES)) == len(raw):
+            cps = np.frombuffer(raw.lower() if lowercase else raw, np.uint8)
+        else:
+            normalized = normalizer.normalize_str(SURROGATES.sub("\ufffd", text))
+            cps = np.frombuffer(normalized.encode("utf-32-le"), np.uint32)
+        found = np.bincount(cps)
+        counts[:len(found)] += found
+        in_word = ~word_end[cps]
+        inner[cps[1:][in_word[1:] & in_word[:-1]]] = True
+
+    for batch in batches(texts, COUNT_BATCH_CHARS):
+        tally([t for t in batch if t.isascii()], True)
+        tally([t for t in batch if not t.isascii()], False)
+    counts[[ord(c) for c in _WORD_ENDS]] = 0
+    seen = np.flatnonzero(counts)
+    by_count = seen[np.lexsort((seen, -counts[seen]))]  # most frequent first, then by code point
+    kept = np.sort(by_count[:limit_alphabet]).tolist()
+    return Alphabet(chars=[chr(c) for c in kept], continuations=[SUBWORD_PREFIX + chr(c) for c in kept if inner[c]],
+                    dropped=len(seen) - len(kept))
+
+
+def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab_size: int, lowercase: bool,
+                min_frequency: int, limit_alphabet: int, show_progress: bool, strict: bool,
+                stats: ReadStats | None) -> list[str]:
+    """The tokens of a WordPiece vocabulary learned from a corpus, in id order (see `Tokenizer.train`).
+
+    Two passes over the corpus, each with bounded memory: `count_alphabet`, then the engine's trainer.
+    """
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise BertforgeError(f"vocab size {vocab_size} is too small: it must exceed the "
+                             f"{len(SPECIAL_TOKENS)} special tokens (BERT uses 30522)")
+    if min_frequency < 0 or limit_alphabet < 1:
+        raise BertforgeError(f"min_frequency must be >= 0 and limit_alphabet >= 1, got {min_frequency} "
+                             f"and {limit_alphabet}")
+    stats = stats if stats is not None else ReadStats()
+    paths = expand_inputs(files, stats)
+    bar = progress_reporter(sum(p.stat().st_size for p in paths), desc="characters", unit="B",
+                            enabled=show_progress)
+    alphabet = count_alphabet(read_sentences(paths, stats, progress=bar), lowercase=lowercase,
+                              limit_alphabet=limit_alphabet)
+    bar.close()
+    if not alphabet.chars:
+        raise BertforgeError(f"no text to learn from in {len(paths)} corpus file(s) ({len(stats.skipped)} skipped): "
+                             "check the corpus paths")
+    initial = alphabet.initial_tokens
+    if strict and vocab_size < len(initial):
+        raise BertforgeError(
+            f"vocab size {vocab_size} is too small for this corpus: the {len(SPECIAL_TOKENS)} special tokens, "
+            f"{len(alphabet.chars)} characters and {len(alphabet.continuations)} ## forms of them already make "
+            f"{len(initial)} tokens; ask for at least {len(initial)} (more to learn any word pieces), or keep "
+            f"fewer characters with a lower limit_alphabet (--limit-alphabet)")
+    tk = tokenizers.Tokenizer(wordpiece())
+    tk.normalizer, tk.pre_tokenizer = pipeline(lowercase)
+    # The initial tokens as the trainer's "special tokens" make it number them first, in this order; the
+    # initial alphabet with a limit of its own size keeps exactly these characters.
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=initial,
+        initial_alphabet=alphabet.chars, limit_alphabet=len(alphabet.chars),
+        continuing_subword_prefix=SUBWORD_PREFIX, show_progress=show_progress)
+    texts = read_sentences(paths, ReadStats())  # what the first pass read; its stats are already counted
+    tk.train_from_iterator(engine_inputs(texts, ENGINE_BATCH_CHARS), trainer=trainer)
+    by_id = sorted(tk.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    vocab = [tok for tok, _ in by_id]
+    # An engine that numbered tokens itself (an engine bug, or a character the count missed) would bring
+    # the hash order back: refuse rather than write a vocabulary that differs from run to run.
+    learned = vocab[len(initial):]
+    if ([i for _, i in by_id] != list(range(len(by_id))) or vocab[:len(initial)] != initial
+            or any(t.startswith(SUBWORD_PREFIX) and len(t) == len(SUBWORD_PREFIX) + 1 for t in learned)):
+        raise RuntimeError("the engine's trained vocabulary does not start with the initial tokens in order")
+    return vocab
+
+
+def batches(texts: Iterable[str], max_chars: int) -> Iterator[list[str]]:
+    """Consecutive texts in lists of about `max_chars` characters (more when one text is longer)."""
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= max_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def engine_inputs(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+    """Texts joined by newlines (a space to the normalizer, so no word spans two texts) into engine inputs of
+    about `max_chars`, lone surrogates replaced (see engine.SURROGATES)."""
+    for batch in batches(texts, max_chars):
+        text = "\n".join(batch)
+        yield text if text.isascii() else SURROGATES.sub("\ufffd", text)
+
+
+def corpus_summary(tokenizer: Tokenizer, texts: Iterable[str], *, max_words: int | None = 10_000_000) -> dict:
+    """How well the vocabulary covers a corpus, measured on its first `max_words` words (None: all).
+
+    Words are the pre-tokens (a run of letters/digits, or one punctuation character or CJK ideograph).
+    Returns vocab_size, texts, words, tokens, single_token_words (share of words that are one token),
+    tokens_per_word, and unk_rate (share of tokens that are [UNK]; each [UNK] replaces a whole word).
+    """
+    n_texts = n_words = n_tokens = n_single = n_unk = 0
+    for batch in batches(texts, COUNT_BATCH_CHARS):
+        encs = tokenizer._segments(batch)
+        lengths = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
+        total = int(lengths.sum())
+        n_texts += len(encs)
+        if total == 0:
+            continue
+        words = np.fromiter(itertools.chain.from_iterable(e.word_ids for e in encs), dtype=np.int64, count=total)
+        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=total)
+        starts = np.zeros(total, dtype=bool)  # a word starts where the word id changes or a new text begins
+        starts[0] = True
+        starts[1:] = words[1:] != words[:-1]
+        starts[np.cumsum(lengths)[:-1][lengths[1:] > 0]] = True
+        run_lengths = np.diff(np.append(np.flatnonzero(starts), total))
+        n_words += len(run_lengths)
+        n_single += int((run_lengths == 1).sum())
+        n_tokens += total
+        n_unk += int((ids == tokenizer.unk_id).sum())
+        if max_words is not None and n_words >= max_words:
+            break
+    return {"vocab_size": tokenizer.vocab_size, "texts": n_texts, "words": n_words, "tokens": n_tokens,
+            "single_token_words": n_single / max(n_words, 1), "tokens_per_word": n_tokens / max(n_words, 1),
+            "unk_rate": n_unk / max(n_tokens, 1)}
