@@ -15,6 +15,7 @@ import pytest
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer import SPECIAL_TOKENS, Tokenizer, count_alphabet
+from bertforge.tokenizer.training import word_pieces
 
 # Letters with many equal counts (so the trainer meets ties among characters and among pairs), some of them
 # outside ASCII (the normalizer's path) and some only ever first in a word (no ## form).
@@ -189,3 +190,12 @@ def test_text_that_is_not_utf8_is_read_as_prepare_reads_it(tmp_path, capsys):
     prepared = json.loads((tmp_path / "data" / "manifest.json").read_text())["reading"]["counts"]
     assert learned["invalid_utf8_bytes_replaced"] == prepared["invalid_utf8_bytes_replaced"] == 3
     assert learned["sentences"] == prepared["sentences"] == 3
+
+
+def test_the_summary_encodes_long_texts_in_pieces_cut_at_spaces():
+    text = " ".join(f"w{i}" for i in range(5000))
+    pieces = list(word_pieces(["short", text, "x" * 50], 100))
+    assert pieces[0] == "short" and pieces[-1] == "x" * 50
+    assert "".join(pieces[1:-1]) == text
+    assert all(len(p) <= 100 for p in pieces)
+    assert all(p.startswith(" ") for p in pieces[2:-1])  # every cut is at a space: no word is split

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 COUNT_BATCH_CHARS = 1 << 20  # text normalized per call while counting characters
 ENGINE_BATCH_CHARS = 1 << 16  # text per engine input while training: the engine holds 256 inputs at a time
+SUMMARY_TEXT_CHARS = 1 << 13  # the coverage summary encodes texts of at most about this many characters
 _WORD_ENDS = " \t\n\r"  # after normalization only " " is left; the ASCII path sees the others
 
 
@@ -164,6 +165,18 @@ def batches(texts: Iterable[str], max_chars: int) -> Iterator[list[str]]:
         yield batch
 
 
+def word_pieces(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+    """`texts`, each longer than `max_chars` cut at a space into pieces of about that size (the last word of a piece
+    may continue in the next), so that no one text makes the engine build a huge encoding."""
+    for text in texts:
+        while len(text) > max_chars:
+            cut = text.rfind(" ", 0, max_chars)
+            cut = max_chars if cut <= 0 else cut
+            yield text[:cut]
+            text = text[cut:]
+        yield text
+
+
 def engine_inputs(texts: Iterable[str], max_chars: int) -> Iterator[str]:
     """Texts joined by newlines (a space to the normalizer, so no word spans two texts) into engine inputs of
     about `max_chars`, lone surrogates replaced (see engine.SURROGATES)."""
@@ -180,7 +193,7 @@ def corpus_summary(tokenizer: Tokenizer, texts: Iterable[str], *, max_words: int
     tokens_per_word, and unk_rate (share of tokens that are [UNK]; each [UNK] replaces a whole word).
     """
     n_texts = n_words = n_tokens = n_single = n_unk = 0
-    for batch in batches(texts, COUNT_BATCH_CHARS):
+    for batch in batches(word_pieces(texts, SUMMARY_TEXT_CHARS), COUNT_BATCH_CHARS):
         encs = tokenizer._segments(batch)
         lengths = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
         total = int(lengths.sum())
