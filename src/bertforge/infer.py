@@ -1,21 +1,29 @@
 """Inference on new text: fill-mask, task predictions (classification, regression, NER, QA, multiple choice)
 and embeddings, from Python and the command line.
 
-Speed on CPU comes from never computing on padding beyond what a batch needs: inputs are sorted by length and
-batched by a token budget, so each batch is padded only to its own longest sequence, and results are put back
-in input order. `quantize="int8"` swaps every Linear layer for a dynamically quantized int8 one.
+Speed on CPU comes from three choices, each measured by bench/inference.py:
+- no computing on padding beyond what a batch needs: inputs are sorted by length and batched by a token
+  budget, so each batch is padded only to its own longest sequence, and results are put back in input order;
+- every Linear layer's weight laid out once for oneDNN's matrix kernels (`pack_linears`): the matrix products
+  are most of the time on short texts, and torch's nn.Linear hands fp32 ones to MKL, which packs the weight
+  anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight);
+- a narrower number format where the CPU multiplies it natively: `precision="bf16"` (the whole model in
+  bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers with int32 sums on
+  CPUs with VNNI, the rest fp32).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
@@ -27,7 +35,8 @@ from bertforge.device import pick_device
 from bertforge.errors import BertforgeError
 from bertforge.heads import BertForMaskedLM
 from bertforge.io import open_text
-from bertforge.model import BertModel
+from bertforge.model import BertLayer, BertModel
+from bertforge.options import INFERENCE_PRECISIONS
 from bertforge.tasks.runner import load_task_model, run_model
 from bertforge.tokenizer import Tokenizer
 
@@ -36,28 +45,107 @@ MAX_TOKENS = 8192
 MAX_BATCH = 256
 
 
-class FullRangeLinear(DynamicLinear):
-    """torch's dynamic int8 Linear with 8-bit activations (its own forward asks for 7: reduce_range)."""
+
+@functools.cache
+def _has_onednn_ops() -> bool:
+    """Does this torch build have the oneDNN operators `PackedLinear` and `Int8Linear` call (torch's own
+    compiler calls them for CPU code; they are not a public API, so their absence means plain nn.Linear)?"""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.onednn, "qlinear_pointwise"))
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear for CPU inference: its weight reordered once, in fp32 or bf16, into the blocked layout of
+    oneDNN's matrix kernels, which then read it as it is on every call. The product is nn.Linear's in the
+    weight's dtype (fp32: the same to rounding, max |difference| ~1e-6 on unit-scale inputs)."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        # a oneDNN tensor (layout torch._mkldnn), not a Parameter: state_dict and .to() do not apply to it
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype))
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False)
-        return y.to(x.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+class Int8Linear(nn.Module):
+    """A dynamically quantized Linear on oneDNN's int8 kernels. The weight is int8, symmetric per output
+    channel, reordered once; activations are quantized per call to all 8 bits (u8, per tensor, the zero point
+    placed by the batch's min and max, a range that always holds 0); the products are summed in int32 (VNNI)
+    and the output is fp32. `activation="gelu"` applies the exact (erf) GELU to the output inside the kernel."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        self.weight_scale = w.abs().amax(1).clamp(min=1e-12) / 127  # (out,)
+        self.weight_zero = torch.zeros(self.out_features, dtype=torch.long)
+        q = (w / self.weight_scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        self.weight = torch.ops.onednn.qlinear_prepack(q, None)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self.activation = "none"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lo, hi = torch.aminmax(x)
+        lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+        scale = (hi - lo) / 254.99 or 1.0  # codes of [lo, hi] then stay within [0, 256): no clamping pass
+        zero = round(-lo / scale)
+        # x / scale + zero rounded half up by the truncating cast, through int16: torch casts float to uint8
+        # one value at a time, 3x slower than both casts
+        codes = torch.add(torch.tensor(zero + 0.5), x.float(), alpha=1 / scale).to(torch.int16).to(torch.uint8)
+        return torch.ops.onednn.qlinear_pointwise(codes, scale, zero, self.weight, self.weight_scale,
+                                                  self.weight_zero, self.bias, 1.0, 0, torch.float32,
+                                                  self.activation, [], "none")
+
+
+def _fuse_gelu(model: nn.Module) -> None:
+    """The feed-forward GELU of every BertLayer moved into its int8 `intermediate` product (oneDNN applies it
+    as the product is written, instead of a pass over the (B, T, I) output), where the layer's activation
+    is the exact GELU: about 1.1x on the whole int8 model (bench/inference.py's MiniLM, 2 threads)."""
+    for layer in model.modules():
+        if isinstance(layer, BertLayer) and layer.act is F.gelu and isinstance(layer.intermediate, Int8Linear):
+            layer.intermediate.activation = "gelu"
+            layer.act = nn.Identity()
+
+
+def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """Every nn.Linear of `model` replaced by `make(linear)`, in place."""
+    for name, child in model.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(model, name, make(child))
+        else:
+            _swap_linears(child, make)
+    return model
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """Every nn.Linear of a CPU model replaced by a `PackedLinear` in the model's dtype, in place (unchanged
+    where torch lacks the oneDNN operators). For inference: the packed weights take no gradient."""
+    if not _has_onednn_ops():
+        return model
+    return _swap_linears(model, lambda lin: PackedLinear(lin, lin.weight.dtype))
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Dynamic int8 quantization of every nn.Linear, in place: weights int8 per output channel, once;
-    activations quantized per batch (per tensor, by the fbgemm/x86 kernels); CPU only. Embeddings, LayerNorm
-    and the MLM decoder (tied to the word embeddings, a plain matrix product) stay fp32.
+    activations quantized per batch, per tensor; CPU only. Embeddings, LayerNorm, attention and the MLM
+    decoder (tied to the word embeddings, a plain matrix product) stay fp32.
 
-    Per-channel weights, not torch's per-tensor default: on fine-tuned MiniLM (rotten-tomatoes test) they
-    keep 95.9% of fp32's predicted labels instead of 93.3%, at the same speed. Activations get all 8 bits
-    where the CPU has int8 dot products into int32 (`bertforge.cpu.has_int8_dot_product`); elsewhere torch's
-    7 bits, which keep fbgemm's int16 pair sums from saturating."""
-    mapping = {nn.Linear: FullRangeLinear if cpu.has_int8_dot_product() else DynamicLinear}
+    Per-channel weights, not per-tensor: on fine-tuned MiniLM (rotten-tomatoes test) they kept 95.9% of
+    fp32's predicted labels instead of 93.3%, at the same speed. Where the CPU has int8 dot products into
+    int32 (`bertforge.cpu.has_int8_dot_product`) the layers are `Int8Linear`, on oneDNN, with 8-bit
+    activations; elsewhere torch's fbgemm layers with 7-bit activations, which keep fbgemm's int16 pair sums
+    from saturating."""
+    if cpu.has_int8_dot_product() and _has_onednn_ops():
+        _swap_linears(model, Int8Linear)
+        _fuse_gelu(model)
+        return model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
         return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
-                                mapping=mapping, inplace=True)
+                                mapping={nn.Linear: DynamicLinear}, inplace=True)
 
 
 def length_batches(lengths: Sequence[int], *, max_tokens: int = MAX_TOKENS,
@@ -89,11 +177,39 @@ def _padded_batch(rows: list[list[int]], pad_id: int, device: torch.device) -> t
     return ids.to(device), mask.to(device)
 
 
-def _check_options(quantize: str | None, device: str | None) -> None:
+def _check_options(quantize: str | None, device: str | None, precision: str = "fp32") -> torch.device:
+    """The device inference runs on, once `quantize`, `device` and `precision` are known to go together."""
     if quantize not in (None, "none", "int8"):
         raise BertforgeError(f"--quantize {quantize!r}: only int8 is supported")
+    if precision not in INFERENCE_PRECISIONS:
+        raise BertforgeError(f"--precision {precision!r}: use one of {', '.join(INFERENCE_PRECISIONS)}")
     if quantize == "int8" and device not in (None, "cpu"):
         raise BertforgeError("--quantize int8 runs on the CPU only: drop --device or --quantize")
+    if quantize == "int8" and precision == "bf16":
+        raise BertforgeError("--quantize int8 keeps the rest of the model in fp32 (with bf16 there it was slower and "
+                             "less accurate): drop --precision bf16, or --quantize for bf16 alone")
+    where = torch.device("cpu") if quantize == "int8" else pick_device(device)
+    if precision == "bf16" and where.type == "cpu" and not cpu.has_native_bf16():
+        raise BertforgeError("--precision bf16: this CPU has no bf16 dot products (AVX512-BF16 or AMX), so bf16 "
+                             "would run slower than fp32; use --precision fp32, or auto to choose by the CPU")
+    if precision == "bf16" and where.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise BertforgeError("--precision bf16: this GPU does not support bf16; use --precision fp32 or auto")
+    return where
+
+
+def inference_dtype(precision: str, device: torch.device, quantize: str | None = None) -> torch.dtype:
+    """The dtype a model runs in for `precision` on `device`: `auto` is bf16 where the hardware multiplies bf16
+    natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU with bf16) and fp32 elsewhere; around int8 Linear
+    layers (`quantize`) the model stays fp32.
+
+    bf16 keeps 8 significant bits (each value rounded by up to 2^-8 of itself); on the fine-tuned MiniLM
+    classifier of bench/inference.py its Rotten Tomatoes accuracy stayed within 0.3 points of fp32 on dev and
+    test."""
+    if precision == "auto" and quantize != "int8":
+        native = cpu.has_native_bf16() if device.type == "cpu" else \
+            device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if native else torch.float32
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 def _load(cls, path: str | Path) -> tuple[nn.Module, list[str]]:
@@ -107,12 +223,13 @@ def _load(cls, path: str | Path) -> tuple[nn.Module, list[str]]:
     return model.eval(), fresh
 
 
-def _prepare(model: nn.Module, quantize: str | None, device: str | None) -> nn.Module:
-    """The model quantized (CPU) or moved to its device."""
-    _check_options(quantize, device)
+def _prepare(model: nn.Module, quantize: str | None, device: torch.device, precision: str) -> nn.Module:
+    """The model in its inference form: on `device` in the dtype of `precision`, its Linear layers int8
+    (`quantize`, CPU) or, on the CPU, packed for oneDNN."""
+    model = model.to(device=device, dtype=inference_dtype(precision, device, quantize))
     if quantize == "int8":
-        return quantize_int8(model.cpu())
-    return model.to(pick_device(device))
+        return quantize_int8(model)
+    return pack_linears(model) if device.type == "cpu" else model
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -135,12 +252,13 @@ class Encoder:
     """A model directory's encoder for embeddings: `Encoder("runs/mini").embed(["a text", ...])`.
 
     Any model directory works (pretrained or fine-tuned; heads are ignored). `pooling="pooler"` needs the
-    pooler weights (BERT pretrained with NSP has them, a masked-LM-only model does not).
+    pooler weights (BERT pretrained with NSP has them, a masked-LM-only model does not). `precision` and
+    `quantize` as for `Predictor`.
     """
 
     def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
-                 max_length: int = 512):
-        _check_options(quantize, device)
+                 precision: str = "fp32", max_length: int = 512):
+        where = _check_options(quantize, device, precision)
         self.tokenizer = Tokenizer.from_pretrained(path)
         model, fresh = _load(BertModel, path)
         if any(k.startswith("pooler.") for k in fresh):
@@ -148,7 +266,7 @@ class Encoder:
         self.tokenizer.check_compatible(model.config)
         self.max_length = min(max_length, model.config.max_position_embeddings)
         self.hidden_size = model.config.hidden_size
-        self.model = _prepare(model, quantize, device)
+        self.model = _prepare(model, quantize, where, precision)
 
     @torch.no_grad()
     def embed(self, texts: Sequence[str], *, pooling: str = "cls", normalize: bool = False,
@@ -173,8 +291,8 @@ class Encoder:
             elif pooling == "pooler":
                 vec = res.pooled_output
             else:
-                m = mask.unsqueeze(-1).to(res.sequence_output.dtype)  # (B, T, 1)
-                vec = (res.sequence_output * m).sum(1) / m.sum(1)
+                m = mask.unsqueeze(-1).float()  # (B, T, 1)
+                vec = (res.sequence_output.float() * m).sum(1) / m.sum(1)  # summed in fp32 under bf16 too
             out[idx] = vec.float().cpu().numpy()
         if normalize:
             out /= np.linalg.norm(out, axis=1, keepdims=True).clip(min=1e-12)
@@ -185,11 +303,12 @@ class MaskFiller:
     """`MaskFiller("runs/mini").fill("the [MASK] of the union", top_k=5)`: the likeliest tokens per [MASK].
 
     The MLM head runs on the [MASK] positions only (not on every token), so its vocabulary-sized output
-    costs nothing for the rest of the text.
+    costs nothing for the rest of the text. `precision` and `quantize` as for `Predictor`.
     """
 
-    def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None):
-        _check_options(quantize, device)
+    def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
+                 precision: str = "fp32"):
+        where = _check_options(quantize, device, precision)
         model, fresh = _load(BertForMaskedLM, path)
         if any(k.startswith("cls.predictions.") for k in fresh):
             raise BertforgeError(f"{path} has no masked-LM head (cls.predictions.*): fill-mask needs a model from "
@@ -197,7 +316,7 @@ class MaskFiller:
         self.tokenizer = Tokenizer.from_pretrained(path)
         self.tokenizer.check_compatible(model.config)
         self.max_length = model.config.max_position_embeddings
-        self.model = _prepare(model, quantize, device)
+        self.model = _prepare(model, quantize, where, precision)
 
     @torch.no_grad()
     def fill(self, texts: str | Sequence[str], *, top_k: int = 5,
@@ -293,12 +412,18 @@ def _example(task, record: dict, n: int):
 class Predictor:
     """A fine-tuned model directory (from `bertforge finetune`), loaded once for many predictions:
     `Predictor("runs/sst2").predict([{"text": "a gorgeous, witty film"}])`. The task (and so the output) is
-    read from the directory's task.json; see `predict`."""
+    read from the directory's task.json; see `predict`.
 
-    def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None):
-        _check_options(quantize, device)
-        self.task_model = load_task_model(path, device="cpu" if quantize == "int8" else device)
-        self.task_model.model = _prepare(self.task_model.model, quantize, "cpu" if quantize == "int8" else device)
+    The same options as `Encoder` and `MaskFiller`: `precision` fp32 (the default), bf16 (about twice as
+    fast on CPUs with AVX512-BF16 or AMX) or auto (bf16 where the hardware has it); `quantize="int8"` (CPU)
+    makes the Linear layers int8 and keeps the rest fp32; bench/inference.py measures each against ONNX
+    Runtime, with its accuracy."""
+
+    def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
+                 precision: str = "fp32"):
+        where = _check_options(quantize, device, precision)
+        self.task_model = load_task_model(path, device=str(where))
+        self.task_model.model = _prepare(self.task_model.model, quantize, where, precision)
         self.task = self.task_model.task
 
     @torch.no_grad()
@@ -345,6 +470,7 @@ def _results(task, examples: list, features: list, outputs: Any) -> list[dict]:
 
 
 def predict_records(path: str | Path, records: Sequence[dict], *, batch_size: int = 64,
-                    device: str | None = None, quantize: str | None = None) -> list[dict]:
+                    device: str | None = None, quantize: str | None = None, precision: str = "fp32") -> list[dict]:
     """Predictions of a fine-tuned model directory for input records: `Predictor(path).predict(records)`."""
-    return Predictor(path, quantize=quantize, device=device).predict(records, batch_size=batch_size)
+    return Predictor(path, quantize=quantize, device=device, precision=precision).predict(records,
+                                                                                        batch_size=batch_size)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from bertforge.commands.base import Command, check_output_file, command_args, emit_jsonl, options_from
 from bertforge.errors import BertforgeError
-from bertforge.options import FinetuneOptions, at_least, option
+from bertforge.options import FinetuneOptions, at_least, inference_precision_option, option, quantize_option
 
 
 @command_args(FinetuneOptions)
@@ -122,6 +122,8 @@ class PredictArgs:
     out: str | None = option(None, help="write JSONL predictions here instead of standard output")
     batch_size: int = option(64, help="sequences per forward pass", bound=at_least(1))
     device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    quantize: str | None = quantize_option()
+    precision: str = inference_precision_option()
 
 
 def run_predict(args: PredictArgs) -> int:
@@ -132,7 +134,8 @@ def run_predict(args: PredictArgs) -> int:
     check_output_file(args.out)
     records = read_input_records(args.input) if args.input else [
         {"text": t, "text_pair": args.text_pair} for t in args.text]
-    results = predict_records(args.model, records, batch_size=args.batch_size, device=args.device)
+    results = predict_records(args.model, records, batch_size=args.batch_size, device=args.device,
+                              quantize=args.quantize, precision=args.precision)
     emit_jsonl(results, args.out, "predictions")
     return 0
 
