@@ -31,6 +31,7 @@ from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 from bertforge import cpu
 from bertforge.checkpoint import load_state, read_weights
 from bertforge.config import BertConfig
+from bertforge.data.padding import pad_ids
 from bertforge.device import pick_device
 from bertforge.errors import BertforgeError
 from bertforge.heads import BertForMaskedLM
@@ -164,16 +165,9 @@ def length_batches(lengths: Sequence[int], *, max_tokens: int = MAX_TOKENS,
         i += size
 
 
-def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)
-
-
 def _padded_batch(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention_mask), both (B, T) with T the longest row; padding on the right."""
-    ids = _pad(rows, pad_id)
-    lengths = torch.tensor([len(r) for r in rows])
-    mask = (torch.arange(ids.shape[1]) < lengths[:, None]).long()
+    """(ids, attention_mask) of `pad_ids`, on `device`."""
+    ids, mask = pad_ids(rows, pad_id)
     return ids.to(device), mask.to(device)
 
 
