@@ -234,3 +234,46 @@ def test_too_long_input_is_refused():
     model = BertModel(BertConfig.from_preset("tiny", vocab_size=50, max_position_embeddings=8))
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_explicit_attention_equals_the_fused_kernel_with_padding_and_query_subsets():
+    from bertforge.model import _explicit_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 7, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    mask[1, ..., 4:] = False  # a padded sequence
+    for queries in (q, q[:, :, [0, 3, 5]]):  # every position, or a few of them against all keys
+        ours = _explicit_attention(queries, k, v, mask, 0.0)
+        ref = torch.nn.functional.scaled_dot_product_attention(queries, k, v, attn_mask=mask)
+        torch.testing.assert_close(ours, ref)
+        grads = torch.autograd.grad(ours.sum(), (q, k, v), retain_graph=True)
+        ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+        for a, b in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_bf16_training_takes_the_explicit_attention_and_matches_the_fused_one(monkeypatch):
+    from bertforge import model as model_module
+
+    torch.manual_seed(0)
+    config = BertConfig.from_preset("tiny", vocab_size=100, hidden_dropout_prob=0.0,
+                                    attention_probs_dropout_prob=0.0)
+    attention = model_module.BertSelfAttention(config).train()
+    x = torch.randn(2, 16, config.hidden_size)
+    mask = torch.ones(2, 1, 1, 16, dtype=torch.bool)
+    mask[0, ..., 10:] = False
+    fused_calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention",
+                        lambda *a, **kw: fused_calls.append(1) or real_sdpa(*a, **kw))
+    with torch.autocast("cpu", torch.bfloat16):
+        explicit = attention(x, mask)
+        assert not fused_calls  # short sequence, bf16, training: the explicit kernel
+        with torch.no_grad():
+            fused = attention(x, mask)  # inference keeps the fused kernel
+        assert len(fused_calls) == 1
+    torch.testing.assert_close(explicit.float(), fused.float(), atol=2e-2, rtol=2e-2)
+    with torch.autocast("cpu", torch.bfloat16):
+        attention(torch.randn(1, model_module._EXPLICIT_ATTENTION_MAX_T + 1, config.hidden_size), None)
+    assert len(fused_calls) == 2  # long sequences keep the fused kernel too

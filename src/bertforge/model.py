@@ -75,8 +75,37 @@ class BertSelfAttention(nn.Module):
         if positions is not None:
             q = q.gather(2, positions[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))  # (B, N, P, D)
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, N, T or P, D)
+        if _explicit_attention_is_faster(q, T):
+            y = _explicit_attention(q, k, v, mask, p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, N, T or P, D)
         return y.transpose(1, 2).reshape(B, q.shape[2], -1)  # (B, T or P, H)
+
+
+# Training under bf16/fp16 autocast on a CPU, PyTorch's fused attention kernel (flash for CPU) is 2-4x slower
+# at short sequences than two batched matmuls and a softmax, mostly in its backward (torch 2.13, AVX512-BF16,
+# heads of 64: 12.7 against 3.7 ms a layer at B 32, T 64, 4 heads; even at T 192; worse from T 256 on, where its
+# blocking pays and the (T, T) scores grow). Inference and fp32 keep the fused kernel: there it is as fast or
+# faster. See bench/attention.py.
+_EXPLICIT_ATTENTION_MAX_T = 192
+
+
+def _explicit_attention_is_faster(q: torch.Tensor, keys: int) -> bool:
+    return (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.requires_grad
+            and keys <= _EXPLICIT_ATTENTION_MAX_T)
+
+
+def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                        dropout_p: float) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v with the same inputs and result as `F.scaled_dot_product_attention`;
+    q (B, N, P, D), k and v (B, N, T, D), mask (B, 1, 1, T) bool or None; the softmax in at least fp32."""
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, N, P, T)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
+    if dropout_p > 0:
+        probs = F.dropout(probs, dropout_p)
+    return probs @ v  # (B, N, P, D)
 
 
 class BertLayer(nn.Module):
