@@ -4,6 +4,8 @@ against a time budget whose learning rate reaches zero at its last step."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +20,10 @@ from bertforge.errors import BertforgeError
 from bertforge.heads import BertForPreTraining
 from bertforge.io import read_jsonl
 from bertforge.model import BertModel
-from bertforge.train.budget import BudgetPlan, parse_minutes, plan_steps
-from bertforge.train.loop import LoopConfig
+from bertforge.train import distributed
+from bertforge.train.budget import BudgetPlan, Deadline, parse_minutes, plan_steps
+from bertforge.train.loop import LoopConfig, checkpoints
+from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
 
 
 def test_single_segment_instances_keep_every_token_in_order_and_fill_the_sequence():
@@ -110,6 +114,41 @@ def test_parse_minutes_and_plan_steps():
         plan_steps(0.05, 1.0, 0.0, 0, 0.0)
 
 
+
+def test_deadline_moves_the_end_of_the_run_to_where_the_measured_steps_put_it():
+    now = [10.0]  # a fake clock: 10 s of setup before the loop starts
+    deadline = Deadline(1.0, origin=0.0, reserve=2.0, every=5, clock=lambda: now[0])
+    deadline.begin(0)
+    now[0] += 10 * 0.5  # ten steps of 0.5 s
+    total = deadline.steps(10, distributed.Dist(device=torch.device("cpu")))
+    assert total == 96 and 10 + total * 0.5 + 2 == 60  # setup + steps + reserve = the budget
+    now[0] += 20 * 3.0  # the machine got much slower: the deadline has passed
+    assert deadline.steps(30, distributed.Dist(device=torch.device("cpu"))) == 30 + 1  # past it: one more step
+    # A resumed run: 30 s were spent up to its checkpoint at step 40, and 5 s on this process's setup.
+    resumed = Deadline(1.0, origin=95.0, reserve=2.0, every=5, clock=lambda: now[0])
+    now[0] = 100.0
+    resumed.begin(40, spent_before=30.0)
+    now[0] += 10 * 0.5
+    assert resumed.steps(50, distributed.Dist(device=torch.device("cpu"))) == 50 + 36  # (60 - 35 - 5 - 2) / 0.5
+
+
+def test_moving_the_end_of_the_schedule_keeps_it_linear_to_zero_at_the_new_end():
+    model = torch.nn.Linear(2, 2)
+    optimizer = build_optimizer(model, lr=1.0)
+    scheduler = build_scheduler(optimizer, 10, 100)
+    for _ in range(50):
+        optimizer.step()
+        scheduler.step()
+    assert scheduler.get_last_lr()[0] == pytest.approx(50 / 90)
+    set_total_steps(scheduler, 10, 70)
+    lrs = []
+    for _ in range(20):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([(70 - s) / 60 for s in range(50, 70)]) and scheduler.get_last_lr()[0] == 0
+    assert all(g["lr"] == 0 for g in optimizer.param_groups)
+
 def test_warmup_must_fit_the_run():
     with pytest.raises(BertforgeError, match="--warmup-steps"):
         LoopConfig(steps=100, batch_size=8, warmup_steps=100).accumulation(1)
@@ -139,14 +178,17 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     config = json.loads((out / "run_config.json").read_text())
     records = read_jsonl(out / "metrics.jsonl")
     train = [r for r in records if r["split"] == "train"]
-    assert len(train) == plan.steps == config["loop"]["steps"]
+    steps = len(train)  # the first plan, moved to where the steps' measured time puts the deadline
+    assert plan.steps == config["loop"]["steps"] and train[-1]["planned_steps"] == steps == train[-1]["step"]
     assert config["loop"]["warmup_steps"] == round(0.06 * plan.steps)
+    took = float(re.search(r"pretraining took ([0-9.]+) min of a 0.4-minute budget", capsys.readouterr().out)[1])
+    assert took <= 0.4 + 0.15  # the final evaluation and saves are all that may run over
     assert config["recipe"]["name"] == "budget" and config["dropout"] == 0.0
     assert config["data_options"]["nsp"] is False and config["data_options"]["masked_lm_prob"] == 0.3  # flag wins
     assert config["model"]["pre_layer_norm"] is True and config["loop"]["betas"] == [0.9, 0.98]
     assert max(r["lr"] for r in train) == pytest.approx(2e-3, rel=0.05)
     warmup = config["loop"]["warmup_steps"]
-    assert train[-1]["lr"] == pytest.approx(2e-3 / (plan.steps - warmup))  # the last before zero
+    assert train[-1]["lr"] == pytest.approx(2e-3 / (steps - warmup))  # the last before zero
     assert all("nsp_loss" not in r for r in train) and all("nsp_accuracy" not in r for r in records)
     saved = json.loads((out / "config.json").read_text())
     assert saved["pre_layer_norm"] is True and saved["hidden_dropout_prob"] == 0.1
@@ -157,9 +199,37 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
              "--log-every", "1", "--resume", "--no-progress"]
     capsys.readouterr()
     assert main(again + ["--minutes", "0.4"]) == 2
-    assert f"is complete (checkpoint at step {plan.steps} of {plan.steps})" in capsys.readouterr().err
+    assert f"is complete (checkpoint at step {steps} of {steps})" in capsys.readouterr().err
     assert main(again + ["--minutes", "5"]) == 2
     assert "budget (--minutes): 0.4 -> 5.0" in capsys.readouterr().err
+
+
+def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_spent(prepared, tmp_path, capsys):
+    out = tmp_path / "budget"
+    args = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
+            "--minutes", "0.25", "--batch-size", "2", "--max-seq-len", "16", "--eval-batches", "0", "--log-every",
+            "1", "--save-every", "10", "--keep-last", "1000", "--no-progress"]
+    assert main(args) == 0
+    first = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
+    warmup = json.loads((out / "run_config.json").read_text())["loop"]["warmup_steps"]
+    # Killed after its first checkpoint past the warmup: the later ones and the final model never written.
+    kept = next(step for step, _ in checkpoints(out) if step > warmup)
+    for step, path in checkpoints(out):
+        if step > kept:
+            shutil.rmtree(path)
+    (out / "model.safetensors").unlink()
+    state = json.loads((out / "checkpoints" / f"step-{kept}" / "state.json").read_text())
+    assert state["total_steps"] != json.loads((out / "budget_plan.json").read_text())["steps"]  # re-planned
+    assert 0 < state["budget_spent_s"] < 15
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    train = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, len(train) + 1))
+    assert train[:kept] == first[:kept] and train[-1]["planned_steps"] == len(train)
+    # the first step after the checkpoint runs on the schedule the checkpoint recorded, not on the first plan
+    assert train[kept]["lr"] == pytest.approx(2e-3 * (state["total_steps"] - kept) / (state["total_steps"] - warmup))
+    assert train[-1]["lr"] == pytest.approx(2e-3 / (len(train) - warmup))
 
 
 def test_bad_recipe_values_are_error_lines(prepared, tmp_path, capsys):

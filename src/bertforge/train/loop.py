@@ -37,7 +37,7 @@ from bertforge.errors import BertforgeError
 from bertforge.io import MetricsLog, atomic_dir, progress_reporter, read_jsonl, write_json, write_text
 from bertforge.options import PRECISIONS, LoopConfig
 from bertforge.train import distributed
-from bertforge.train.optim import build_optimizer, build_scheduler
+from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
 
 STATE_FILE = "trainer_state.pt"
 
@@ -144,7 +144,7 @@ class Trainer:
                  *, evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
                  save_model: Callable[[nn.Module, Path], None] | None = None,
                  dist: distributed.Dist | None = None, resume: bool = False, on_log: Callable | None = None,
-                 final_dir: str | Path | None = None):
+                 final_dir: str | Path | None = None, deadline: Any = None):
         self.model, self.data, self.objective, self.config = model, data, objective, config
         self.out_dir = Path(out_dir)
         self.final_dir = Path(final_dir) if final_dir is not None else self.out_dir
@@ -152,6 +152,10 @@ class Trainer:
         self.save_model_fn = save_model or (lambda m, path: unwrap(m).save_pretrained(path))
         self.dist = dist or distributed.Dist(device=pick_device(config.device))
         self.on_log = on_log
+        # A time budget's `budget.Deadline`: it moves the end of the schedule (and of the run) to where the steps'
+        # measured wall time puts the deadline; `config.steps` is then only the first plan.
+        self.deadline = deadline
+        self.total_steps = config.steps
         self.micro, self.accum = config.accumulation(self.dist.world_size)
         self.precision = resolve_precision(config.precision, self.dist.device)
 
@@ -163,11 +167,14 @@ class Trainer:
         root = self.out_dir / "checkpoints"
         with atomic_dir(root / f"step-{step}") as tmp:
             self.save_model_fn(self.model, tmp)
+            plan = {"total_steps": self.total_steps}
+            if self.deadline is not None:
+                plan["budget_spent_s"] = self.deadline.spent_now()
             torch.save({"step": step, "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict(), "rng": rng,
                         "data_position": position, "world_size": self.dist.world_size,
-                        "best": self.best}, tmp / STATE_FILE)
-            write_json(tmp / "state.json", {"step": step, "data_position": position, "best": self.best})
+                        "best": self.best, **plan}, tmp / STATE_FILE)
+            write_json(tmp / "state.json", {"step": step, "data_position": position, "best": self.best, **plan})
         for _, old in checkpoints(self.out_dir)[:-self.config.keep_last or None]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -204,6 +211,10 @@ class Trainer:
             load_state(unwrap(self.model), weights, source=str(path), verbose=False)
             self.optimizer.load_state_dict(optimizer_state)
             self.scheduler.load_state_dict(scheduler_state)
+            self.total_steps = int(state.get("total_steps", self.config.steps))
+            if self.total_steps != self.config.steps:  # a time budget re-planned it
+                set_total_steps(self.scheduler, self.config.warmup_steps, self.total_steps)
+            self.resumed_budget_spent = state.get("budget_spent_s")
             _set_rng_state(rng[self.dist.rank] if isinstance(rng, list) else rng)  # a dict: before per-rank states
             self.best = state.get("best")
             if self.dist.is_main:
@@ -230,11 +241,12 @@ class Trainer:
                                          betas=tuple(cfg.betas))
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
         self.best: dict | None = None
+        self.resumed_budget_spent = None
         start, position = self._load_checkpoint() if self.resume else (0, None)
-        if start >= cfg.steps:
+        if start >= self.total_steps:
             raise BertforgeError(f"{self.out_dir} already holds a checkpoint at step {start} >= --steps "
-                                 f"{cfg.steps}: the run is finished; to train further, start a new run from "
-                                 f"it with --init {self.out_dir} and a new --out")
+                                 f"{self.total_steps}: the run is finished; to train further, start a new run "
+                                 f"from it with --init {self.out_dir} and a new --out")
         model = self.model
         if cfg.compile:
             # A model that knows which of its parts have data-dependent shapes compiles the rest itself (BERT: its
@@ -252,16 +264,29 @@ class Trainer:
         metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=d.is_main)
         writer = _tensorboard(self.out_dir) if d.is_main else None
         final: dict[str, float] = {}
-        with _StopFlag() as stop, metrics, _progress(cfg, start, d.is_main) as bar:
+        deadline = self.deadline
+        if deadline is not None:
+            deadline.begin(start, self.resumed_budget_spent)
+        with _StopFlag() as stop, metrics, _progress(cfg, start, d.is_main, self.total_steps) as bar:
             window = _Window()
             step = start
-            for step in range(start + 1, cfg.steps + 1):
+            while step < self.total_steps:
+                step += 1
                 terms, tokens = self._step(model, batches)
                 window.add(terms, tokens)
                 lr = self.scheduler.get_last_lr()[0]
                 self.scheduler.step()
-                if step % cfg.log_every == 0 or step == cfg.steps:
+                if deadline is not None and step % deadline.every == 0 and step < self.total_steps:
+                    total = deadline.steps(step, d)
+                    if total != self.total_steps:
+                        self.total_steps = total
+                        set_total_steps(self.scheduler, cfg.warmup_steps, total)
+                        if bar is not None:
+                            bar.total = total
+                if step % cfg.log_every == 0 or step == self.total_steps:
                     record = {"step": step, "split": "train", **window.mean(), "lr": lr, **window.rates(d)}
+                    if deadline is not None:
+                        record["planned_steps"] = self.total_steps
                     metrics.log(**record)
                     if writer is not None:
                         for k, v in record.items():
@@ -273,7 +298,7 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{terms['loss']:.3f}", lr=f"{lr:.2e}", refresh=False)
-                last = step == cfg.steps
+                last = step == self.total_steps
                 if (cfg.eval_every and step % cfg.eval_every == 0) or last:
                     final = self._evaluate(step, metrics, writer)
                 if (cfg.save_every and step % cfg.save_every == 0) or last:
@@ -291,7 +316,7 @@ class Trainer:
         # the interpreter is alive. The two-process test's rank 1 aborted at exit ("terminate called without an
         # active exception") in 2 of 35 runs before this, in none of 45 after.
         self.train_model = None
-        return TrainResult(step=cfg.steps, final_metrics=final, out_dir=self.out_dir)
+        return TrainResult(step=self.total_steps, final_metrics=final, out_dir=self.out_dir)
 
     def _step(self, model: nn.Module, batches: Iterator[dict]) -> tuple[dict[str, float], int]:
         """One optimizer step over `accum` micro-batches; returns the global mean of each loss term."""
@@ -385,12 +410,12 @@ class _Window:
 
 
 @contextlib.contextmanager
-def _progress(cfg: LoopConfig, start: int, enabled: bool):
+def _progress(cfg: LoopConfig, start: int, enabled: bool, total: int):
     """A bar on a terminal, plain lines now and then when stderr is a log file (see `progress_reporter`)."""
     if not (enabled and cfg.progress):
         yield None
         return
-    bar = progress_reporter(cfg.steps, initial=start, desc="train", unit="step")
+    bar = progress_reporter(total, initial=start, desc="train", unit="step")
     try:
         yield bar
     finally:

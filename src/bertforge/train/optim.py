@@ -47,6 +47,16 @@ def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_s
     return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(warmup_steps, total_steps))
 
 
+def set_total_steps(scheduler: torch.optim.lr_scheduler.LambdaLR, warmup_steps: int, total_steps: int) -> None:
+    """Move the end of `build_scheduler`'s decay to `total_steps`, from the current step on (a re-planned time
+    budget): the learning rate of the next step is set again under the new schedule."""
+    factor = warmup_linear_decay(warmup_steps, total_steps)
+    scheduler.lr_lambdas = [factor] * len(scheduler.optimizer.param_groups)
+    for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al. 2019): Adam's update rescaled per tensor by ||w|| / ||update||, for large batches.
 

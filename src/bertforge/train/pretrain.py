@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -23,7 +24,17 @@ from bertforge.heads import IGNORE_INDEX, BertForPreTraining
 from bertforge.options import DataOptions
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
-from bertforge.train.budget import BudgetPlan, agree, load_plan, plan_steps, save_plan, time_call, time_steps
+from bertforge.train.budget import (
+    REPLANS,
+    BudgetPlan,
+    Deadline,
+    agree,
+    load_plan,
+    plan_steps,
+    save_plan,
+    time_call,
+    time_steps,
+)
 from bertforge.train.loop import (
     LoopConfig,
     Trainer,
@@ -119,6 +130,8 @@ def _check_resume(out_dir: Path, run_config: dict, minutes: float | None, *, ver
         plain["budget"]["minutes"] = minutes  # the plan is reloaded on resume: compare the budget asked for now
     changed = check_resume(out_dir, plain)
     steps = plain["loop"]["steps"]
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):  # the trainer reports a bad checkpoint
+        steps = int(json.loads((found[-1][1] / "state.json").read_text())["total_steps"])  # a budget re-planned
     if found[-1][0] >= steps:
         raise BertforgeError(f"the run in {out_dir} is complete (checkpoint at step {found[-1][0]} of {steps}) and "
                              f"its learning-rate schedule has ended: to train further, start a new run from its "
@@ -259,14 +272,19 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
             def batches(self, micro_batch_size: int, position: dict | None = None):
                 return train_data.batches(micro_batch_size, position=position or 0, num_workers=opts.num_workers)
 
+        deadline = None
+        if plan is not None:
+            deadline = Deadline(plan.minutes, origin=started, reserve=plan.eval_seconds,
+                                every=max(1, plan.steps // REPLANS))
         trainer = Trainer(net, _Data(), objective, loop, out_dir, evaluate=evaluate,
-                          save_model=save_model, dist=d, resume=resume)
+                          save_model=save_model, dist=d, resume=resume, deadline=deadline)
         result = trainer.run()
         if d.is_main:
             plot_metrics(out_dir / "metrics.jsonl", out_dir / "training_curves.png")
             if plan is not None:
                 took = (time.perf_counter() - started) / 60
-                print(f"pretraining took {took:.1f} min of a {plan.minutes:g}-minute budget", flush=True)
+                print(f"pretraining took {took:.1f} min of a {plan.minutes:g}-minute budget: {result.step:,} steps "
+                      f"(planned {plan.steps:,} at the start)", flush=True)
         distributed.barrier(d)  # the other ranks wait for rank 0's writes: gloo aborts a peer that leaves early
         return result
     finally:
