@@ -32,7 +32,7 @@ def small_demo_data(tmp_path, shared_data, monkeypatch):
 def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_path, capsys):
     keep_freed_memory()  # as `bertforge demo` does before it runs: the budget's step timing assumes it
     out = tmp_path / "demo"
-    options = demo_module.DemoOptions(out=out, minutes=0.15, model="tiny", vocab_size=2000, batch_size=16,
+    options = demo_module.DemoOptions(out=out, minutes=0.3, model="tiny", vocab_size=2000, batch_size=16,
                                       finetune_examples=200, finetune_epochs=1, finetune_seeds=2, progress=False)
     summary = demo_module.run_demo(options)
     text = capsys.readouterr().out
@@ -45,8 +45,10 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
         assert side["lr"] == lr and [r["seed"] for r in side["runs"]] == [options.seed, options.seed + 1]
         assert all(0 <= r["test"] <= 100 for r in side["runs"])
         assert side["test_mean"] == pytest.approx(sum(r["test"] for r in side["runs"]) / 2)
-    plan = json.loads((out / "pretrain" / "budget_plan.json").read_text())
-    assert plan["minutes"] == 0.15 and plan["steps"] >= 10
+    # the budget recipe stacks: 60% of the budget at half depth, then the full model
+    plans = [json.loads((d / "budget_plan.json").read_text()) for d in (out / "pretrain" / "half-depth",
+                                                                          out / "pretrain")]
+    assert [p["minutes"] for p in plans] == pytest.approx([0.18, 0.12]) and min(p["steps"] for p in plans) >= 10
     # The corpus holds the unlabelled reviews of the training movies, and nothing of dev or test.
     movies = (out / "corpus" / "movies.txt").read_text()
     with open(small_demo_data.sentiment_dir / "dev.csv", newline="") as f:

@@ -169,10 +169,10 @@ def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
 
 
 def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared, tmp_path, capsys):
-    out = tmp_path / "budget"
+    out = tmp_path / "budget"  # one stage: a stacked budget's planning is tested in test_stacking.py
     assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
                  "--minutes", "0.4", "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3",
-                 "--eval-batches", "2",
+                 "--eval-batches", "2", "--stack-fraction", "0",
                  "--log-every", "1", "--no-progress"]) == 0
     plan = BudgetPlan(**json.loads((out / "budget_plan.json").read_text()))
     config = json.loads((out / "run_config.json").read_text())
@@ -196,7 +196,7 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     # budget is a change of schedule, refused with the difference named.
     again = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
              "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3", "--eval-batches", "2",
-             "--log-every", "1", "--resume", "--no-progress"]
+             "--log-every", "1", "--resume", "--no-progress", "--stack-fraction", "0"]
     capsys.readouterr()
     assert main(again + ["--minutes", "0.4"]) == 2
     assert f"is complete (checkpoint at step {steps} of {steps})" in capsys.readouterr().err
@@ -207,8 +207,8 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
 def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_spent(prepared, tmp_path, capsys):
     out = tmp_path / "budget"
     args = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
-            "--minutes", "0.25", "--batch-size", "2", "--max-seq-len", "16", "--eval-batches", "0", "--log-every",
-            "1", "--save-every", "10", "--keep-last", "1000", "--no-progress"]
+            "--stack-fraction", "0", "--minutes", "0.25", "--batch-size", "2", "--max-seq-len", "16",
+            "--eval-batches", "0", "--log-every", "1", "--save-every", "10", "--keep-last", "1000", "--no-progress"]
     assert main(args) == 0
     first = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     warmup = json.loads((out / "run_config.json").read_text())["loop"]["warmup_steps"]

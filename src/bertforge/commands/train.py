@@ -18,13 +18,14 @@ import dataclasses
 import os
 
 from bertforge.commands.base import Command, command_args, options_from
+from bertforge.errors import BertforgeError
 from bertforge.options import FRACTION, MIN_SEQ_LEN, DataOptions, LoopConfig, option, seed_option
 from bertforge.train.recipe import RECIPES, default_warmup, get_recipe
 
 # The options a recipe supplies when neither the command line nor --config gives them: option -> Recipe field.
 RECIPE_OPTIONS = {"batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmup_fraction", "betas": "betas",
                   "weight_decay": "weight_decay", "mask_prob": "mask_prob", "nsp": "nsp", "dropout": "dropout",
-                  "pre_ln": "pre_layer_norm"}
+                  "pre_ln": "pre_layer_norm", "stack_fraction": "stack_fraction"}
 
 
 def recipe_note(field: str) -> str:
@@ -62,6 +63,9 @@ class PretrainArgs:
     dropout: float | None = option(None, help="dropout while pretraining; the saved model keeps its config's for "
                                    "fine-tuning", bound=FRACTION)
     pre_ln: bool | None = option(None, help="pre-LayerNorm layers for a new model; transformers cannot load them")
+    stack_fraction: float | None = option(None, help="stacking: pretrain a model of half the depth for this share "
+                                          "of the steps or minutes (in OUT/half-depth), then copy its layers on top "
+                                          "of themselves for the rest; 0: off; a new model only", bound=FRACTION)
     seed: int = seed_option(12345, help="seed for initialisation, data order and masks")
     resume: bool = option(False, help="continue exactly from the last checkpoint in --out")
     config: str | None = option(None, help="JSON file with any of these options, keyed by name (\"batch_size\": 32); "
@@ -74,6 +78,9 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     from bertforge.train.budget import parse_minutes
 
     recipe = get_recipe(args.recipe)
+    if args.stack_fraction and args.init:
+        raise BertforgeError("--stack-fraction builds a new model in two stages; with --init there is none to "
+                             "build: drop one of them")
     minutes = parse_minutes(args.minutes) if args.minutes is not None else None
     # With --minutes the steps are planned later (1000 only stands in for them until then), the warmup with them.
     steps = args.steps if minutes is None else 1000
@@ -84,7 +91,7 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=options_from(LoopConfig, args),
                 data_options=options_from(DataOptions, args), init=args.init, resume=args.resume,
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
-                warmup_fraction=warmup_fraction, recipe=recipe)
+                warmup_fraction=warmup_fraction, recipe=recipe, stack_fraction=args.stack_fraction)
 
 
 def run_pretrain(args: PretrainArgs) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertforge.checkpoint import unwrap
+from bertforge.checkpoint import WEIGHTS_NAME, unwrap
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.loader import PretrainingData
 from bertforge.device import to_device
@@ -47,6 +47,7 @@ from bertforge.train.loop import (
 from bertforge.train.recipe import Recipe
 from bertforge.train.report import plot_metrics
 from bertforge.train.rundir import check_resume, claim_run_dir
+from bertforge.train.stacking import HALF_DEPTH_DIR, check_stackable, half_depth, stack_layers
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
@@ -151,7 +152,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
              data_options: DataOptions | None = None, init: str | Path | None = None, resume: bool = False,
              max_seq_len: int | None = None, dropout: float | None = None, pre_layer_norm: bool = False,
              minutes: float | None = None, warmup_fraction: float | None = None,
-             recipe: Recipe | None = None) -> TrainResult:
+             recipe: Recipe | None = None, stack_fraction: float = 0.0) -> TrainResult:
     """Pretrain a BERT with MLM (+ NSP unless `data_options.nsp` is False) on `data_dir` (made by `bertforge
     prepare`) into `out_dir`.
 
@@ -161,9 +162,120 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
     its own); `pre_layer_norm` builds a new model with pre-LN layers. `minutes` replaces `loop.steps` by the
     steps that end at that wall time (see budget.py), with `warmup_fraction` of them as warmup (None: keep
     `loop.warmup_steps`); `recipe` is recorded in run_config.json.
+
+    `stack_fraction` F > 0 (a new model only) stacks (stacking.py): a model of half the depth is pretrained for
+    the first F of the steps or minutes in `out_dir/half-depth/`, then its layers are copied on top of
+    themselves and the full-depth model is pretrained for the rest in `out_dir`, with a warmup and decay of its
+    own. Both stages read the data from its start, as the measured runs did.
     """
+    out_dir = Path(out_dir)
+    common = dict(data_dir=data_dir, loop=loop, data_options=data_options or DataOptions(), resume=resume,
+                  max_seq_len=max_seq_len, dropout=dropout, pre_layer_norm=pre_layer_norm, minutes=minutes,
+                  warmup_fraction=warmup_fraction, recipe=recipe)
+    try:
+        if not stack_fraction or init is not None:
+            if resume and (out_dir / HALF_DEPTH_DIR).is_dir():
+                raise BertforgeError(f"the run in {out_dir} was stacked (it has {HALF_DEPTH_DIR}/): resume it with "
+                                     f"the --stack-fraction it was started with (run_config.json)")
+            return _pretrain_stage(out_dir, model=model, init=init, **common)
+        return _pretrain_stacked(out_dir, model, stack_fraction, common)
+    finally:
+        distributed.teardown()
+
+
+def _model_depth(spec: str) -> int | None:
+    """The number of layers `--model` asks for, when it can be read without the data (else None: the stage
+    that builds the model reports the problem)."""
+    if spec in PRESETS:
+        return PRESETS[spec][0]
+    path = Path(spec)
+    path = path / "config.json" if path.is_dir() else path
+    return BertConfig.from_json(path).num_hidden_layers if path.is_file() else None
+
+
+def _stack_changes(out_dir: Path, stack: dict) -> BertforgeError | None:
+    """A resumed stacked run asked for a different split, budget or length than it was started with (said in
+    the whole run's terms, before a stage compares its own share), or was not stacked at all."""
+    for path in (out_dir / "run_config.json", out_dir / HALF_DEPTH_DIR / "run_config.json"):
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # not started, or unreadable: the stage's own check says so
+        before = recorded.get("stack") if isinstance(recorded, dict) else None
+        if not isinstance(before, dict):
+            return BertforgeError(f"the run in {out_dir} was not stacked: resume it with --stack-fraction 0")
+        names = {"fraction": "--stack-fraction", "minutes": "the time budget (--minutes):", "steps": "--steps"}
+        changed = [f"{flag} {json.dumps(before.get(key))} -> {json.dumps(stack[key])}"
+                   for key, flag in names.items() if before.get(key) != stack[key]]
+        if changed:
+            return BertforgeError(f"--resume cannot change what the run in {out_dir} was started with: "
+                                  f"{'; '.join(changed)}. Resume with the recorded values (run_config.json), or "
+                                  f"start a new run in a new --out")
+    return None
+
+
+def _split(loop: LoopConfig, minutes: float | None, fraction: float) -> list[tuple[LoopConfig, float | None]]:
+    """The two stages' loop settings and budgets: `fraction` of the steps (or minutes) for the first."""
+    first = min(max(1, round(fraction * loop.steps)), loop.steps - 1) if loop.steps > 1 else 1
+    stages = []
+    for steps, share in ((first, fraction), (max(1, loop.steps - first), 1 - fraction)):
+        warmup = min(round(loop.warmup_steps * steps / loop.steps), steps - 1)
+        stages.append((dataclasses.replace(loop, steps=steps, warmup_steps=max(0, warmup)),
+                       minutes * share if minutes is not None else None))
+    return stages
+
+
+def _pretrain_stacked(out_dir: Path, model: str, fraction: float, common: dict) -> TrainResult:
     started = time.perf_counter()
-    opts = data_options or DataOptions()
+    loop, resume = common["loop"], common["resume"]
+    check_stackable(_model_depth(model))  # before either stage claims a directory
+    d = distributed.setup(loop.device)
+    refusal = None
+    if d.is_main and not resume:  # the stages claim their own directories; a used --out is refused before both
+        if out_dir.exists() and not out_dir.is_dir():
+            refusal = BertforgeError(f"--out {out_dir} is a file; give a directory for the run")
+        elif out_dir.is_dir() and any(out_dir.iterdir()):
+            shown = ", ".join(sorted(p.name for p in out_dir.iterdir())[:4])
+            refusal = BertforgeError(f"--out {out_dir} is not empty ({shown}): continue its run with --resume, or "
+                                     f"give a new directory")
+    stack = {"fraction": fraction, "minutes": common["minutes"], "steps": None if common["minutes"] else loop.steps}
+    if d.is_main and resume:
+        refusal = _stack_changes(out_dir, stack)
+    if distributed.any_rank(refusal is not None, d):
+        raise refusal or BertforgeError(f"--out {out_dir} was refused (see the main process's error)")
+    (first_loop, first_minutes), (second_loop, second_minutes) = _split(loop, common["minutes"], fraction)
+    first_dir = out_dir / HALF_DEPTH_DIR
+    if (first_dir / WEIGHTS_NAME).is_file():
+        if d.is_main:
+            print(f"reusing the half-depth stage in {first_dir}", flush=True)
+    else:
+        _pretrain_stage(first_dir, model=model, init=None, half=True, stage="half depth: ",
+                        stack={**stack, "stage": "half depth"},
+                        **{**common, "loop": first_loop, "minutes": first_minutes,
+                           "resume": resume and first_dir.is_dir()})
+    result = _pretrain_stage(out_dir, model=model, init=first_dir, stack_init=True, stage="full depth: ",
+                             stack={**stack, "stage": "full depth"}, allow=(HALF_DEPTH_DIR,),
+                             **{**common, "loop": second_loop, "minutes": second_minutes})
+    if d.is_main:
+        took = (time.perf_counter() - started) / 60
+        budget = f" of a {common['minutes']:g}-minute budget" if common["minutes"] is not None else ""
+        print(f"stacked pretraining took {took:.1f} min{budget} (this process): half depth in {first_dir}, "
+              f"then {result.step:,} steps at full depth", flush=True)
+    return result
+
+
+def _pretrain_stage(out_dir: str | Path, *, data_dir: str | Path, model: str, loop: LoopConfig,
+                    data_options: DataOptions, init: str | Path | None, resume: bool, max_seq_len: int | None,
+                    dropout: float | None, pre_layer_norm: bool, minutes: float | None,
+                    warmup_fraction: float | None, recipe: Recipe | None, half: bool = False,
+                    stack_init: bool = False, stack: dict | None = None, stage: str = "",
+                    allow: tuple[str, ...] = ()) -> TrainResult:
+    """One pretraining run into `out_dir` (see `pretrain`). `half` halves the new model's depth and
+    `stack_init` doubles the `init` model's (the two stages of stacking, `stack` recorded in run_config.json);
+    `allow` names entries of `out_dir` that do not make it a used directory (the first stage's, for the
+    second)."""
+    started = time.perf_counter()
+    opts = data_options
     d = distributed.setup(loop.device)
     out_dir = Path(out_dir)
     run_dir = None
@@ -172,7 +284,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
         refusal = None
         if d.is_main:
             try:
-                run_dir = claim_run_dir(out_dir, resume=resume)
+                run_dir = claim_run_dir(out_dir, resume=resume, allow=allow)
             except BertforgeError as e:
                 refusal = e
         if distributed.any_rank(refusal is not None, d):
@@ -199,10 +311,14 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
                     raise BertforgeError(f"--init {init} was trained with tokenizer {init_fp}, but --data {data_dir} "
                                          f"was prepared with tokenizer {tokenizer.fingerprint}: prepare the corpus "
                                          f"with the model's tokenizer (`bertforge prepare --tokenizer {init}`)")
+            if stack_init:
+                net = stack_layers(net)
             config = net.config
         else:
             if pre_layer_norm:
                 config = config.replace(pre_layer_norm=True)
+            if half:
+                config = half_depth(config)
             torch.manual_seed(loop.seed)
             net = BertForPreTraining(config)
         tokenizer.check_compatible(config)
@@ -259,6 +375,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
         run_config = dict(command="pretrain", data=str(data_dir), model=config.to_dict(), loop=loop,
                           data_options=opts, init=str(init) if init else None, world_size=d.world_size,
                           recipe=recipe.to_dict() if recipe else None, dropout=dropout,
+                          stack=stack,
                           budget=asdict(plan) if plan else None,
                           manifest={k: v for k, v in train_data.manifest.items() if not isinstance(v, list)})
         resumes = _check_resume(out_dir, run_config, minutes, verbose=d.is_main) if resume else []
@@ -280,14 +397,14 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
                           save_model=save_model, dist=d, resume=resume, deadline=deadline)
         result = trainer.run()
         if d.is_main:
-            plot_metrics(out_dir / "metrics.jsonl", out_dir / "training_curves.png")
+            plot_metrics(out_dir / "metrics.jsonl", out_dir / "training_curves.png",
+                         earlier=Path(init) / "metrics.jsonl" if stack_init else None)
             if plan is not None:
                 took = (time.perf_counter() - started) / 60
-                print(f"pretraining took {took:.1f} min of a {plan.minutes:g}-minute budget: {result.step:,} steps "
-                      f"(planned {plan.steps:,} at the start)", flush=True)
+                print(f"{stage}pretraining took {took:.1f} min of a {plan.minutes:g}-minute budget: {result.step:,} "
+                      f"steps (planned {plan.steps:,} at the start)", flush=True)
         distributed.barrier(d)  # the other ranks wait for rank 0's writes: gloo aborts a peer that leaves early
         return result
     finally:
         if run_dir is not None:
             run_dir.release()
-        distributed.teardown()

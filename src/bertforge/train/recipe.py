@@ -27,18 +27,20 @@ class Recipe:
     dropout: float | None  # dropout while pretraining; None: the model config's (0.1); the saved model keeps 0.1
     pre_layer_norm: bool  # pre-LN layers for a new model (see BertConfig.pre_layer_norm)
     seq_len: int  # the length to prepare the data at (`bertforge prepare --max-seq-len`); the data decides
+    stack_fraction: float  # share of the budget spent at half depth before stacking (stacking.py); 0: off
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), weight_decay=0.01, batch_size=256,
-              mask_prob=0.15, nsp=True, dropout=None, pre_layer_norm=False, seq_len=128)
+              mask_prob=0.15, nsp=True, dropout=None, pre_layer_norm=False, seq_len=128, stack_fraction=0.0)
 
 # Length 64: twice the steps of length 128 in the same minutes, and on this project's CPU the masked-LM leaves
-# its early plateau after about 2,500 steps (docs/experiments/budget-pretraining.md).
+# its early plateau after about 2,500 steps; stacking pays for most of those at half depth, half the price
+# (docs/experiments/budget-pretraining.md).
 BUDGET = Recipe(name="budget", lr=2e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=32,
-                mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, seq_len=64)
+                mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, seq_len=64, stack_fraction=0.6)
 
 RECIPES = {r.name: r for r in (BERT, BUDGET)}
 

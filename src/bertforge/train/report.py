@@ -11,10 +11,17 @@ from bertforge.io import atomic_path, read_jsonl
 _TRAIN_KEYS = ("loss", "mlm_loss", "nsp_loss")
 
 
-def plot_metrics(metrics_path: str | Path, png_path: str | Path) -> Path | None:
+def plot_metrics(metrics_path: str | Path, png_path: str | Path, *, earlier: str | Path | None = None
+                 ) -> Path | None:
     """Training losses on the left, evaluation metrics on the right. Returns the PNG path, or None if the
-    log is empty."""
-    records = read_jsonl(metrics_path) if Path(metrics_path).is_file() else []
+    log is empty. `earlier` is the log of a run this one continues (a stacked run's half-depth stage): drawn
+    first, this run's steps counted on from its last, with a dashed line where this run begins."""
+    records, offset = [], 0
+    if earlier is not None and Path(earlier).is_file():
+        records = read_jsonl(earlier)
+        offset = max((r.get("step", 0) for r in records), default=0)
+    if Path(metrics_path).is_file():
+        records += [{**r, "step": r.get("step", 0) + offset} for r in read_jsonl(metrics_path)]
     train = [r for r in records if r.get("split") == "train"]
     evals = [r for r in records if r.get("split") == "eval"]
     if not train and not evals:
@@ -40,6 +47,9 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path) -> Path | None:
     if keys:
         right.legend()
     right.grid(alpha=0.3)
+    if offset:
+        for ax in (left, right):
+            ax.axvline(offset, color="grey", linestyle="--", linewidth=1)
     fig.tight_layout()
     png_path = Path(png_path)
     with atomic_path(png_path) as tmp:

@@ -59,9 +59,9 @@ def _stale_temporaries(path: Path) -> list[Path]:
     return found
 
 
-def claim_run_dir(out_dir: str | Path, *, resume: bool) -> RunDir:
+def claim_run_dir(out_dir: str | Path, *, resume: bool, allow: tuple[str, ...] = ()) -> RunDir:
     """Lock `out_dir` (created if missing) for this process; refuses a file, a directory another process holds,
-    and, without `resume`, a directory with anything in it."""
+    and, without `resume`, a directory with anything in it but the entries named in `allow`."""
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise BertforgeError(f"--out {path} is a file; give a directory for the run")
@@ -91,7 +91,7 @@ def claim_run_dir(out_dir: str | Path, *, resume: bool) -> RunDir:
                 shutil.rmtree(stale, ignore_errors=True)
             else:
                 stale.unlink(missing_ok=True)
-        contents = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+        contents = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE and p.name not in allow)
         if contents and not resume:
             if not lock_existed:  # leave a directory we refuse as it was
                 (path / LOCK_FILE).unlink()
