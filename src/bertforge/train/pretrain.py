@@ -46,7 +46,7 @@ from bertforge.train.loop import (
 )
 from bertforge.train.recipe import Recipe
 from bertforge.train.report import plot_metrics
-from bertforge.train.rundir import check_resume, claim_run_dir
+from bertforge.train.rundir import check_resume, claim_run_dir, used_dir_refusal
 from bertforge.train.stacking import HALF_DEPTH_DIR, check_stackable, half_depth, stack_layers
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
@@ -232,12 +232,7 @@ def _pretrain_stacked(out_dir: Path, model: str, fraction: float, common: dict) 
     d = distributed.setup(loop.device)
     refusal = None
     if d.is_main and not resume:  # the stages claim their own directories; a used --out is refused before both
-        if out_dir.exists() and not out_dir.is_dir():
-            refusal = BertforgeError(f"--out {out_dir} is a file; give a directory for the run")
-        elif out_dir.is_dir() and any(out_dir.iterdir()):
-            shown = ", ".join(sorted(p.name for p in out_dir.iterdir())[:4])
-            refusal = BertforgeError(f"--out {out_dir} is not empty ({shown}): continue its run with --resume, or "
-                                     f"give a new directory")
+        refusal = used_dir_refusal(out_dir)
     stack = {"fraction": fraction, "minutes": common["minutes"], "steps": None if common["minutes"] else loop.steps}
     if d.is_main and resume:
         refusal = _stack_changes(out_dir, stack)

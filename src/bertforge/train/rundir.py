@@ -59,12 +59,26 @@ def _stale_temporaries(path: Path) -> list[Path]:
     return found
 
 
+def used_dir_refusal(path: Path, allow: tuple[str, ...] = ()) -> BertforgeError | None:
+    """The refusal of an --out that is a file, or a directory with anything in it but the lock and the entries
+    named in `allow`; None for a new or empty directory."""
+    if path.exists() and not path.is_dir():
+        return BertforgeError(f"--out {path} is a file; give a directory for the run")
+    contents = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE and p.name not in allow) \
+        if path.is_dir() else []
+    if not contents:
+        return None
+    shown = ", ".join(contents[:4]) + (", ..." if len(contents) > 4 else "")
+    return BertforgeError(f"--out {path} is not empty ({shown}): continue its run with --resume, or give a new "
+                          f"directory")
+
+
 def claim_run_dir(out_dir: str | Path, *, resume: bool, allow: tuple[str, ...] = ()) -> RunDir:
     """Lock `out_dir` (created if missing) for this process; refuses a file, a directory another process holds,
     and, without `resume`, a directory with anything in it but the entries named in `allow`."""
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
-        raise BertforgeError(f"--out {path} is a file; give a directory for the run")
+        raise used_dir_refusal(path)
     created = not path.exists()
     lock_existed = (path / LOCK_FILE).exists()
     try:
@@ -91,13 +105,11 @@ def claim_run_dir(out_dir: str | Path, *, resume: bool, allow: tuple[str, ...] =
                 shutil.rmtree(stale, ignore_errors=True)
             else:
                 stale.unlink(missing_ok=True)
-        contents = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE and p.name not in allow)
-        if contents and not resume:
+        refusal = None if resume else used_dir_refusal(path, allow)
+        if refusal is not None:
             if not lock_existed:  # leave a directory we refuse as it was
                 (path / LOCK_FILE).unlink()
-            shown = ", ".join(contents[:4]) + (", ..." if len(contents) > 4 else "")
-            raise BertforgeError(f"--out {path} is not empty ({shown}): continue its run with --resume, or give "
-                                 f"a new directory")
+            raise refusal
     except BaseException:
         run.release()
         raise
