@@ -1,4 +1,4 @@
-"""CPU feature detection (`bertforge.cpu`), which picks bf16 for the demo and 8-bit activations for int8."""
+"""CPU feature detection (`bertforge.cpu`), which picks bf16 for the demo and the int8 weight bits."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import bertforge.cpu as cpu
 
 
 def test_features_come_from_the_kernels_flags(monkeypatch):
-    cases = {frozenset({"avx2", "fma"}): (False, False), frozenset({"avx512f", "avx512_vnni"}): (False, True),
-             frozenset({"avx512_bf16", "avx512_vnni"}): (True, True), frozenset({"amx_bf16", "amx_int8"}): (True, True),
-             frozenset({"avx_vnni"}): (False, True), frozenset(): (False, False)}
+    cases = {frozenset({"avx2", "fma"}): (False, False, 7), frozenset({"avx512f", "avx512_vnni"}): (False, True, 8),
+             frozenset({"avx512_bf16", "avx512_vnni", "avx2"}): (True, True, 8),
+             frozenset({"amx_bf16", "amx_int8"}): (True, True, 8), frozenset({"avx_vnni", "avx2"}): (False, True, 8),
+             frozenset({"sse4_2"}): (False, False, None), frozenset(): (False, False, None)}
     for flags, expected in cases.items():
         monkeypatch.setattr(cpu, "cpu_flags", lambda flags=flags: flags)
-        assert (cpu.has_native_bf16(), cpu.has_int8_dot_product()) == expected, flags
+        assert (cpu.has_native_bf16(), cpu.has_int8_dot_product(), cpu.int8_weight_bits()) == expected, flags
 
 
 def test_this_machines_flags_are_read():

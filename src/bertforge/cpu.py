@@ -3,9 +3,10 @@
 Two features change what pays on the CPU:
 - bf16 dot products (AVX512-BF16, AMX-BF16): bf16 autocast trains BERT about 1.6x faster than fp32, and
   inference in bf16 (`bertforge.infer`, precision="bf16" or "auto") runs about 1.7x faster than fp32;
-- int8 dot products accumulating into int32 (AVX512-VNNI, AVX-VNNI, AMX-INT8): int8 kernels can take
-  full 8-bit activations. Without them, fbgemm sums pairs of u8 x s8 products in int16, which can
-  saturate, so torch quantizes activations to 7 bits there.
+- int8 dot products accumulating into int32 (AVX512-VNNI, AVX-VNNI, AMX-INT8): int8 kernels can take full
+  8-bit weights and activations. Without them (AVX2 alone), the kernels sum pairs of u8 x s8 products in
+  int16, which saturates past 32,767: 2 x 255 x 127 can exceed it, 2 x 255 x 63 cannot, so there int8
+  inference keeps 8-bit activations and quantizes weights to 7 bits (`int8_weight_bits`).
 """
 
 from __future__ import annotations
@@ -31,3 +32,15 @@ def has_native_bf16() -> bool:
 
 def has_int8_dot_product() -> bool:
     return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def has_avx2() -> bool:
+    return "avx2" in cpu_flags()
+
+
+def int8_weight_bits() -> int | None:
+    """Bits of int8 weights that the CPU's u8 x s8 kernels sum without saturating, with 8-bit activations:
+    8 with int32 dot products, 7 with AVX2's int16 pair sums, None where neither is known (no x86 flags)."""
+    if has_int8_dot_product():
+        return 8
+    return 7 if has_avx2() else None

@@ -8,8 +8,8 @@ Speed on CPU comes from three choices, each measured by bench/inference.py:
   are most of the time on short texts, and torch's nn.Linear hands fp32 ones to MKL, which packs the weight
   anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight);
 - a narrower number format where the CPU multiplies it natively: `precision="bf16"` (the whole model in
-  bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers with int32 sums on
-  CPUs with VNNI, the rest fp32).
+  bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers on oneDNN, the rest
+  fp32: 8-bit weights with VNNI's int32 sums, 7-bit weights on AVX2, whose int16 pair sums would saturate).
 """
 
 from __future__ import annotations
@@ -73,17 +73,22 @@ class PackedLinear(nn.Module):
 
 class Int8Linear(nn.Module):
     """A dynamically quantized Linear on oneDNN's int8 kernels. The weight is int8, symmetric per output
-    channel, reordered once; activations are quantized per call to all 8 bits (u8, per tensor, the zero point
-    placed by the batch's min and max, a range that always holds 0); the products are summed in int32 (VNNI)
-    and the output is fp32. `activation="gelu"` applies the exact (erf) GELU to the output inside the kernel."""
+    channel with `weight_bits` bits (8: codes within +-127; 7: within +-63), reordered once; activations are
+    quantized per call to all 8 bits (u8, per tensor, the zero point placed by the batch's min and max, a
+    range that always holds 0); the output is fp32. With VNNI the products are summed in int32; on AVX2 the
+    kernel first sums pairs of u8 x s8 products in int16, which 7-bit weights keep from saturating
+    (`bertforge.cpu.int8_weight_bits`). `activation="gelu"` applies the exact (erf) GELU inside the kernel."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, weight_bits: int = 8):
         super().__init__()
+        if weight_bits not in (7, 8):
+            raise ValueError(f"weight_bits must be 7 or 8, not {weight_bits}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach().float()
-        self.weight_scale = w.abs().amax(1).clamp(min=1e-12) / 127  # (out,)
+        top = 2 ** (weight_bits - 1) - 1
+        self.weight_scale = w.abs().amax(1).clamp(min=1e-12) / top  # (out,)
         self.weight_zero = torch.zeros(self.out_features, dtype=torch.long)
-        q = (w / self.weight_scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        q = (w / self.weight_scale[:, None]).round().clamp(-top, top).to(torch.int8)
         self.weight = torch.ops.onednn.qlinear_prepack(q, None)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         self.activation = "none"
@@ -135,12 +140,15 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     decoder (tied to the word embeddings, a plain matrix product) stay fp32.
 
     Per-channel weights, not per-tensor: on fine-tuned MiniLM (rotten-tomatoes test) they kept 95.9% of
-    fp32's predicted labels instead of 93.3%, at the same speed. Where the CPU has int8 dot products into
-    int32 (`bertforge.cpu.has_int8_dot_product`) the layers are `Int8Linear`, on oneDNN, with 8-bit
-    activations; elsewhere torch's fbgemm layers with 7-bit activations, which keep fbgemm's int16 pair sums
-    from saturating."""
-    if cpu.has_int8_dot_product() and _has_onednn_ops():
-        _swap_linears(model, Int8Linear)
+    fp32's predicted labels instead of 93.3%, at the same speed. On x86 the layers are `Int8Linear`, on
+    oneDNN, with 8-bit activations and 8-bit weights where the CPU has int8 dot products into int32, 7-bit
+    weights with AVX2 alone (`bertforge.cpu.int8_weight_bits`). On an AVX2 AMD EPYC without VNNI that kept
+    fine-tuned MiniLM within 0.3 points of fp32 on Rotten Tomatoes dev and test (torch's fbgemm layers, which
+    take 7-bit activations instead: -0.9 on dev) at about their speed (1.04x). Elsewhere (no oneDNN
+    operators or no x86 flags) torch's fbgemm/qnnpack layers, 7-bit activations."""
+    bits = cpu.int8_weight_bits()
+    if bits is not None and _has_onednn_ops():
+        _swap_linears(model, functools.partial(Int8Linear, weight_bits=bits))
         _fuse_gelu(model)
         return model
     with warnings.catch_warnings():

@@ -108,8 +108,9 @@ def inference_precision_option() -> Any:
 
 def quantize_option() -> Any:
     """`--quantize` of the inference commands."""
-    return option(None, choices=["int8"], help="int8: dynamically quantized Linear layers (CPU; about 2x fp32, "
-                                               "accuracy within ~0.2 points on our benches: measure on your dev set)")
+    return option(None, choices=["int8"], help="int8: dynamically quantized Linear layers (CPU; 1.4-2x fp32 by "
+                                               "CPU, accuracy within ~0.3 points on our benches: measure on your "
+                                               "dev set)")
 
 
 @dataclass
@@ -143,7 +144,7 @@ class LoopConfig:
     precision: str = option("auto", choices=PRECISIONS,
                             help="bf16 autocast (weights and optimizer stay fp32) or fp32; auto: bf16 on CUDA devices "
                                  "with native bf16, fp32 elsewhere (bf16 pays on CPUs with AVX512-BF16 or AMX, about "
-                                 "1.6x)")
+                                 "1.6x, and is refused on CPUs and GPUs without native bf16)")
     progress: bool = option(True, help="show progress: a bar on a terminal, a plain line a minute in a log file "
                                        "(--no-progress: none; metrics.jsonl is written either way)")
     best_metric: str | None = None  # set by fine-tuning: the evaluation metric whose best model is kept in best/
