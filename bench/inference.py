@@ -28,8 +28,10 @@ Throughput (texts/s for the whole file, tokenization included): every side token
 by length, runs batches of --batch-size (default 64, `predict`'s own) each padded to its longest, and puts the
 results back in input order, so all sides compute on the same padded shapes. Each side runs --repeats times,
 interleaved in rotating order after one warm-up; the table shows the median with min and max, and every
-ratio is of medians. Latency: the first --latency-texts texts, one text per call, every side in turn for each
-text; p50 and p99 of the per-call times.
+ratio is of medians. Latency: the first --latency-texts texts, one text per call, split into --repeats blocks;
+each side answers a whole block on its own (a deployment runs one engine; calls of different engines in turn
+slowed every side, as each engine's idle threads spin on after a call), the order of the sides rotated from
+block to block; p50 and p99 of the per-call times.
 
 Workloads: `rt` = the texts of --split of rotten-tomatoes (../shared/data/tasks/rotten-tomatoes); `uniform` =
 texts cut from the same reviews to token lengths uniform in 16-128. Whatever the workload, every side is also
@@ -333,19 +335,23 @@ def main() -> None:
             sync(device)
             rates[name].append(len(texts) / (time.perf_counter() - start))
 
-    # Latency: one text per call, the sides in turn for each text.
+    # Latency: one text per call. Each side answers a block of texts on its own (a deployment runs one engine), the
+    # blocks rotated over rounds. Calls of different engines in turn slowed every side: an engine's idle threads
+    # spin on after a call and take the 2 cores from the next (p50 about halved for every side in blocks).
     few = texts[:args.latency_texts]
-    for name in names:
-        for t in few[:5]:
-            sides[name].one(t)
     latency: dict[str, list[float]] = {name: [] for name in names}
-    for n, t in enumerate(few):
-        for name in names[n % len(names):] + names[:n % len(names)]:
-            sync(device)
-            start = time.perf_counter()
-            sides[name].one(t)
-            sync(device)
-            latency[name].append(1000 * (time.perf_counter() - start))
+    rounds = min(args.repeats, len(few))
+    for r in range(rounds):
+        block = few[r::rounds]
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for t in block[:3]:  # untimed: the previous side's threads wind down
+                sides[name].one(t)
+            for t in block:
+                sync(device)
+                start = time.perf_counter()
+                sides[name].one(t)
+                sync(device)
+                latency[name].append(1000 * (time.perf_counter() - start))
 
     # Agreement with transformers on the workload, accuracy on the labelled splits (untimed runs).
     probs = {name: side.file(texts) for name, side in sides.items()}
