@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import bertforge.cpu
 from bertforge.cli import _commands, build_parser, main
 from bertforge.commands.base import _unwrap_optional, build_args
 from bertforge.train.rundir import LOCK_FILE, claim_run_dir
@@ -320,6 +321,17 @@ def test_a_directory_never_used_leaves_no_trace_when_the_run_fails_to_start(tmp_
     out = tmp_path / "new" / "run"
     code, _, err = cli(["pretrain", "--data", str(tmp_path / "no-data"), "--out", str(out)], capsys)
     assert_one_error_line(code, err, "no-data")
+    assert not out.exists()
+
+
+def test_bf16_training_on_a_cpu_without_bf16_is_refused_before_the_directory_is_made(tmp_path, capsys, monkeypatch):
+    """Emulated bf16 trains many times slower than fp32 (10.3 s against 0.45 s for a BERT-mini step on an
+    AVX2-only CPU): an explicit --precision bf16 there is one error line, as it is for inference."""
+    monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: False)
+    out = tmp_path / "new" / "run"
+    code, _, err = cli(["pretrain", "--data", str(tmp_path / "no-data"), "--out", str(out), "--precision", "bf16"],
+                       capsys)
+    assert_one_error_line(code, err, "--precision bf16: this CPU has no bf16 instructions", "--precision fp32")
     assert not out.exists()
 
 

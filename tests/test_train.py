@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import bertforge.cpu
 from bertforge import BertForPreTraining
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
@@ -123,9 +124,11 @@ def test_a_pretraining_run_equals_a_plain_reference_loop(prepared, tmp_path):
     assert moved > len(got) // 2  # the weights did change: the comparison is not between two initial states
 
 
-def test_bf16_autocast_trains_fp32_weights_close_to_an_fp32_run(prepared, tmp_path):
+def test_bf16_autocast_trains_fp32_weights_close_to_an_fp32_run(prepared, tmp_path, monkeypatch):
     """--precision bf16 on the CPU: the matmuls run in bf16 (the weights end different from an fp32 run of the
-    same seed), the stored weights and optimizer stay fp32, and the run follows the fp32 one closely."""
+    same seed), the stored weights and optimizer stay fp32, and the run follows the fp32 one closely. On a CPU
+    without bf16 instructions (refused there for speed) the same numbers are computed, emulated."""
+    monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: True)
     cfg = tiny_model_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     runs = {}
     for precision in ("fp32", "bf16"):
@@ -141,9 +144,14 @@ def test_bf16_autocast_trains_fp32_weights_close_to_an_fp32_run(prepared, tmp_pa
     assert sum(runs["bf16"][-3:]) < sum(runs["bf16"][:3]) - 0.5
 
 
-def test_precision_is_resolved_per_device():
+def test_precision_is_resolved_per_device(monkeypatch):
     cpu = torch.device("cpu")
+    monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: True)
     assert [resolve_precision(p, cpu) for p in ("auto", "fp32", "bf16")] == ["fp32", "fp32", "bf16"]
+    monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: False)
+    assert [resolve_precision(p, cpu) for p in ("auto", "fp32")] == ["fp32", "fp32"]
+    with pytest.raises(BertforgeError, match="^--precision bf16: this CPU has no bf16 instructions"):
+        resolve_precision("bf16", cpu)
     # CUDA devices with and without native bf16: tests/test_cuda.py
     with pytest.raises(BertforgeError, match="unknown precision 'fp16'; choose one of auto, fp32, bf16"):
         resolve_precision("fp16", cpu)

@@ -41,7 +41,7 @@ from bertforge.tasks.runner import (
 )
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
-from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, write_run_config
+from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, resolve_precision, write_run_config
 from bertforge.train.report import plot_metrics
 
 TARGETS = ("labels", "start_positions", "end_positions")
@@ -176,6 +176,7 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
 
     d = distributed.setup(o.device)
     try:
+        resolve_precision(o.precision, d.device)  # a refused precision before anything is built or written
         model_cls = MODEL_FOR_KIND[task.kind]
         overrides: dict[str, Any] = {"num_labels": task.num_labels if task.kind != "multiple_choice" else 1,
                                      "task": task.name,

@@ -275,6 +275,7 @@ def _pretrain_stage(out_dir: str | Path, *, data_dir: str | Path, model: str, lo
     out_dir = Path(out_dir)
     run_dir = None
     try:
+        resolve_precision(loop.precision, d.device)  # a refused precision before the directory is claimed
         # One run, one process per directory: the main process claims it, and every rank stops if it cannot.
         refusal = None
         if d.is_main:
