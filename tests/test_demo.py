@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import statistics
 
 import pytest
 
@@ -68,3 +69,28 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     again = capsys.readouterr().out
     assert again.count("reusing") == 3  # tokenizer, data, pretraining; fine-tunings read their scores back
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+
+
+def _summary(pre: list[float], scratch: list[float], mlm: float, examples: int | None = None) -> dict:
+    def side(runs):
+        return {"runs": [{"test": t} for t in runs], "test_mean": statistics.mean(runs),
+                "test_std": statistics.stdev(runs) if len(runs) > 1 else 0.0}
+    return {"pretraining": {"mlm_accuracy": mlm}, "finetune": {"pretrained": side(pre), "scratch": side(scratch)},
+            "finetune_examples": examples}
+
+
+def test_the_verdict_weighs_the_difference_against_the_seeds_spread():
+    # means 77 and 75, stds 1 and 1 over 3 seeds: 2 standard errors = 2 sqrt(2/3) = 1.63 < 2
+    helped = demo_module.verdict(_summary([76, 77, 78], [74, 75, 76], mlm=0.30))
+    assert helped == ["Pretraining helped: +2.0 points, more than two standard errors of the difference (1.6)."]
+    # the same means with stds 2 and 2: 2 standard errors = 3.27 > 2
+    unclear = demo_module.verdict(_summary([75, 77, 79], [73, 75, 77], mlm=0.30))
+    assert unclear[0].startswith("The difference (+2.0 points) is within two standard errors (3.3)")
+    assert "--finetune-examples 1000" in unclear[1]
+    worse = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, examples=1000))
+    assert worse == ["Random weights did better, by 2.0 points (two standard errors: 0.8)."]
+    plateau = demo_module.verdict(_summary([75, 75.5, 76], [75, 76, 77], mlm=0.131))
+    assert plateau[0].startswith("Pretraining ended on the masked-LM's early plateau (val MLM accuracy 13.1%")
+    assert "--minutes 30" in plateau[0]
+    assert demo_module.verdict(_summary([75], [74], mlm=0.3)) == [
+        "Difference +1.0 points from one seed a side: no spread to judge it by (--finetune-seeds 3 or more)."]

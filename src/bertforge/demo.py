@@ -15,6 +15,7 @@ Every stage writes its output directory atomically or resumably; a re-run skips 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -39,6 +40,12 @@ FILL_MASK_EXAMPLES = [
     "the [MASK] of the union is strong.",
     "our army and [MASK] are ready to defend the nation.",
 ]
+
+
+# Val MLM accuracy below which a budget run is still on the masked-LM's early plateau, where the model guesses
+# frequent words whatever the context: 12-14% on the demo data, rising past 16% as it leaves (about 5M tokens,
+# 2,500 steps of 32 x 64, in every run of docs/experiments/budget-pretraining.md).
+PLATEAU_MLM_ACCURACY = 0.16
 
 
 def _say(text: str) -> None:
@@ -126,7 +133,7 @@ def run_demo(o: DemoOptions) -> dict:
     _say("6/6 summary")
     filled = MaskFiller(pre_dir).fill(FILL_MASK_EXAMPLES, top_k=3)
     summary = {"minutes": round((time.time() - started) / 60, 1), "vocabulary": vocab_summary,
-               "pretraining": pre_metrics, "finetune": results,
+               "pretraining": pre_metrics, "finetune": results, "finetune_examples": o.finetune_examples,
                "fill_mask": [{"text": t, "top": [c["token"] for c in masks[0]]}
                              for t, masks in zip(FILL_MASK_EXAMPLES, filled, strict=True)]}
     write_json(out / "summary.json", summary)
@@ -161,10 +168,43 @@ def _table(s: dict) -> str:
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{name:<{width}}  {value:>11}" for name, value in rows]
+    lines += ["", *verdict(s)]
     lines.append("\nfill-mask (pretrained model, top 3):")
     for item in s["fill_mask"]:
         lines.append(f"  {item['text']:<55} -> {', '.join(item['top'])}")
     return "\n".join(lines)
+
+
+def verdict(s: dict) -> list[str]:
+    """What the summary's figures say, in sentences: whether the difference stands out from the seeds' noise
+    (two standard errors of the difference of the means), and what to change when pretraining did not help."""
+    pre, scr = s["finetune"]["pretrained"], s["finetune"]["scratch"]
+    n_pre, n_scr = len(pre["runs"]), len(scr["runs"])
+    diff = pre["test_mean"] - scr["test_mean"]
+    lines = []
+    mlm = s["pretraining"]["mlm_accuracy"]
+    if mlm < PLATEAU_MLM_ACCURACY:
+        lines.append(f"Pretraining ended on the masked-LM's early plateau (val MLM accuracy {100 * mlm:.1f}%: the "
+                     "model still guesses frequent words), so it has little to give yet; leaving it took about 5M "
+                     "tokens in our runs. Give it more time, e.g. --minutes 30.")
+    if min(n_pre, n_scr) < 2:
+        lines.append(f"Difference {diff:+.1f} points from one seed a side: no spread to judge it by "
+                     "(--finetune-seeds 3 or more).")
+        return lines
+    two_se = 2 * math.sqrt(pre["test_std"] ** 2 / n_pre + scr["test_std"] ** 2 / n_scr)
+    if diff > two_se:
+        lines.append(f"Pretraining helped: {diff:+.1f} points, more than two standard errors of the difference "
+                     f"({two_se:.1f}).")
+        return lines
+    if diff < -two_se:
+        lines.append(f"Random weights did better, by {-diff:.1f} points (two standard errors: {two_se:.1f}).")
+    else:
+        lines.append(f"The difference ({diff:+.1f} points) is within two standard errors ({two_se:.1f}): the seeds "
+                     "do not tell the two apart.")
+    if s.get("finetune_examples") is None:
+        lines.append("With every labelled review, fine-tuning reads all the movie text that pretraining read; "
+                     "pretraining shows more where labels are few: --finetune-examples 1000.")
+    return lines
 
 
 def _report(s: dict, out: Path) -> str:
