@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import bertforge.cpu
 from bertforge import BertForPreTraining
 from bertforge.cli import main
 from bertforge.config import BertConfig
@@ -65,6 +66,7 @@ def test_auto_precision_is_bf16_only_on_a_gpu_with_native_bf16(monkeypatch):
     assert [resolve_precision(p, cuda) for p in ("auto", "fp32", "bf16")] == ["bf16", "fp32", "bf16"]
     _stand_in_gpu(monkeypatch, bf16=False)  # e.g. a T4 or V100: torch would emulate bf16, slower than fp32
     assert [resolve_precision(p, cuda) for p in ("auto", "fp32")] == ["fp32", "fp32"]
+    monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: True)  # a CPU with bf16 instructions
     assert [resolve_precision(p, cpu) for p in ("auto", "fp32", "bf16")] == ["fp32", "fp32", "bf16"]
 
 
