@@ -331,7 +331,7 @@ def test_bf16_training_on_a_cpu_without_bf16_is_refused_before_the_directory_is_
     out = tmp_path / "new" / "run"
     code, _, err = cli(["pretrain", "--data", str(tmp_path / "no-data"), "--out", str(out), "--precision", "bf16"],
                        capsys)
-    assert_one_error_line(code, err, "--precision bf16: this CPU has no bf16 instructions", "--precision fp32")
+    assert_one_error_line(code, err, "--precision bf16: this CPU has no bf16 dot products", "--precision fp32")
     assert not out.exists()
 
 

@@ -150,7 +150,7 @@ def test_precision_is_resolved_per_device(monkeypatch):
     assert [resolve_precision(p, cpu) for p in ("auto", "fp32", "bf16")] == ["fp32", "fp32", "bf16"]
     monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: False)
     assert [resolve_precision(p, cpu) for p in ("auto", "fp32")] == ["fp32", "fp32"]
-    with pytest.raises(BertforgeError, match="^--precision bf16: this CPU has no bf16 instructions"):
+    with pytest.raises(BertforgeError, match="^--precision bf16: this CPU has no bf16 dot products"):
         resolve_precision("bf16", cpu)
     # CUDA devices with and without native bf16: tests/test_cuda.py
     with pytest.raises(BertforgeError, match="unknown precision 'fp16'; choose one of auto, fp32, bf16"):

@@ -32,7 +32,7 @@ from bertforge import cpu
 from bertforge.checkpoint import load_state, read_weights
 from bertforge.config import BertConfig
 from bertforge.data.padding import pad_ids
-from bertforge.device import pick_device
+from bertforge.device import pick_device, refuse_emulated_cpu_bf16
 from bertforge.errors import BertforgeError
 from bertforge.heads import BertForMaskedLM
 from bertforge.io import open_text
@@ -191,9 +191,7 @@ def _check_options(quantize: str | None, device: str | None, precision: str = "f
         raise BertforgeError("--quantize int8 keeps the rest of the model in fp32 (with bf16 there it was slower and "
                              "less accurate): drop --precision bf16, or --quantize for bf16 alone")
     where = torch.device("cpu") if quantize == "int8" else pick_device(device)
-    if precision == "bf16" and where.type == "cpu" and not cpu.has_native_bf16():
-        raise BertforgeError("--precision bf16: this CPU has no bf16 dot products (AVX512-BF16 or AMX), so bf16 "
-                             "would run slower than fp32; use --precision fp32, or auto to choose by the CPU")
+    refuse_emulated_cpu_bf16(precision, where)
     if precision == "bf16" and where.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise BertforgeError("--precision bf16: this GPU does not support bf16; use --precision fp32 or auto")
     return where

@@ -31,9 +31,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bertforge import cpu
 from bertforge.checkpoint import load_state, read_weights, unwrap
-from bertforge.device import pick_device, to_device
+from bertforge.device import pick_device, refuse_emulated_cpu_bf16, to_device
 from bertforge.errors import BertforgeError
 from bertforge.io import MetricsLog, atomic_dir, progress_reporter, read_jsonl, write_json, write_text
 from bertforge.options import PRECISIONS, LoopConfig
@@ -89,17 +88,15 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     """The precision a run uses, "fp32" or "bf16": "auto" is bf16 on a CUDA device with native bf16 (compute
     capability 8.0 and newer) and fp32 elsewhere, the CPU included (bf16 there is opt-in, as in other training
     tools: worth it only where the CPU has bf16 instructions, see `bertforge.cpu`). An explicit "bf16" on a CUDA
-    device without native bf16, or on a CPU without bf16 instructions, is refused: torch would emulate it,
-    slower than fp32 (a BERT-mini step at 32 x 64 on an AVX2-only AMD EPYC: 10.3 s against 0.45 s in fp32).
+    device without native bf16, or on a CPU without bf16 instructions (`device.refuse_emulated_cpu_bf16`, as for
+    inference), is refused: torch would emulate it, slower than fp32 (there is no fp16 path).
     `torch.cuda.is_bf16_supported` asks the current device, which `distributed.setup` sets to the rank's."""
     if precision not in PRECISIONS:
         raise BertforgeError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     native = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     if precision == "auto":
         return "bf16" if native else "fp32"
-    if precision == "bf16" and device.type == "cpu" and not cpu.has_native_bf16():
-        raise BertforgeError("--precision bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX), so bf16 "
-                             "would be emulated, many times slower than fp32: use --precision fp32")
+    refuse_emulated_cpu_bf16(precision, device)
     if precision == "bf16" and device.type == "cuda" and not native:
         name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "no CUDA device is available"
         raise BertforgeError(f"--precision bf16: {device} ({name}) has no native bf16 support; "
