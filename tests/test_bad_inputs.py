@@ -174,6 +174,7 @@ def test_a_model_directory_whose_vocab_changed_is_refused_and_an_old_one_loads(t
     (["--lr", "5e-3"], ["--lr 0.001 -> 0.005"]),
     (["--batch-size", "8", "--mask-prob", "0.2"], ["--batch-size 4 -> 8", "--mask-prob 0.15 -> 0.2"]),
     (["--seed", "7"], ["--seed 12345 -> 7"]),
+    (["--max-seq-len", "16"], ["--max-seq-len 32 -> 16"]),  # the data's length, now cut shorter
     (["--steps", "9"], ["--steps 6 -> 9", "cannot be extended"]),
 ])
 def test_resume_refuses_options_that_shape_the_run(toy, tmp_path, capsys, extra, expected):

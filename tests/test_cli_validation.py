@@ -60,7 +60,7 @@ ALLOWED = {
     ("pretrain", "--eval-every"): ">=0", ("pretrain", "--eval-batches"): ">=0", ("pretrain", "--save-every"): ">=0",
     ("pretrain", "--keep-last"): ">=1", ("pretrain", "--log-every"): ">=1", ("pretrain", "--seed"): SEED,
     ("pretrain", "--workers"): ">=0", ("pretrain", "--clip-grad-norm"): ">=0",
-    ("pretrain", "--stack-fraction"): "[0,1)",
+    ("pretrain", "--stack-fraction"): "[0,1)", ("pretrain", "--stack-length-fraction"): "(0,1]",
     ("finetune", "--lr"): ">0", ("finetune", "--batch-size"): ">=1", ("finetune", "--epochs"): ">0",
     ("finetune", "--warmup-ratio"): "[0,1)", ("finetune", "--weight-decay"): ">=0", ("finetune", "--seed"): SEED,
     ("finetune", "--max-length"): ">=5", ("finetune", "--micro-batch-size"): ">=1", ("finetune", "--seeds"): ">=1",
@@ -142,7 +142,8 @@ IMPOSSIBLE = [("pretrain", "--batch-size", "0"), ("pretrain", "--log-every", "0"
               ("prepare", "--val-fraction", "1"), ("prepare", "--workers", "0"), ("inspect", "--num", "0"),
               ("evaluate", "--batch-size", "0"), ("predict", "--batch-size", "-2"), ("fill-mask", "--top-k", "0"),
               ("export", "--opset", "13"), ("demo", "--minutes", "0"), ("demo", "--finetune-seeds", "0"),
-              ("pretrain", "--betas", "1"), ("pretrain", "--stack-fraction", "1")]
+              ("pretrain", "--betas", "1"), ("pretrain", "--stack-fraction", "1"),
+              ("pretrain", "--stack-length-fraction", "0"), ("pretrain", "--stack-length-fraction", "1.5")]
 
 
 @pytest.fixture

@@ -78,8 +78,12 @@ def test_a_stacked_run_pretrains_half_depth_then_the_full_model_from_it(prepared
     second_config = json.loads((second / "run_config.json").read_text())
     assert first_config["loop"]["steps"] == 12 and second_config["loop"]["steps"] == 8  # 60% / 40% of 20
     assert second_config["init"] == str(first)
-    assert first_config["stack"] == {"fraction": 0.6, "minutes": None, "steps": 20, "stage": "half depth"}
-    assert second_config["stack"] == {"fraction": 0.6, "minutes": None, "steps": 20, "stage": "full depth"}
+    stack = {"fraction": 0.6, "minutes": None, "steps": 20, "length_fraction": 1.0}
+    assert first_config["stack"] == {**stack, "stage": "half depth"}
+    assert second_config["stack"] == {**stack, "stage": "full depth"}
+    # the budget recipe's first stage is at the run's length and batch
+    assert (first_config["max_seq_len"], first_config["loop"]["batch_size"]) == (16, 2)
+    assert (second_config["max_seq_len"], second_config["loop"]["batch_size"]) == (16, 2)
     assert [r["step"] for r in read_jsonl(first / "metrics.jsonl") if r["split"] == "train"] == list(range(1, 13))
     assert [r["step"] for r in read_jsonl(second / "metrics.jsonl") if r["split"] == "train"] == list(range(1, 9))
     # The second stage starts from the first's layers, stacked: its model after 0 steps would be the stack.
@@ -92,6 +96,26 @@ def test_a_stacked_run_pretrains_half_depth_then_the_full_model_from_it(prepared
     assert main(_args(prepared, plain, "--steps", "4", "--stack-fraction", "0")) == 0
     assert not (plain / "half-depth").exists()
     assert json.loads((plain / "config.json").read_text())["num_hidden_layers"] == 4
+
+
+def test_the_short_first_stage_reads_shorter_sequences_with_the_same_tokens_a_step(prepared, tmp_path, capsys):
+    out = tmp_path / "short"
+    args = _args(prepared, out, "--steps", "6", "--stack-fraction", "0.5", "--max-seq-len", "32",
+                 "--batch-size", "4", "--stack-length-fraction", "0.25", "--log-every", "1")
+    assert main(args) == 0
+    first = json.loads((out / "half-depth" / "run_config.json").read_text())
+    assert (first["max_seq_len"], first["loop"]["batch_size"]) == (8, 16)
+    assert first["stack"]["length_fraction"] == 0.25
+    full = json.loads((out / "run_config.json").read_text())
+    assert (full["max_seq_len"], full["loop"]["batch_size"]) == (32, 4)
+    assert main(args[:-4] + ["--stack-length-fraction", "0.5", "--resume"]) == 2
+    assert "--stack-length-fraction 0.25 -> 0.5" in capsys.readouterr().err
+    # a share shorter than 8 tokens is trained at 8, the shortest instances are made for
+    short = tmp_path / "shortest"
+    args = _args(prepared, short, "--steps", "4", "--stack-fraction", "0.5", "--stack-length-fraction", "0.1")
+    assert main(args) == 0
+    first = json.loads((short / "half-depth" / "run_config.json").read_text())
+    assert (first["max_seq_len"], first["loop"]["batch_size"]) == (8, 4)
 
 
 def test_a_stacked_run_resumes_in_the_stage_it_was_stopped_in(prepared, tmp_path, capsys):

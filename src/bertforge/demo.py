@@ -43,8 +43,8 @@ FILL_MASK_EXAMPLES = [
 
 
 # Val MLM accuracy below which a budget run is still on the masked-LM's early plateau, where the model guesses
-# frequent words whatever the context: 12-14% on the demo data, rising past 16% as it leaves (about 5M tokens,
-# 2,500 steps of 32 x 64, in every run of docs/experiments/budget-pretraining.md).
+# frequent words whatever the context: 12-14% on the demo data, rising past 16% as it leaves (about 5M tokens at
+# length 64, 1.3M at length 16, which the budget recipe's first stage uses: docs/experiments/budget-pretraining.md).
 PLATEAU_MLM_ACCURACY = 0.16
 
 
@@ -185,7 +185,7 @@ def verdict(s: dict) -> list[str]:
     mlm = s["pretraining"]["mlm_accuracy"]
     if mlm < PLATEAU_MLM_ACCURACY:
         lines.append(f"Pretraining ended on the masked-LM's early plateau (val MLM accuracy {100 * mlm:.1f}%: the "
-                     "model still guesses frequent words), so it has little to give yet; leaving it took about 5M "
+                     "model still guesses frequent words), so it has little to give yet; leaving it took 1-5M "
                      "tokens in our runs. Give it more time, e.g. --minutes 30.")
     if min(n_pre, n_scr) < 2:
         lines.append(f"Difference {diff:+.1f} points from one seed a side: no spread to judge it by "

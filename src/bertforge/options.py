@@ -58,6 +58,7 @@ def at_least(n: int, why: str = "") -> Bound:
 POSITIVE = Bound(lo=0, lo_open=True)  # a learning rate, a number of epochs, minutes
 PROBABILITY = Bound(lo=0, hi=1, lo_open=True, hi_open=True)  # a share that must leave some of both sides
 FRACTION = Bound(lo=0, hi=1, hi_open=True)  # a share that may be zero but not all (dropout, warmup, held out)
+SHARE = Bound(lo=0, hi=1, lo_open=True)  # a share of something that may be all of it but not none
 MIN_SEQ_LEN = at_least(8)  # the least `prepare` makes instances for
 SEED = Bound(lo=0, hi=2**32 - 1, why="a seed is a 32-bit number")
 

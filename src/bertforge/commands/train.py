@@ -19,13 +19,14 @@ import os
 
 from bertforge.commands.base import Command, command_args, options_from
 from bertforge.errors import BertforgeError
-from bertforge.options import FRACTION, MIN_SEQ_LEN, DataOptions, LoopConfig, option, seed_option
+from bertforge.options import FRACTION, MIN_SEQ_LEN, SHARE, DataOptions, LoopConfig, option, seed_option
 from bertforge.train.recipe import RECIPES, default_warmup, get_recipe
 
 # The options a recipe supplies when neither the command line nor --config gives them: option -> Recipe field.
 RECIPE_OPTIONS = {"batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmup_fraction", "betas": "betas",
                   "weight_decay": "weight_decay", "mask_prob": "mask_prob", "nsp": "nsp", "dropout": "dropout",
-                  "pre_ln": "pre_layer_norm", "stack_fraction": "stack_fraction"}
+                  "pre_ln": "pre_layer_norm", "stack_fraction": "stack_fraction",
+                  "stack_length_fraction": "stack_length_fraction"}
 
 
 def recipe_note(field: str) -> str:
@@ -66,6 +67,9 @@ class PretrainArgs:
     stack_fraction: float | None = option(None, help="stacking: pretrain a model of half the depth for this share "
                                           "of the steps or minutes (in OUT/half-depth), then copy its layers on top "
                                           "of themselves for the rest; 0: off; a new model only", bound=FRACTION)
+    stack_length_fraction: float | None = option(None, help="stacking: the half-depth stage's sequence length as a "
+                                                 "share of the run's (0.5: half as long, twice the sequences a "
+                                                 "batch: the same tokens a step); 1: the same", bound=SHARE)
     seed: int = seed_option(12345, help="seed for initialisation, data order and masks")
     resume: bool = option(False, help="continue exactly from the last checkpoint in --out")
     config: str | None = option(None, help="JSON file with any of these options, keyed by name (\"batch_size\": 32); "
@@ -91,7 +95,8 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=options_from(LoopConfig, args),
                 data_options=options_from(DataOptions, args), init=args.init, resume=args.resume,
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
-                warmup_fraction=warmup_fraction, recipe=recipe, stack_fraction=args.stack_fraction)
+                warmup_fraction=warmup_fraction, recipe=recipe, stack_fraction=args.stack_fraction,
+                stack_length_fraction=args.stack_length_fraction)
 
 
 def run_pretrain(args: PretrainArgs) -> int:

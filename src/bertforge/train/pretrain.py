@@ -18,10 +18,11 @@ from torch import nn
 from bertforge.checkpoint import WEIGHTS_NAME, unwrap
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.loader import PretrainingData
+from bertforge.data.shards import read_manifest
 from bertforge.device import to_device
 from bertforge.errors import BertforgeError
 from bertforge.heads import IGNORE_INDEX, BertForPreTraining
-from bertforge.options import DataOptions
+from bertforge.options import MIN_SEQ_LEN, DataOptions
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
 from bertforge.train.budget import (
@@ -152,7 +153,8 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
              data_options: DataOptions | None = None, init: str | Path | None = None, resume: bool = False,
              max_seq_len: int | None = None, dropout: float | None = None, pre_layer_norm: bool = False,
              minutes: float | None = None, warmup_fraction: float | None = None,
-             recipe: Recipe | None = None, stack_fraction: float = 0.0) -> TrainResult:
+             recipe: Recipe | None = None, stack_fraction: float = 0.0,
+             stack_length_fraction: float = 1.0) -> TrainResult:
     """Pretrain a BERT with MLM (+ NSP unless `data_options.nsp` is False) on `data_dir` (made by `bertforge
     prepare`) into `out_dir`.
 
@@ -166,7 +168,10 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
     `stack_fraction` F > 0 (a new model only) stacks (stacking.py): a model of half the depth is pretrained for
     the first F of the steps or minutes in `out_dir/half-depth/`, then its layers are copied on top of
     themselves and the full-depth model is pretrained for the rest in `out_dir`, with a warmup and decay of its
-    own. Both stages read the data from its start, as the measured runs did.
+    own. Both stages read the data from its start, as the measured runs did. `stack_length_fraction` < 1 trains
+    the first stage on sequences that much shorter (at least 8 tokens), with as many more of them a batch (the
+    same tokens a step): the half-depth model leaves the masked-LM's early plateau after fewer tokens at length 16
+    or 32 than at 64.
     """
     out_dir = Path(out_dir)
     common = dict(data_dir=data_dir, loop=loop, data_options=data_options or DataOptions(), resume=resume,
@@ -178,7 +183,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
                 raise BertforgeError(f"the run in {out_dir} was stacked (it has {HALF_DEPTH_DIR}/): resume it with "
                                      f"the --stack-fraction it was started with (run_config.json)")
             return _pretrain_stage(out_dir, model=model, init=init, **common)
-        return _pretrain_stacked(out_dir, model, stack_fraction, common)
+        return _pretrain_stacked(out_dir, model, stack_fraction, stack_length_fraction or 1.0, common)
     finally:
         distributed.teardown()
 
@@ -204,7 +209,9 @@ def _stack_changes(out_dir: Path, stack: dict) -> BertforgeError | None:
         before = recorded.get("stack") if isinstance(recorded, dict) else None
         if not isinstance(before, dict):
             return BertforgeError(f"the run in {out_dir} was not stacked: resume it with --stack-fraction 0")
-        names = {"fraction": "--stack-fraction", "minutes": "the time budget (--minutes):", "steps": "--steps"}
+        names = {"fraction": "--stack-fraction", "minutes": "the time budget (--minutes):", "steps": "--steps",
+                 "length_fraction": "--stack-length-fraction"}
+        before = {"length_fraction": 1.0, **before}  # runs before the option trained both stages at one length
         changed = [f"{flag} {json.dumps(before.get(key))} -> {json.dumps(stack[key])}"
                    for key, flag in names.items() if before.get(key) != stack[key]]
         if changed:
@@ -225,15 +232,32 @@ def _split(loop: LoopConfig, minutes: float | None, fraction: float) -> list[tup
     return stages
 
 
-def _pretrain_stacked(out_dir: Path, model: str, fraction: float, common: dict) -> TrainResult:
+def _short_stage(loop: LoopConfig, run_len: int, short_len: int) -> LoopConfig:
+    """The first stage's loop at `short_len` (< `run_len`): as many more sequences a batch and micro-batch, so a
+    step takes about as many tokens as at the run's length."""
+    def scale(n: int | None) -> int | None:
+        return None if n is None else max(1, round(n * run_len / short_len))
+
+    return dataclasses.replace(loop, batch_size=scale(loop.batch_size), micro_batch_size=scale(loop.micro_batch_size))
+
+
+def _run_length(data_dir: str | Path, max_seq_len: int | None) -> int:
+    return int(max_seq_len or read_manifest(Path(data_dir))["max_seq_len"])
+
+
+def _pretrain_stacked(out_dir: Path, model: str, fraction: float, length_fraction: float,
+                      common: dict) -> TrainResult:
     started = time.perf_counter()
     loop, resume = common["loop"], common["resume"]
     check_stackable(_model_depth(model))  # before either stage claims a directory
+    run_len = _run_length(common["data_dir"], common["max_seq_len"])
+    short_len = min(run_len, max(int(MIN_SEQ_LEN.lo), round(length_fraction * run_len)))
     d = distributed.setup(loop.device)
     refusal = None
     if d.is_main and not resume:  # the stages claim their own directories; a used --out is refused before both
         refusal = used_dir_refusal(out_dir)
-    stack = {"fraction": fraction, "minutes": common["minutes"], "steps": None if common["minutes"] else loop.steps}
+    stack = {"fraction": fraction, "minutes": common["minutes"], "steps": None if common["minutes"] else loop.steps,
+             "length_fraction": length_fraction}
     if d.is_main and resume:
         refusal = _stack_changes(out_dir, stack)
     if distributed.any_rank(refusal is not None, d):
@@ -244,9 +268,12 @@ def _pretrain_stacked(out_dir: Path, model: str, fraction: float, common: dict) 
         if d.is_main:
             print(f"reusing the half-depth stage in {first_dir}", flush=True)
     else:
+        if short_len < run_len:
+            first_loop = _short_stage(first_loop, run_len, short_len)
         _pretrain_stage(first_dir, model=model, init=None, half=True, stage="half depth: ",
                         stack={**stack, "stage": "half depth"},
                         **{**common, "loop": first_loop, "minutes": first_minutes,
+                           "max_seq_len": short_len if short_len < run_len else common["max_seq_len"],
                            "resume": resume and first_dir.is_dir()})
     result = _pretrain_stage(out_dir, model=model, init=first_dir, stack_init=True, stage="full depth: ",
                              stack={**stack, "stage": "full depth"}, allow=(HALF_DEPTH_DIR,),
@@ -369,7 +396,8 @@ def _pretrain_stage(out_dir: str | Path, *, data_dir: str | Path, model: str, lo
                     shutil.copyfile(tok_dir / name, path / name)
 
         run_config = dict(command="pretrain", data=str(data_dir), model=config.to_dict(), loop=loop,
-                          data_options=opts, init=str(init) if init else None, world_size=d.world_size,
+                          data_options=opts, max_seq_len=train_data.max_seq_len,
+                          init=str(init) if init else None, world_size=d.world_size,
                           recipe=recipe.to_dict() if recipe else None, dropout=dropout,
                           stack=stack,
                           budget=asdict(plan) if plan else None,

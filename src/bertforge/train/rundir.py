@@ -141,12 +141,15 @@ def _differences(old, new, prefix: str = "") -> list[tuple[str, object, object]]
 
 
 _FLAG_NAMES = {"masked_lm_prob": "mask-prob", "num_workers": "workers"}  # where the option's name is not the field's
+_TOP_LEVEL_OPTIONS = ("max_seq_len", "dropout", "init")  # run_config.json keys that are options of their own
 
 
 def _flag(key: str) -> str:
     section, _, name = key.partition(".")
     if section in ("loop", "data_options") and name and "." not in name:
         return "--" + _FLAG_NAMES.get(name, name.replace("_", "-"))
+    if key in _TOP_LEVEL_OPTIONS:
+        return "--" + key.replace("_", "-")
     return key
 
 
