@@ -44,7 +44,7 @@ FILL_MASK_EXAMPLES = [
 
 # Val MLM accuracy below which a budget run is still on the masked-LM's early plateau, where the model guesses
 # frequent words whatever the context: 12-14% on the demo data, rising past 16% as it leaves (about 5M tokens at
-# length 64, 1.3M at length 16, which the budget recipe's first stage uses: docs/experiments/budget-pretraining.md).
+# length 64, the recipe's; 1.3M with --stack-length-fraction 0.25: docs/experiments/budget-pretraining.md).
 PLATEAU_MLM_ACCURACY = 0.16
 
 

@@ -183,7 +183,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
                 raise BertforgeError(f"the run in {out_dir} was stacked (it has {HALF_DEPTH_DIR}/): resume it with "
                                      f"the --stack-fraction it was started with (run_config.json)")
             return _pretrain_stage(out_dir, model=model, init=init, **common)
-        return _pretrain_stacked(out_dir, model, stack_fraction, stack_length_fraction or 1.0, common)
+        return _pretrain_stacked(out_dir, model, stack_fraction, stack_length_fraction, common)
     finally:
         distributed.teardown()
 
@@ -233,8 +233,8 @@ def _split(loop: LoopConfig, minutes: float | None, fraction: float) -> list[tup
 
 
 def _short_stage(loop: LoopConfig, run_len: int, short_len: int) -> LoopConfig:
-    """The first stage's loop at `short_len` (< `run_len`): as many more sequences a batch and micro-batch, so a
-    step takes about as many tokens as at the run's length."""
+    """The first stage's loop at `short_len` (<= `run_len`): as many more sequences a batch and micro-batch, so a
+    step takes about as many tokens as at the run's length (the same loop when the lengths are equal)."""
     def scale(n: int | None) -> int | None:
         return None if n is None else max(1, round(n * run_len / short_len))
 
@@ -268,13 +268,10 @@ def _pretrain_stacked(out_dir: Path, model: str, fraction: float, length_fractio
         if d.is_main:
             print(f"reusing the half-depth stage in {first_dir}", flush=True)
     else:
-        if short_len < run_len:
-            first_loop = _short_stage(first_loop, run_len, short_len)
         _pretrain_stage(first_dir, model=model, init=None, half=True, stage="half depth: ",
                         stack={**stack, "stage": "half depth"},
-                        **{**common, "loop": first_loop, "minutes": first_minutes,
-                           "max_seq_len": short_len if short_len < run_len else common["max_seq_len"],
-                           "resume": resume and first_dir.is_dir()})
+                        **{**common, "loop": _short_stage(first_loop, run_len, short_len), "minutes": first_minutes,
+                           "max_seq_len": short_len, "resume": resume and first_dir.is_dir()})
     result = _pretrain_stage(out_dir, model=model, init=first_dir, stack_init=True, stage="full depth: ",
                              stack={**stack, "stage": "full depth"}, allow=(HALF_DEPTH_DIR,),
                              **{**common, "loop": second_loop, "minutes": second_minutes})
