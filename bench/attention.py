@@ -1,14 +1,17 @@
-"""Which attention kernel a training step should use on this CPU: PyTorch's fused kernel
+"""Which attention kernel the model should use on this CPU: PyTorch's fused kernel
 (`F.scaled_dot_product_attention`, flash attention for CPU) against the explicit one bertforge's model switches
-to for short sequences under bf16 (`bertforge.model._explicit_attention`), forward and backward, per shape.
+to for short sequences under bf16 training (`bertforge.model._explicit_attention`), per shape.
 
-Both sides get the same q, k, v (B, N, T, D) with B x T = 4,096 tokens; times are per call of forward +
-backward (the sum of the output), median (min-max) of --rounds rounds, interleaved. The model takes the
-explicit kernel when training under bf16/fp16 on a CPU with at most `_EXPLICIT_ATTENTION_MAX_T` keys; this
-bench is what that threshold was read from. It also prints fp32, where the fused kernel stays.
+Training (the default): both sides get the same q, k, v (B, N, T, D) with B x T = 4,096 tokens; times are per
+call of forward + backward (the sum of the output). The model takes the explicit kernel when training under
+bf16/fp16 on a CPU with at most `_EXPLICIT_ATTENTION_MAX_T` keys; this is what that threshold was read from.
+With --inference: forward only, without gradients, B x T = --tokens, q, k and v the views of one (B, T, 3, N, D)
+product that the model's attention makes; inference keeps the fused kernel, which this measured faster in fp32
+(docs/benchmarks.md). Median (min-max) of --rounds rounds, the sides interleaved.
 
     .venv/bin/python bench/attention.py
     .venv/bin/python bench/attention.py --lengths 64 128 256 --heads 4 12 --rounds 5
+    .venv/bin/python bench/attention.py --inference --dtypes fp32 --heads 12 --head-size 32   # MiniLM's heads
 """
 
 from __future__ import annotations
@@ -32,11 +35,28 @@ def explicit(q, k, v, mask):
 
 
 def time_calls(fn, q, k, v, mask, calls: int) -> float:
-    """Milliseconds per forward + backward."""
+    """Milliseconds per forward + backward (forward only where q takes no gradient)."""
     start = time.perf_counter()
     for _ in range(calls):
-        fn(q, k, v, mask).float().sum().backward()
+        if q.requires_grad:
+            fn(q, k, v, mask).float().sum().backward()
+        else:
+            with torch.inference_mode():
+                fn(q, k, v, mask)
     return (time.perf_counter() - start) / calls * 1000
+
+
+def inputs(T: int, N: int, D: int, tokens: int, dtype: torch.dtype, inference: bool):
+    """q, k, v (B, N, T, D) and a mask with half the sequences padded by a quarter; B = tokens // T."""
+    g = torch.Generator().manual_seed(0)
+    B = max(1, tokens // T)
+    if inference:  # views of one projection, laid out as BertSelfAttention makes them
+        q, k, v = torch.randn(B, T, 3, N, D, generator=g, dtype=dtype).permute(2, 0, 3, 1, 4).unbind(0)
+    else:
+        q, k, v = (torch.randn(B, N, T, D, generator=g, dtype=dtype).requires_grad_() for _ in range(3))
+    mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
+    mask[::2, ..., T - T // 4:] = False
+    return q, k, v, mask
 
 
 def main() -> None:
@@ -47,19 +67,20 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=10, help="timed calls per round")
+    parser.add_argument("--inference", action="store_true", help="forward only, without gradients")
+    parser.add_argument("--tokens", type=int, help="B x T (default: 4,096 training, 1,792 = 64 x 28 inference)")
     args = parser.parse_args()
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, forward + backward, ms per call, "
-          f"median (min-max) over {args.rounds} rounds; the model's threshold: {_EXPLICIT_ATTENTION_MAX_T} keys")
+    tokens = args.tokens or (1792 if args.inference else 4096)
+    what = "forward (inference: the model keeps the fused kernel)" if args.inference else \
+        f"forward + backward (the model's threshold under bf16: {_EXPLICIT_ATTENTION_MAX_T} keys)"
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {what}, {tokens} tokens, ms per call, "
+          f"median (min-max) over {args.rounds} rounds")
     print(f"{'dtype':<6}{'T':>5}{'N':>4}  {'fused':>22}  {'explicit':>22}  explicit faster by")
     for name in args.dtypes:
         for T in args.lengths:
             for N in args.heads:
-                g = torch.Generator().manual_seed(0)
-                q, k, v = (torch.randn(4096 // T, N, T, args.head_size, generator=g, dtype=dtypes[name])
-                           .requires_grad_() for _ in range(3))
-                mask = torch.ones(4096 // T, 1, 1, T, dtype=torch.bool)
-                mask[::2, ..., T - T // 4:] = False  # half the sequences padded by a quarter
+                q, k, v, mask = inputs(T, N, args.head_size, tokens, dtypes[name], args.inference)
                 times = {"fused": [], "explicit": []}
                 for fn in (fused, explicit):
                     time_calls(fn, q, k, v, mask, 2)  # warm-up
