@@ -61,6 +61,7 @@ ALLOWED = {
     ("pretrain", "--keep-last"): ">=1", ("pretrain", "--log-every"): ">=1", ("pretrain", "--seed"): SEED,
     ("pretrain", "--workers"): ">=0", ("pretrain", "--clip-grad-norm"): ">=0",
     ("pretrain", "--stack-fraction"): "[0,1)", ("pretrain", "--stack-length-fraction"): "(0,1]",
+    ("pretrain", "--bow-weight"): ">=0",
     ("finetune", "--lr"): ">0", ("finetune", "--batch-size"): ">=1", ("finetune", "--epochs"): ">0",
     ("finetune", "--warmup-ratio"): "[0,1)", ("finetune", "--weight-decay"): ">=0", ("finetune", "--seed"): SEED,
     ("finetune", "--max-length"): ">=5", ("finetune", "--micro-batch-size"): ">=1", ("finetune", "--seeds"): ">=1",
@@ -143,7 +144,8 @@ IMPOSSIBLE = [("pretrain", "--batch-size", "0"), ("pretrain", "--log-every", "0"
               ("evaluate", "--batch-size", "0"), ("predict", "--batch-size", "-2"), ("fill-mask", "--top-k", "0"),
               ("export", "--opset", "13"), ("demo", "--minutes", "0"), ("demo", "--finetune-seeds", "0"),
               ("pretrain", "--betas", "1"), ("pretrain", "--stack-fraction", "1"),
-              ("pretrain", "--stack-length-fraction", "0"), ("pretrain", "--stack-length-fraction", "1.5")]
+              ("pretrain", "--stack-length-fraction", "0"), ("pretrain", "--stack-length-fraction", "1.5"),
+              ("pretrain", "--bow-weight", "-0.1")]
 
 
 @pytest.fixture

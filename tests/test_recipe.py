@@ -190,6 +190,8 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     warmup = config["loop"]["warmup_steps"]
     assert train[-1]["lr"] == pytest.approx(2e-3 / (steps - warmup))  # the last before zero
     assert all("nsp_loss" not in r for r in train) and all("nsp_accuracy" not in r for r in records)
+    assert config["bow_weight"] == config["recipe"]["bow_weight"] > 0  # the recipe's bag-of-words loss on [CLS]
+    assert all(r["bow_loss"] > 0 and r["loss"] == pytest.approx(r["mlm_loss"] + r["bow_loss"]) for r in train)
     saved = json.loads((out / "config.json").read_text())
     assert saved["pre_layer_norm"] is True and saved["hidden_dropout_prob"] == 0.1
     # --resume keeps the plan: a finished run refuses to go on rather than planning a new schedule, and a new
@@ -254,3 +256,52 @@ def test_pretrained_pre_ln_model_loads_with_its_architecture_and_says_transforme
     assert "transformers: cannot load this model" in capsys.readouterr().out
     assert main(["model", "info", "--model", "mini"]) == 0
     assert "transformers: loads as BertModel" in capsys.readouterr().out
+
+
+def test_bag_of_words_loss_is_the_cross_entropy_against_each_sequences_word_distribution():
+    from bertforge.heads import bag_of_words
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=40, max_position_embeddings=16)).eval()
+    emb = model.bert.embeddings.word_embeddings
+    cls = torch.randn(3, model.config.hidden_size)
+    labels = torch.tensor([[5, 7, 5, -100], [9, -100, -100, -100], [-100, -100, -100, -100]])
+    got = bag_of_words(model.cls.predictions, emb, cls, labels)
+    log_probs = torch.log_softmax(model.cls.predictions(cls, emb), -1)
+    # word distributions written out: 5 twice and 7 once in the first sequence, 9 alone in the second; the
+    # third has no words and is left out of the mean
+    first = -(2 / 3 * log_probs[0, 5] + 1 / 3 * log_probs[0, 7])
+    second = -log_probs[1, 9]
+    torch.testing.assert_close(got, (first + second) / 2)
+
+
+def test_bag_of_words_labels_restore_masked_tokens_and_leave_out_special_tokens_and_padding():
+    from bertforge.train.pretrain import PretrainingObjective
+
+    objective = PretrainingObjective(nsp=False, bow_weight=0.5, special_ids={0, 1, 2, 3, 4})
+    batch = {"input_ids": torch.tensor([[2, 4, 9, 17, 3, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0]]),
+             "mlm_labels": torch.tensor([[-100, 8, -100, 6, -100, -100]])}
+    assert objective.bow_labels(batch).tolist() == [[-100, 8, 9, 6, -100, -100]]
+    assert objective.counts(batch) == {"mlm": 2, "bow": 1}
+    with pytest.raises(ValueError, match="special_ids"):
+        PretrainingObjective(bow_weight=0.5)
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_bag_of_words_reads_cls_whether_or_not_the_last_layer_runs_at_the_masked_positions_only(pre_ln):
+    torch.manual_seed(2)
+    config = BertConfig.from_preset("tiny", vocab_size=50, max_position_embeddings=32).replace(pre_layer_norm=pre_ln)
+    model = BertForPreTraining(config).eval()
+    ids = torch.randint(5, 50, (3, 12))
+    ids[:, 0], ids[:, -1] = 2, 3
+    mask = torch.ones_like(ids)
+    mlm = torch.full_like(ids, -100)
+    mlm[:, 4], mlm[1, 7] = ids[:, 4], ids[1, 7]
+    bag = ids.masked_fill((ids == 2) | (ids == 3), -100)
+    sparse = model(ids, None, mask, mlm_labels=mlm, bow_labels=bag)
+    full = model(ids, None, mask, bow_labels=bag)
+    torch.testing.assert_close(sparse.bow_loss, full.bow_loss)
+    torch.testing.assert_close(sparse.loss, sparse.mlm_loss + sparse.bow_loss)
+    # the loss trains the encoder below [CLS], not only the head
+    sparse.bow_loss.backward()
+    assert model.bert.encoder.layer[0].attention.qkv.weight.grad.abs().sum() > 0

@@ -68,6 +68,19 @@ def masked_lm(head: BertLMPredictionHead, word_embeddings: nn.Embedding, sequenc
     return logits, loss
 
 
+def bag_of_words(head: BertLMPredictionHead, word_embeddings: nn.Embedding, cls_output: torch.Tensor,
+                 labels: torch.Tensor) -> torch.Tensor:
+    """[CLS] predicts the words of its sequence through the masked-LM head: one softmax per sequence from
+    cls_output (B, H), scored on each of the sequence's tokens (labels (B, T): token ids, -100 outside the bag).
+    Returns the mean over sequences of the mean cross-entropy over their tokens, which is the cross-entropy
+    against the sequence's word distribution (repeated words count as often as they occur)."""
+    log_probs = F.log_softmax(head(cls_output, word_embeddings).float(), -1)  # (B, V)
+    inside = labels != IGNORE_INDEX
+    picked = log_probs.gather(1, labels.clamp_min(0)) * inside  # (B, T)
+    per_sequence = picked.sum(1) / inside.sum(1).clamp_min(1)
+    return -per_sequence.sum() / inside.any(1).sum().clamp_min(1)
+
+
 MLM_CLS_COLUMN = 0  # `mlm_positions` puts [CLS] in this column, for the pooler
 
 
@@ -88,11 +101,12 @@ def mlm_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class PreTrainingOutput:
-    loss: torch.Tensor | None  # mean MLM + mean NSP (whichever labels were given)
+    loss: torch.Tensor | None  # mean MLM + mean NSP + bag of words (whichever labels were given)
     mlm_logits: torch.Tensor  # (M, V) labelled positions only when mlm_labels given, else (B, T, V)
     nsp_logits: torch.Tensor  # (B, 2): index 0 IsNext, 1 NotNext
     mlm_loss: torch.Tensor | None = None
     nsp_loss: torch.Tensor | None = None
+    bow_loss: torch.Tensor | None = None
 
 
 @dataclass
@@ -127,9 +141,11 @@ class BertForPreTraining(BertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_labels=None,
-                nsp_labels=None) -> PreTrainingOutput:
+                nsp_labels=None, bow_labels=None) -> PreTrainingOutput:
         """mlm_labels (B, T): original token ids at predicted positions, -100 elsewhere.
         nsp_labels (B,): 0 if B follows A in the corpus (IsNext), 1 if B is random (NotNext).
+        bow_labels (B, T): the sequence's original token ids, -100 at special tokens and padding, for the
+        bag-of-words loss on [CLS] (`bag_of_words`); it adds no weights, the masked-LM head scores it.
         With mlm_labels, the last layer runs only where the heads read (`mlm_positions`)."""
         positions = None
         if mlm_labels is not None:
@@ -140,9 +156,14 @@ class BertForPreTraining(BertPreTrainedModel):
                                          out.sequence_output, mlm_labels)
         nsp_logits = self.cls.seq_relationship(out.pooled_output)
         nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels) if nsp_labels is not None else None
-        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        bow_loss = None
+        if bow_labels is not None:
+            cls_output = out.sequence_output[:, CLS_INDEX if positions is None else MLM_CLS_COLUMN]
+            bow_loss = bag_of_words(self.cls.predictions, self.bert.embeddings.word_embeddings, cls_output,
+                                    bow_labels)
+        losses = [x for x in (mlm_loss, nsp_loss, bow_loss) if x is not None]
         loss = sum(losses[1:], losses[0]) if losses else None
-        return PreTrainingOutput(loss, mlm_logits, nsp_logits, mlm_loss, nsp_loss)
+        return PreTrainingOutput(loss, mlm_logits, nsp_logits, mlm_loss, nsp_loss, bow_loss)
 
 
 class BertForMaskedLM(BertPreTrainedModel):

@@ -19,14 +19,23 @@ import os
 
 from bertforge.commands.base import Command, command_args, options_from
 from bertforge.errors import BertforgeError
-from bertforge.options import FRACTION, MIN_SEQ_LEN, SHARE, DataOptions, LoopConfig, option, seed_option
+from bertforge.options import (
+    FRACTION,
+    MIN_SEQ_LEN,
+    SHARE,
+    DataOptions,
+    LoopConfig,
+    at_least,
+    option,
+    seed_option,
+)
 from bertforge.train.recipe import RECIPES, default_warmup, get_recipe
 
 # The options a recipe supplies when neither the command line nor --config gives them: option -> Recipe field.
 RECIPE_OPTIONS = {"batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmup_fraction", "betas": "betas",
                   "weight_decay": "weight_decay", "mask_prob": "mask_prob", "nsp": "nsp", "dropout": "dropout",
                   "pre_ln": "pre_layer_norm", "stack_fraction": "stack_fraction",
-                  "stack_length_fraction": "stack_length_fraction"}
+                  "stack_length_fraction": "stack_length_fraction", "bow_weight": "bow_weight"}
 
 
 def recipe_note(field: str) -> str:
@@ -52,8 +61,9 @@ class PretrainArgs:
     out: str = option(help="run directory: checkpoints, metrics.jsonl, curves and the final model")
     recipe: str = option("bert", choices=list(RECIPES),
                          help="defaults for the options marked (recipe: ...): bert, the paper's; budget, for small "
-                              "compute (higher lr and masking rate, no NSP, no dropout while pretraining, pre-LN); an "
-                              "option given on the command line or in --config wins over its recipe")
+                              "compute (higher lr and masking rate, no NSP but a bag-of-words loss on [CLS], no "
+                              "dropout while pretraining, pre-LN, stacking); an option given on the command line or "
+                              "in --config wins over its recipe")
     model: str = option("mini", help="preset (tiny, mini, small, medium, base, large) or a config.json")
     init: str | None = option(None, help="start from this model directory's weights (e.g. phase 1 of 2)")
     minutes: str | None = option(None, help="time budget instead of --steps: 30, 90s, 30m or 1.5h; the steps are "
@@ -70,6 +80,9 @@ class PretrainArgs:
     stack_length_fraction: float | None = option(None, help="stacking: the half-depth stage's sequence length as a "
                                                  "share of the run's (0.5: half as long, twice the sequences a "
                                                  "batch: the same tokens a step); 1: the same", bound=SHARE)
+    bow_weight: float | None = option(None, help="weight of a bag-of-words loss on [CLS]: it predicts the words of "
+                                      "its sequence, so [CLS] learns to read the whole sequence, which nothing "
+                                      "else teaches it without NSP; 0: off", bound=at_least(0))
     seed: int = seed_option(12345, help="seed for initialisation, data order and masks")
     resume: bool = option(False, help="continue exactly from the last checkpoint in --out")
     config: str | None = option(None, help="JSON file with any of these options, keyed by name (\"batch_size\": 32); "
@@ -96,7 +109,7 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
                 data_options=options_from(DataOptions, args), init=args.init, resume=args.resume,
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
                 warmup_fraction=warmup_fraction, recipe=recipe, stack_fraction=args.stack_fraction,
-                stack_length_fraction=args.stack_length_fraction)
+                stack_length_fraction=args.stack_length_fraction, bow_weight=args.bow_weight)
 
 
 def run_pretrain(args: PretrainArgs) -> int:

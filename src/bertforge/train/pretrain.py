@@ -9,6 +9,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -55,21 +56,41 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
 class PretrainingObjective:
     """loss = mean MLM cross-entropy over masked positions + mean NSP cross-entropy over sequences (MLM alone
-    with `nsp=False`)."""
+    with `nsp=False`) + `bow_weight` x the bag-of-words loss on [CLS] (`heads.bag_of_words`), which needs the
+    tokenizer's `special_ids` to leave out of the bag."""
 
-    def __init__(self, nsp: bool = True):
-        self.nsp = nsp
+    def __init__(self, nsp: bool = True, bow_weight: float = 0.0, special_ids: Iterable[int] = ()):
+        self.nsp, self.bow_weight = nsp, bow_weight
+        self.special_ids = torch.tensor(sorted(special_ids), dtype=torch.long)
+        if bow_weight and not len(self.special_ids):
+            raise ValueError("the bag-of-words loss needs the tokenizer's special_ids")
 
     def counts(self, batch: dict) -> dict[str, float]:
         counts = {"mlm": int((batch["mlm_labels"] != IGNORE_INDEX).sum())}
         if self.nsp:
             counts["nsp"] = int(batch["nsp_labels"].numel())
+        if self.bow_weight:
+            counts["bow"] = int(batch["input_ids"].shape[0])
         return counts
+
+    def bow_labels(self, batch: dict) -> torch.Tensor:
+        """The sequence's original tokens (the masked positions' labels put back), -100 at special tokens and
+        padding."""
+        labels = batch["mlm_labels"]
+        original = torch.where(labels != IGNORE_INDEX, labels, batch["input_ids"])
+        special = torch.isin(original, self.special_ids.to(original.device))
+        return original.masked_fill(special | (batch["attention_mask"] == 0), IGNORE_INDEX)
 
     def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
         out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                    mlm_labels=batch["mlm_labels"], nsp_labels=batch["nsp_labels"] if self.nsp else None)
-        return {"mlm": out.mlm_loss, "nsp": out.nsp_loss} if self.nsp else {"mlm": out.mlm_loss}
+                    mlm_labels=batch["mlm_labels"], nsp_labels=batch["nsp_labels"] if self.nsp else None,
+                    bow_labels=self.bow_labels(batch) if self.bow_weight else None)
+        losses = {"mlm": out.mlm_loss}
+        if self.nsp:
+            losses["nsp"] = out.nsp_loss
+        if self.bow_weight:
+            losses["bow"] = self.bow_weight * out.bow_loss  # logged weighted: the terms add up to the loss
+        return losses
 
 
 def evaluate_pretraining(model: BertForPreTraining, batches: list[dict], device: torch.device, *,
@@ -154,7 +175,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
              max_seq_len: int | None = None, dropout: float | None = None, pre_layer_norm: bool = False,
              minutes: float | None = None, warmup_fraction: float | None = None,
              recipe: Recipe | None = None, stack_fraction: float = 0.0,
-             stack_length_fraction: float = 1.0) -> TrainResult:
+             stack_length_fraction: float = 1.0, bow_weight: float = 0.0) -> TrainResult:
     """Pretrain a BERT with MLM (+ NSP unless `data_options.nsp` is False) on `data_dir` (made by `bertforge
     prepare`) into `out_dir`.
 
@@ -163,7 +184,9 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
     checkpoint in `out_dir`. `dropout` overrides the model's dropout while pretraining (the saved config keeps
     its own); `pre_layer_norm` builds a new model with pre-LN layers. `minutes` replaces `loop.steps` by the
     steps that end at that wall time (see budget.py), with `warmup_fraction` of them as warmup (None: keep
-    `loop.warmup_steps`); `recipe` is recorded in run_config.json.
+    `loop.warmup_steps`); `recipe` is recorded in run_config.json. `bow_weight` > 0 adds that weight of a
+    bag-of-words loss on [CLS] (`PretrainingObjective`): without NSP nothing else trains [CLS] to read the
+    sequence.
 
     `stack_fraction` F > 0 (a new model only) stacks (stacking.py): a model of half the depth is pretrained for
     the first F of the steps or minutes in `out_dir/half-depth/`, then its layers are copied on top of
@@ -176,7 +199,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini", 
     out_dir = Path(out_dir)
     common = dict(data_dir=data_dir, loop=loop, data_options=data_options or DataOptions(), resume=resume,
                   max_seq_len=max_seq_len, dropout=dropout, pre_layer_norm=pre_layer_norm, minutes=minutes,
-                  warmup_fraction=warmup_fraction, recipe=recipe)
+                  warmup_fraction=warmup_fraction, recipe=recipe, bow_weight=bow_weight)
     try:
         if not stack_fraction or init is not None:
             if resume and (out_dir / HALF_DEPTH_DIR).is_dir():
@@ -286,7 +309,8 @@ def _pretrain_stacked(out_dir: Path, model: str, fraction: float, length_fractio
 def _pretrain_stage(out_dir: str | Path, *, data_dir: str | Path, model: str, loop: LoopConfig,
                     data_options: DataOptions, init: str | Path | None, resume: bool, max_seq_len: int | None,
                     dropout: float | None, pre_layer_norm: bool, minutes: float | None,
-                    warmup_fraction: float | None, recipe: Recipe | None, half: bool = False,
+                    warmup_fraction: float | None, recipe: Recipe | None, bow_weight: float = 0.0,
+                    half: bool = False,
                     stack_init: bool = False, stack: dict | None = None, stage: str = "",
                     allow: tuple[str, ...] = ()) -> TrainResult:
     """One pretraining run into `out_dir` (see `pretrain`). `half` halves the new model's depth and
@@ -344,7 +368,7 @@ def _pretrain_stage(out_dir: str | Path, *, data_dir: str | Path, model: str, lo
         tokenizer.check_compatible(config)
         if dropout is not None:
             net.set_dropout(dropout)
-        objective = PretrainingObjective(nsp=opts.nsp)
+        objective = PretrainingObjective(nsp=opts.nsp, bow_weight=bow_weight, special_ids=tokenizer.special_ids)
 
         micro, accum = loop.accumulation(d.world_size)
         evaluate = None
@@ -395,7 +419,7 @@ def _pretrain_stage(out_dir: str | Path, *, data_dir: str | Path, model: str, lo
         run_config = dict(command="pretrain", data=str(data_dir), model=config.to_dict(), loop=loop,
                           data_options=opts, max_seq_len=train_data.max_seq_len,
                           init=str(init) if init else None, world_size=d.world_size,
-                          recipe=recipe.to_dict() if recipe else None, dropout=dropout,
+                          recipe=recipe.to_dict() if recipe else None, dropout=dropout, bow_weight=bow_weight,
                           stack=stack,
                           budget=asdict(plan) if plan else None,
                           manifest={k: v for k, v in train_data.manifest.items() if not isinstance(v, list)})

@@ -29,6 +29,7 @@ class Recipe:
     seq_len: int  # the length to prepare the data at (`bertforge prepare --max-seq-len`); the data decides
     stack_fraction: float  # share of the budget spent at half depth before stacking (stacking.py); 0: off
     stack_length_fraction: float  # the half-depth stage's sequence length, a share of the run's (same tokens a step)
+    bow_weight: float  # weight of the bag-of-words loss on [CLS] (PretrainingObjective); 0: off
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -36,15 +37,17 @@ class Recipe:
 
 BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), weight_decay=0.01, batch_size=256,
               mask_prob=0.15, nsp=True, dropout=None, pre_layer_norm=False, seq_len=128, stack_fraction=0.0,
-              stack_length_fraction=1.0)
+              stack_length_fraction=1.0, bow_weight=0.0)
 
 # Length 64: twice the steps of length 128 in the same minutes, and on this project's CPU the masked-LM leaves
 # its early plateau after about 2,500 steps; stacking pays for most of those at half depth, half the price. A
 # shorter first stage (--stack-length-fraction 0.25) leaves the plateau after far fewer tokens, but the models it
-# gave fine-tuned no better, so it is not the recipe's (docs/experiments/budget-pretraining.md).
+# gave fine-tuned no better, so it is not the recipe's (docs/experiments/budget-pretraining.md). A bag-of-words
+# loss on [CLS] (0.1 of it): without NSP nothing else trains [CLS], and short runs fine-tuned below random
+# weights through it (same page).
 BUDGET = Recipe(name="budget", lr=2e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=32,
                 mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, seq_len=64, stack_fraction=0.6,
-                stack_length_fraction=1.0)
+                stack_length_fraction=1.0, bow_weight=0.1)
 
 RECIPES = {r.name: r for r in (BERT, BUDGET)}
 
