@@ -15,7 +15,9 @@ Steps (each reused when its output exists under --work, so a re-run only does wh
 4. `finetune` from the pretrained model and from random weights (`from_scratch`: same config and tokenizer):
    every lr of --grid with the first seed, the best lr on dev, then --seeds seeds at that lr; each seed's best
    dev epoch is scored on test. Random-weights runs depend only on the architecture, tokenizer and task, so
-   they are shared by every budget and recipe that uses the same ones.
+   they are shared by every budget and recipe that uses the same ones; runs from pretrained weights are kept
+   under the weights' hash (with the task and fine-tuning settings), so a new model in a directory of an old
+   one's name is fine-tuned afresh.
 Prints test accuracy mean ± std of both sides, the difference and Welch's t, and appends the whole result as
 one JSON line to --work/pays.jsonl.
 """
@@ -90,6 +92,14 @@ def pretrain(a: argparse.Namespace, data: Path, work: Path) -> Path:
              "--minutes", str(a.minutes), "--precision", precision, "--eval-every", "500", "--save-every", "1000",
              "--no-progress", *(["--resume"] if out.is_dir() else []), *extra], work / f"{name}.log")
     return out
+
+
+def pretrained_key(model_dir: Path, task_dir: Path, a: argparse.Namespace) -> str:
+    """What a run from the pretrained weights depends on: the weights themselves (two models in directories of
+    the same name are different models), the task and the fine-tuning."""
+    weights = hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
+    parts = [weights, str(task_dir.resolve()), str(a.max_train_examples), str(a.epochs)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 def scratch_key(model_dir: Path, task_dir: Path, a: argparse.Namespace) -> str:
@@ -181,7 +191,8 @@ def main() -> None:
     model = Path(a.init) if a.init else pretrain(a, data, work)
     subset = f"-n{a.max_train_examples}" if a.max_train_examples else ""
     print(f"fine-tuning on {task_dir} (grid {a.grid}, {a.seeds} seeds, {a.epochs:g} epochs{subset})", flush=True)
-    both = finetune_sides({"pretrained": (model, False, work / "finetune" / (model.name + subset)),
+    pretrained_dir = work / "finetune" / f"{model.name}{subset}-{pretrained_key(model, task_dir, a)}"
+    both = finetune_sides({"pretrained": (model, False, pretrained_dir),
                            "random": (model, True, work / "finetune" / f"random-{scratch_key(model, task_dir, a)}")},
                           task_dir, a)
     pre, rnd = both["pretrained"], both["random"]
