@@ -118,11 +118,13 @@ def finetune_one(job: tuple) -> dict:
         torch.set_num_threads(threads)
     opts = FinetuneOptions(lr=lr, batch_size=32, epochs=epochs, seed=seed, from_scratch=scratch,
                            max_train_examples=max_train, progress=False)
+    cached = (Path(out) / "scores.json").is_file()  # finetune_scored reads a finished run back
     r = finetune_scored("csv", task_dir, init, out, options=opts)
     record = {"lr": lr, "seed": seed, "dev": r["dev"]["accuracy"], "test": r["test"]["accuracy"],
               "seconds": r["seconds"]}
+    took = f"read back from {out}" if cached else f"{record['seconds']:.0f} s"
     print(f"  {'random' if scratch else 'pretrained'} lr {lr:g} seed {seed}: dev {record['dev']:.2f} "
-          f"test {record['test']:.2f} ({record['seconds']:.0f} s)", flush=True)
+          f"test {record['test']:.2f} ({took})", flush=True)
     return record
 
 
@@ -189,8 +191,9 @@ def main() -> None:
     started = time.time()
     data, task_dir = prepare_data(a, work)
     model = Path(a.init) if a.init else pretrain(a, data, work)
-    subset = f"-n{a.max_train_examples}" if a.max_train_examples else ""
-    print(f"fine-tuning on {task_dir} (grid {a.grid}, {a.seeds} seeds, {a.epochs:g} epochs{subset})", flush=True)
+    subset = f"-n{a.max_train_examples}" if a.max_train_examples else ""  # in the run directories' names
+    labels = f"the first {a.max_train_examples:,} labelled examples" if a.max_train_examples else "all labels"
+    print(f"fine-tuning on {task_dir} (grid {a.grid}, {a.seeds} seeds, {a.epochs:g} epochs, {labels})", flush=True)
     pretrained_dir = work / "finetune" / f"{model.name}{subset}-{pretrained_key(model, task_dir, a)}"
     both = finetune_sides({"pretrained": (model, False, pretrained_dir),
                            "random": (model, True, work / "finetune" / f"random-{scratch_key(model, task_dir, a)}")},
@@ -211,7 +214,7 @@ def main() -> None:
     with open(work / "pays.jsonl", "a") as f:
         f.write(json.dumps(result) + "\n")
     print(f"\n{a.minutes:g}-minute {a.recipe} pretraining of {a.model}"
-          + (f" [{a.tag}: {a.pretrain_args}]" if a.tag else "") + f", test accuracy over {a.seeds} seeds{subset}:")
+          + (f" [{a.tag}: {a.pretrain_args}]" if a.tag else "") + f", test accuracy over {a.seeds} seeds, {labels}:")
     for name, side in (("pretrained", pre), ("random weights", rnd)):
         print(f"  {name:<15} {side['test_mean']:.2f} ± {side['test_std']:.2f}  (lr {side['best_lr']:g}; "
               f"dev {side['dev_mean']:.2f}; seeds {', '.join(f'{t:.1f}' for t in [r['test'] for r in side['runs']])})")
