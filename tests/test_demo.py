@@ -92,5 +92,7 @@ def test_the_verdict_weighs_the_difference_against_the_seeds_spread():
     plateau = demo_module.verdict(_summary([75, 75.5, 76], [75, 76, 77], mlm=0.131))
     assert plateau[0].startswith("Pretraining ended on the masked-LM's early plateau (val MLM accuracy 13.1%")
     assert "--minutes 30" in plateau[0]
+    # fewer labels are no help to a model still on the plateau: only the advice to pretrain longer
+    assert plateau[1].startswith("The difference (-0.5 points) is within two standard errors") and len(plateau) == 2
     assert demo_module.verdict(_summary([75], [74], mlm=0.3)) == [
         "Difference +1.0 points from one seed a side: no spread to judge it by (--finetune-seeds 3 or more)."]

@@ -278,12 +278,14 @@ def test_bag_of_words_loss_is_the_cross_entropy_against_each_sequences_word_dist
 def test_bag_of_words_labels_restore_masked_tokens_and_leave_out_special_tokens_and_padding():
     from bertforge.train.pretrain import PretrainingObjective
 
-    objective = PretrainingObjective(nsp=False, bow_weight=0.5, special_ids={0, 1, 2, 3, 4})
+    is_special = np.zeros(20, bool)
+    is_special[[0, 1, 2, 3, 4]] = True
+    objective = PretrainingObjective(nsp=False, bow_weight=0.5, is_special=is_special)
     batch = {"input_ids": torch.tensor([[2, 4, 9, 17, 3, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0]]),
              "mlm_labels": torch.tensor([[-100, 8, -100, 6, -100, -100]])}
     assert objective.bow_labels(batch).tolist() == [[-100, 8, 9, 6, -100, -100]]
     assert objective.counts(batch) == {"mlm": 2, "bow": 1}
-    with pytest.raises(ValueError, match="special_ids"):
+    with pytest.raises(ValueError, match="is_special"):
         PretrainingObjective(bow_weight=0.5)
 
 

@@ -78,11 +78,12 @@ def test_a_stacked_run_pretrains_half_depth_then_the_full_model_from_it(prepared
     second_config = json.loads((second / "run_config.json").read_text())
     assert first_config["loop"]["steps"] == 12 and second_config["loop"]["steps"] == 8  # 60% / 40% of 20
     assert second_config["init"] == str(first)
-    stack = {"fraction": 0.6, "minutes": None, "steps": 20, "length_fraction": 1.0}
+    stack = {"fraction": 0.6, "minutes": None, "steps": 20, "length_fraction": 0.25}
     assert first_config["stack"] == {**stack, "stage": "half depth"}
     assert second_config["stack"] == {**stack, "stage": "full depth"}
-    # the budget recipe's first stage is at the run's length and batch
-    assert (first_config["max_seq_len"], first_config["loop"]["batch_size"]) == (16, 2)
+    # the budget recipe's first stage reads a quarter of the run's length, 8 tokens at least, with as many tokens
+    # a step: 4 sequences of 8 against 2 of 16
+    assert (first_config["max_seq_len"], first_config["loop"]["batch_size"]) == (8, 4)
     assert (second_config["max_seq_len"], second_config["loop"]["batch_size"]) == (16, 2)
     assert [r["step"] for r in read_jsonl(first / "metrics.jsonl") if r["split"] == "train"] == list(range(1, 13))
     assert [r["step"] for r in read_jsonl(second / "metrics.jsonl") if r["split"] == "train"] == list(range(1, 9))

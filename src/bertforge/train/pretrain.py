@@ -9,10 +9,10 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -56,14 +56,14 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
 class PretrainingObjective:
     """loss = mean MLM cross-entropy over masked positions + mean NSP cross-entropy over sequences (MLM alone
-    with `nsp=False`) + `bow_weight` x the bag-of-words loss on [CLS] (`heads.bag_of_words`), which needs the
-    tokenizer's `special_ids` to leave out of the bag."""
+    with `nsp=False`) + `bow_weight` x the bag-of-words loss on [CLS] (`heads.bag_of_words`), which needs
+    `is_special`, the vocabulary-sized mask of tokens to leave out of the bag (`PretrainingData.is_special`)."""
 
-    def __init__(self, nsp: bool = True, bow_weight: float = 0.0, special_ids: Iterable[int] = ()):
+    def __init__(self, nsp: bool = True, bow_weight: float = 0.0, is_special: np.ndarray | None = None):
         self.nsp, self.bow_weight = nsp, bow_weight
-        self.special_ids = torch.tensor(sorted(special_ids), dtype=torch.long)
-        if bow_weight and not len(self.special_ids):
-            raise ValueError("the bag-of-words loss needs the tokenizer's special_ids")
+        if bow_weight and is_special is None:
+            raise ValueError("the bag-of-words loss needs is_special, the mask of the tokenizer's special tokens")
+        self.is_special = None if is_special is None else torch.as_tensor(is_special, dtype=torch.bool)
 
     def counts(self, batch: dict) -> dict[str, float]:
         counts = {"mlm": int((batch["mlm_labels"] != IGNORE_INDEX).sum())}
@@ -78,7 +78,7 @@ class PretrainingObjective:
         padding."""
         labels = batch["mlm_labels"]
         original = torch.where(labels != IGNORE_INDEX, labels, batch["input_ids"])
-        special = torch.isin(original, self.special_ids.to(original.device))
+        special = self.is_special.to(original.device)[original]
         return original.masked_fill(special | (batch["attention_mask"] == 0), IGNORE_INDEX)
 
     def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
@@ -368,7 +368,7 @@ def _pretrain_stage(out_dir: str | Path, *, data_dir: str | Path, model: str, lo
         tokenizer.check_compatible(config)
         if dropout is not None:
             net.set_dropout(dropout)
-        objective = PretrainingObjective(nsp=opts.nsp, bow_weight=bow_weight, special_ids=tokenizer.special_ids)
+        objective = PretrainingObjective(nsp=opts.nsp, bow_weight=bow_weight, is_special=train_data.is_special)
 
         micro, accum = loop.accumulation(d.world_size)
         evaluate = None
