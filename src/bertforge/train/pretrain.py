@@ -78,7 +78,9 @@ class PretrainingObjective:
         padding."""
         labels = batch["mlm_labels"]
         original = torch.where(labels != IGNORE_INDEX, labels, batch["input_ids"])
-        special = self.is_special.to(original.device)[original]
+        if self.is_special.device != original.device:  # moved once, not on every step
+            self.is_special = self.is_special.to(original.device)
+        special = self.is_special[original]
         return original.masked_fill(special | (batch["attention_mask"] == 0), IGNORE_INDEX)
 
     def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
