@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import re
 import statistics
 
 import pytest
 
 from bertforge import demo as demo_module
 from bertforge.demo_data import DemoData
+from bertforge.errors import BertforgeError
 from bertforge.train.memory import keep_freed_memory
 
 
@@ -34,15 +37,18 @@ def small_demo_data(tmp_path, shared_data, monkeypatch):
 def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_path, capsys):
     keep_freed_memory()  # as `bertforge demo` does before it runs: the budget's step timing assumes it
     out = tmp_path / "demo"
+    # the pretrained side at the model's measured learning rate, random weights at one given on the command line
     options = demo_module.DemoOptions(out=out, minutes=0.3, model="tiny", vocab_size=2000, batch_size=16,
-                                      finetune_examples=200, finetune_epochs=1, finetune_seeds=2, progress=False)
+                                      finetune_examples=200, finetune_epochs=1, finetune_seeds=2,
+                                      finetune_lr_scratch=3e-4, progress=False)
     summary = demo_module.run_demo(options)
     text = capsys.readouterr().out
     for stage in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6"):
         assert f"== {stage}" in text
     assert "pretraining MLM accuracy (val)" in text and "from random weights" in text and "helped by" in text
     assert set(summary["finetune"]) == {"pretrained", "scratch"}
-    for name, lr in (("pretrained", options.finetune_lr_pretrained), ("scratch", options.finetune_lr_scratch)):
+    assert options.model == demo_module.DemoOptions().model == "tiny"
+    for name, lr in (("pretrained", demo_module.FINETUNE_LRS["tiny"][0]), ("scratch", 3e-4)):
         side = summary["finetune"][name]
         assert side["lr"] == lr and [r["seed"] for r in side["runs"]] == [options.seed, options.seed + 1]
         assert all(0 <= r["test"] <= 100 for r in side["runs"])
@@ -72,6 +78,14 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert demo_module.run_demo(options)["finetune"] == summary["finetune"]
     again = capsys.readouterr().out
     assert again.count("reusing") == 3  # tokenizer, data, pretraining; fine-tunings read their scores back
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+
+    # a finished pretraining of another model or budget is refused, not reported as this run's
+    for change, named in (({"model": "mini"}, "not --model mini (L4/H256/A4/I1024)"),
+                          ({"minutes": 30.0}, "a budget of 0.3 minutes, not --minutes 30")):
+        with pytest.raises(BertforgeError, match=re.escape(named)) as refused:
+            demo_module.run_demo(dataclasses.replace(options, **change))
+        assert "pass another --out, or remove" in str(refused.value)
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
 
 

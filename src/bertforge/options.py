@@ -222,17 +222,21 @@ class DemoOptions:
     cache: str | None = option(None, help="where fetched demo data is cached (default: ~/.cache/bertforge)")
     corpus: list[str] | None = option(None, help="pretrain on your own text (files, directories, globs) instead")
     minutes: float = option(10.0, help="pretraining budget in minutes", bound=POSITIVE)
-    model: str = option("mini", help="model preset to pretrain")
+    model: str = option("tiny", help="model preset to pretrain (tiny: within 10 minutes on 2 CPU cores it leaves the "
+                        "masked-LM's early plateau, where mini does not; mini for --minutes 30 or more)")
     recipe: str = option("budget", choices=list(RECIPES), help="pretraining recipe (see bertforge pretrain --help)")
     vocab_size: int = option(8000, help="WordPiece vocabulary size",
                              bound=at_least(6, "the 5 special tokens and at least one piece"))
     batch_size: int | None = option(None, help="pretraining batch size (default: the recipe's)", bound=at_least(1))
     finetune_epochs: float = option(2.0, help="fine-tuning epochs on Rotten Tomatoes", bound=POSITIVE)
-    # Each side at the learning rate that measured best for it (docs/experiments/budget-pretraining.md).
-    finetune_lr_pretrained: float = option(1e-3, help="fine-tuning learning rate from the pretrained model",
-                                           bound=POSITIVE)
-    finetune_lr_scratch: float = option(3e-4, help="fine-tuning learning rate from random weights", bound=POSITIVE)
-    finetune_seeds: int = option(3, help="fine-tuning runs per side (pretrained, random weights), one seed each",
+    # Each side at the learning rate that measured best for it and the model (bertforge.demo.FINETUNE_LRS).
+    finetune_lr_pretrained: float | None = option(
+        None, help="fine-tuning learning rate from the pretrained model (default: the one measured best for the "
+                   "model: 1e-3 for tiny and mini)", bound=POSITIVE)
+    finetune_lr_scratch: float | None = option(
+        None, help="fine-tuning learning rate from random weights (default: the one measured best for the model: "
+                   "1e-3 for tiny, 3e-4 for mini)", bound=POSITIVE)
+    finetune_seeds: int = option(5, help="fine-tuning runs per side (pretrained, random weights), one seed each",
                                  bound=at_least(1))
     finetune_examples: int | None = option(None, help="fine-tune on only the first N training reviews",
                                            bound=at_least(1))
