@@ -168,7 +168,7 @@ def _check_reused_pretraining(pre_dir: Path, o: DemoOptions, want: BertConfig) -
 
     found = []
     if shape(have) != shape(want):
-        found.append(f"a {shape(have)} model, not --model {o.model} ({shape(want)})")
+        found.append(f"a model of {shape(have)}, not --model {o.model} ({shape(want)})")
     if minutes is None or not math.isclose(minutes, o.minutes, rel_tol=1e-6):
         budget = f"a budget of {minutes:g} minutes" if minutes is not None else "no recorded budget"
         found.append(f"{budget}, not --minutes {o.minutes:g}")
