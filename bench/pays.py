@@ -13,13 +13,14 @@ Steps (each reused when its output exists under --work, so a re-run only does wh
 2. `bertforge vocab train`, then `bertforge prepare` at --max-seq-len (not counted in the budget);
 3. `bertforge pretrain --minutes M --recipe R`, alone on the machine: the budget is wall time;
 4. `finetune` from the pretrained model and from random weights (`from_scratch`: same config and tokenizer):
-   every lr of --grid with the first seed, the best lr on dev, then --seeds seeds at that lr; each seed's best
-   dev epoch is scored on test. Random-weights runs depend only on the architecture, tokenizer and task, so
-   they are shared by every budget and recipe that uses the same ones; runs from pretrained weights are kept
-   under the weights' hash (with the task and fine-tuning settings), so a new model in a directory of an old
-   one's name is fine-tuned afresh.
-Prints test accuracy mean ± std of both sides, the difference and Welch's t, and appends the whole result as
-one JSON line to --work/pays.jsonl.
+   every lr of --grid with the first --select-seeds seeds, the lr with the best mean dev accuracy, then the rest of
+   --seeds seeds at that lr; each seed's best dev epoch is scored on test. Random-weights runs depend only on the
+   architecture, tokenizer and task, so they are shared by every budget and recipe that uses the same ones; runs
+   from pretrained weights are kept under the weights' hash (with the task and fine-tuning settings), so a new
+   model in a directory of an old one's name is fine-tuned afresh.
+Prints test accuracy mean ± std of both sides, the difference and Welch's t, and for scale a bag-of-words
+classifier on the same labels (bertforge.baseline: what needs no language model); appends the whole result as one
+JSON line to --work/pays.jsonl.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 from scipy import stats
 
+from bertforge.baseline import bag_of_words
 from bertforge.cpu import has_native_bf16
 from bertforge.demo_data import fetch_demo_data, write_movie_corpus
 from bertforge.io import cache_dir
@@ -129,9 +131,10 @@ def finetune_one(job: tuple) -> dict:
 
 
 def finetune_sides(sides: dict[str, tuple[Path, bool, Path]], task_dir: Path, a: argparse.Namespace) -> dict:
-    """For each side (init, from_scratch, output root): every lr of the grid at the first seed, then all seeds at
-    the side's best lr on dev; each seed's kept model scored on test. With --jobs N, N runs at a time, each on
-    torch.get_num_threads() / N threads (small fine-tuning matmuls use two threads poorly)."""
+    """For each side (init, from_scratch, output root): every lr of the grid at the first --select-seeds seeds, then
+    the rest of the seeds at the side's best lr by mean dev accuracy; each seed's kept model scored on test. With
+    --jobs N, N runs at a time, each on torch.get_num_threads() / N threads (small fine-tuning matmuls use two
+    threads poorly)."""
     threads = max(1, torch.get_num_threads() // a.jobs) if a.jobs > 1 else 0
 
     def jobs(side: str, lrs_seeds: list[tuple[float, int]]) -> list[tuple]:
@@ -147,17 +150,19 @@ def finetune_sides(sides: dict[str, tuple[Path, bool, Path]], task_dir: Path, a:
             return list(pool.map(finetune_one, batch))
 
     names = list(sides)
-    grid_jobs = [j for n in names for j in jobs(n, [(lr, a.seed) for lr in a.grid])]
-    grid_results = run_all(grid_jobs)
-    grid = {n: grid_results[i * len(a.grid):(i + 1) * len(a.grid)] for i, n in enumerate(names)}
-    best = {n: max(grid[n], key=lambda r: r["dev"])["lr"] for n in names}
-    more = [j for n in names for j in jobs(n, [(best[n], a.seed + k) for k in range(1, a.seeds)])]
+    chosen_by = range(a.select_seeds)
+    grid_jobs = [j for n in names for j in jobs(n, [(lr, a.seed + k) for lr in a.grid for k in chosen_by])]
+    grid_results = iter(run_all(grid_jobs))
+    grid = {n: {lr: [next(grid_results) for _ in chosen_by] for lr in a.grid} for n in names}
+    best = {n: max(a.grid, key=lambda lr: statistics.mean(r["dev"] for r in grid[n][lr])) for n in names}
+    more = [j for n in names for j in jobs(n, [(best[n], a.seed + k) for k in range(a.select_seeds, a.seeds)])]
     more_results = iter(run_all(more))
     out = {}
     for n in names:
-        runs = [next(r for r in grid[n] if r["lr"] == best[n])] + [next(more_results) for _ in range(1, a.seeds)]
+        runs = grid[n][best[n]] + [next(more_results) for _ in range(a.select_seeds, a.seeds)]
         tests = [r["test"] for r in runs]
-        out[n] = {"grid_dev": {f"{r['lr']:g}": r["dev"] for r in grid[n]}, "best_lr": best[n], "runs": runs,
+        out[n] = {"grid_dev": {f"{lr:g}": statistics.mean(r["dev"] for r in rs) for lr, rs in grid[n].items()},
+                  "best_lr": best[n], "runs": runs, "grid_runs": [r for rs in grid[n].values() for r in rs],
                   "test_mean": statistics.mean(tests), "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
                   "dev_mean": statistics.mean(r["dev"] for r in runs)}
     return out
@@ -180,12 +185,16 @@ def main() -> None:
     p.add_argument("--grid", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="fine-tuning lrs")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed", type=int, default=42, help="first fine-tuning seed (pretraining: its own --seed)")
+    p.add_argument("--select-seeds", type=int, default=1, help="choose each side's lr by its mean dev accuracy over "
+                   "this many seeds (default 1: the first seed's; more is steadier where one lr fails on some seeds)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--max-train-examples", type=int, default=None, help="fine-tune on the first N examples")
     p.add_argument("--jobs", type=int, default=2, help="fine-tuning runs at a time (threads shared out)")
     p.add_argument("--work", default="runs/pays", help="working directory (reused between runs)")
     a = p.parse_args()
     a.max_seq_len = a.max_seq_len or get_recipe(a.recipe).seq_len
+    if not 1 <= a.select_seeds <= a.seeds:
+        p.error(f"--select-seeds {a.select_seeds} must be between 1 and --seeds ({a.seeds})")
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -193,12 +202,14 @@ def main() -> None:
     model = Path(a.init) if a.init else pretrain(a, data, work)
     subset = f"-n{a.max_train_examples}" if a.max_train_examples else ""  # in the run directories' names
     labels = f"the first {a.max_train_examples:,} labelled examples" if a.max_train_examples else "all labels"
-    print(f"fine-tuning on {task_dir} (grid {a.grid}, {a.seeds} seeds, {a.epochs:g} epochs, {labels})", flush=True)
+    print(f"fine-tuning on {task_dir} (grid {a.grid} chosen on {a.select_seeds} seed(s), {a.seeds} seeds, "
+          f"{a.epochs:g} epochs, {labels})", flush=True)
     pretrained_dir = work / "finetune" / f"{model.name}{subset}-{pretrained_key(model, task_dir, a)}"
     both = finetune_sides({"pretrained": (model, False, pretrained_dir),
                            "random": (model, True, work / "finetune" / f"random-{scratch_key(model, task_dir, a)}")},
                           task_dir, a)
     pre, rnd = both["pretrained"], both["random"]
+    baseline = bag_of_words(task_dir, max_train_examples=a.max_train_examples)
     a_tests, b_tests = [r["test"] for r in pre["runs"]], [r["test"] for r in rnd["runs"]]
     welch = stats.ttest_ind(a_tests, b_tests, equal_var=False) if len(a_tests) > 1 else None
     pretrain_eval = [json.loads(line) for line in (model / "metrics.jsonl").read_text().splitlines()
@@ -207,7 +218,8 @@ def main() -> None:
               "pretrain_args": a.pretrain_args, "max_train_examples": a.max_train_examples, "seeds": a.seeds,
               "pretrain_final_eval": pretrain_eval[-1] if pretrain_eval else None,
               "budget_plan": json.loads(plan.read_text()) if (plan := model / "budget_plan.json").is_file() else None,
-              "pretrained": pre, "random": rnd, "difference": pre["test_mean"] - rnd["test_mean"],
+              "pretrained": pre, "random": rnd, "bag_of_words": baseline,
+              "difference": pre["test_mean"] - rnd["test_mean"],
               "welch_t": float(welch.statistic) if welch else None, "welch_p": float(welch.pvalue) if welch else None,
               "every_pretrained_above_every_random": min(a_tests) > max(b_tests),
               "wall_minutes": round((time.time() - started) / 60, 1)}
@@ -218,6 +230,8 @@ def main() -> None:
     for name, side in (("pretrained", pre), ("random weights", rnd)):
         print(f"  {name:<15} {side['test_mean']:.2f} ± {side['test_std']:.2f}  (lr {side['best_lr']:g}; "
               f"dev {side['dev_mean']:.2f}; seeds {', '.join(f'{t:.1f}' for t in [r['test'] for r in side['runs']])})")
+    print(f"  {'bag of words':<15} {baseline['test']:.2f}          (TF-IDF logistic regression, C {baseline['c']:g}; "
+          f"dev {baseline['dev']:.2f}; no language model)")
     t = f"; Welch's t = {result['welch_t']:.2f} (p = {result['welch_p']:.3g})" if welch else ""
     print(f"  difference      {result['difference']:+.2f} points{t}; every pretrained seed above every random one: "
           f"{result['every_pretrained_above_every_random']}")

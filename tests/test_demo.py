@@ -46,6 +46,14 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     for stage in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6"):
         assert f"== {stage}" in text
     assert "pretraining MLM accuracy (val)" in text and "from random weights" in text and "helped by" in text
+    assert "== 6/6 a bag-of-words baseline" in text
+    # the baseline trains on the labelled snippets the fine-tunings saw (the first 200 rows of the file cut at
+    # 200 lines, some rows spanning two) and is scored on the same test set
+    with open(small_demo_data.sentiment_dir / "train.csv", newline="") as f:
+        train_rows = sum(1 for _ in csv.DictReader(f))
+    baseline = summary["bag_of_words"]
+    assert 190 < train_rows <= 200 and baseline["train_examples"] == train_rows and 0 <= baseline["test"] <= 100
+    assert re.search(rf"bag of words \(no language model\) +{baseline['test']:.1f}\n", text)
     assert set(summary["finetune"]) == {"pretrained", "scratch"}
     assert options.model == demo_module.DemoOptions().model == "tiny"
     for name, lr in (("pretrained", demo_module.FINETUNE_LRS["tiny"][0]), ("scratch", 3e-4)):
@@ -89,12 +97,13 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
 
 
-def _summary(pre: list[float], scratch: list[float], mlm: float, examples: int | None = None) -> dict:
+def _summary(pre: list[float], scratch: list[float], mlm: float, examples: int | None = None,
+             minutes: float = 10.0) -> dict:
     def side(runs):
         return {"runs": [{"test": t} for t in runs], "test_mean": statistics.mean(runs),
                 "test_std": statistics.stdev(runs) if len(runs) > 1 else 0.0}
     return {"pretraining": {"mlm_accuracy": mlm}, "finetune": {"pretrained": side(pre), "scratch": side(scratch)},
-            "finetune_examples": examples}
+            "finetune_examples": examples, "pretrain_minutes": minutes}
 
 
 def test_the_verdict_weighs_the_difference_against_the_seeds_spread():
@@ -104,9 +113,13 @@ def test_the_verdict_weighs_the_difference_against_the_seeds_spread():
     # the same means with stds 2 and 2: 2 standard errors = 3.27 > 2
     unclear = demo_module.verdict(_summary([75, 77, 79], [73, 75, 77], mlm=0.30))
     assert unclear[0].startswith("The difference (+2.0 points) is within two standard errors (3.3)")
-    assert "--finetune-examples 1000" in unclear[1]
+    assert "--model mini --minutes 60" in unclear[1]
     worse = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, examples=1000))
-    assert worse == ["Random weights did better, by 2.0 points (two standard errors: 0.8)."]
+    assert worse[0] == "Random weights did better, by 2.0 points (two standard errors: 0.8)."
+    assert "--model mini --minutes 60" in worse[1]
+    # a run of 60 minutes or more gets no advice to run for 60 minutes
+    long = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, minutes=60))
+    assert long == ["Random weights did better, by 2.0 points (two standard errors: 0.8)."]
     plateau = demo_module.verdict(_summary([75, 75.5, 76], [75, 76, 77], mlm=0.131))
     assert plateau[0].startswith("Pretraining ended on the masked-LM's early plateau (val MLM accuracy 13.1%")
     assert "--minutes 30" in plateau[0]

@@ -232,7 +232,7 @@ class DemoOptions:
     # Each side at the learning rate that measured best for it and the model (bertforge.demo.FINETUNE_LRS).
     finetune_lr_pretrained: float | None = option(
         None, help="fine-tuning learning rate from the pretrained model (default: the one measured best for the "
-                   "model: 1e-3 for tiny and mini)", bound=POSITIVE)
+                   "model: 1e-3 for tiny, 3e-4 for mini)", bound=POSITIVE)
     finetune_lr_scratch: float | None = option(
         None, help="fine-tuning learning rate from random weights (default: the one measured best for the model: "
                    "1e-3 for tiny, 3e-4 for mini)", bound=POSITIVE)
