@@ -6,7 +6,7 @@ scores about what a small BERT fine-tuned from random weights does (docs/experim
 it tells a user how much of a fine-tuned model's accuracy needs no language model at all.
 
     from bertforge.baseline import bag_of_words
-    bag_of_words("data/rotten-tomatoes")          # {"dev": 77.5, "test": 77.4, "c": 10.0, "train_examples": ...}
+    bag_of_words("rotten-tomatoes/")  # the demo's task: {"c": 30.0, "train_examples": 10504, "dev": 78.4, "test": 77.6}
 """
 
 from __future__ import annotations
