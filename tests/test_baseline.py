@@ -90,5 +90,6 @@ def test_what_it_cannot_classify_is_refused_in_one_line(tmp_path):
     _write(unseen / "train.csv", [("a fine film", "positive"), ("a dull film", "negative")])
     _write(unseen / "dev.csv", [("a fine film", "positive"), ("an odd film", "neutral")])
     _write(unseen / "test.csv", [("a fine film", "positive")])
-    with pytest.raises(BertforgeError, match=r"dev.csv: labels neutral do not occur in the training split"):
+    with pytest.raises(BertforgeError, match=r"dev\.csv:3: unknown label 'neutral' \(the task's labels: negative, "
+                                             r"positive\); fix the label, or train with data that has it"):
         bag_of_words(unseen)

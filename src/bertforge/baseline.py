@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 
 from bertforge.errors import BertforgeError
-from bertforge.tasks import get_task
+from bertforge.tasks import get_task, metrics
+from bertforge.tasks.features import label_id
 
 # Inverse regularisation strengths tried on dev; the larger ones suit more training examples.
 C_GRID = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
@@ -36,24 +36,12 @@ def bag_of_words(data: str | Path, *, task_name: str = "csv", task_options: dict
     task = get_task(task_name, **(task_options or {}))
     if task.kind != "classification":
         raise BertforgeError(f"the bag-of-words baseline classifies texts; task {task_name!r} is {task.kind}")
-    train = task.read(data, "train")
-    if max_train_examples is not None:
-        if max_train_examples < 1:
-            raise BertforgeError(f"--max-train-examples {max_train_examples} must be at least 1")
-        train = train[:max_train_examples]
+    train = task.read_train(data, max_train_examples)
     splits = {"dev": task.read(data, "dev"), **({"test": task.read(data, "test")} if test else {})}
-    labels = task.label_list(train)
-    if len(labels) < 2:
-        raise BertforgeError(f"every training example has the label {labels[0]!r}; classification needs at "
-                             "least two labels")
-    index = {label: i for i, label in enumerate(labels)}
+    label_map = task.label_map()
 
-    def gold(examples: Sequence) -> np.ndarray:
-        unknown = sorted({str(e.label) for e in examples} - set(index))
-        if unknown:
-            raise BertforgeError(f"{examples[0].source.rsplit(':', 1)[0]}: labels {', '.join(unknown[:5])} do not "
-                                 "occur in the training split")
-        return np.array([index[e.label] for e in examples])
+    def gold(examples: Sequence) -> list[int]:  # an unknown label fails as in fine-tuning, naming its line
+        return [label_id(str(e.label), label_map, e.source) for e in examples]
 
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), lowercase=True, sublinear_tf=True)
     x_train = vectorizer.fit_transform(_texts(train))
@@ -61,7 +49,7 @@ def bag_of_words(data: str | Path, *, task_name: str = "csv", task_options: dict
     y_train, y = gold(train), {name: gold(examples) for name, examples in splits.items()}
 
     def accuracy(model: LogisticRegression, name: str) -> float:
-        return 100.0 * float(np.mean(model.predict(x[name]) == y[name]))
+        return metrics.accuracy(model.predict(x[name]).tolist(), y[name])
 
     fitted = [(c, LogisticRegression(C=c, max_iter=5000).fit(x_train, y_train)) for c in C_GRID]
     c, model = max(fitted, key=lambda cm: accuracy(cm[1], "dev"))  # the first of equals: the stronger regularisation

@@ -123,6 +123,23 @@ class Task:
     def read(self, data_path: str | Path, split: str) -> list[Example]:
         raise NotImplementedError
 
+    def read_train(self, data_path: str | Path, max_examples: int | None = None) -> list[Example]:
+        """The train split to learn from: its first `max_examples` when given (--max-train-examples), checked for
+        what any training needs (at least one example; for classification at least two labels, which are then
+        known, as after `label_list`)."""
+        train = self.read(data_path, "train")
+        if max_examples is not None:
+            if max_examples < 1:
+                raise BertforgeError(f"--max-train-examples {max_examples} must be at least 1")
+            train = train[:max_examples]
+        if not train:
+            raise BertforgeError(f"no training examples in {data_path}: check the file and its columns")
+        self.label_list(train)
+        if self.kind == "classification" and len(self.labels) < 2:
+            raise BertforgeError(f"{train[0].source.rsplit(':', 1)[0]}: every training example has the label "
+                                 f"{self.labels[0]!r}; classification needs at least two labels")
+        return train
+
     # --- labels ---
     def label_list(self, examples: Sequence[Example]) -> list[str] | None:
         """The label names in id order. Fixed or configured labels win; otherwise they come from `examples`

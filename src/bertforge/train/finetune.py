@@ -154,18 +154,8 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
     out = Path(out)
     check_out_dir(out)
     task = get_task(task_name, **(task_options or {}))
-    train = task.read(data, "train")
-    if o.max_train_examples is not None:
-        if o.max_train_examples < 1:
-            raise BertforgeError(f"--max-train-examples {o.max_train_examples} must be at least 1")
-        train = train[:o.max_train_examples]
+    train = task.read_train(data, o.max_train_examples)
     dev = task.read(data, "dev")
-    if not train:
-        raise BertforgeError(f"no training examples in {data}: check the file and its columns")
-    task.label_list(train)
-    if task.kind == "classification" and len(task.labels) < 2:
-        raise BertforgeError(f"{train[0].source.rsplit(':', 1)[0]}: every training example has the label "
-                             f"{task.labels[0]!r}; classification needs at least two labels")
     tokenizer = Tokenizer.from_pretrained(init)
     max_length = o.max_length or task.max_length
     labels = task.labels if task.kind in ("classification", "token_classification") else None
