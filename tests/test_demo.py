@@ -113,10 +113,10 @@ def test_the_verdict_weighs_the_difference_against_the_seeds_spread():
     # the same means with stds 2 and 2: 2 standard errors = 3.27 > 2
     unclear = demo_module.verdict(_summary([75, 77, 79], [73, 75, 77], mlm=0.30))
     assert unclear[0].startswith("The difference (+2.0 points) is within two standard errors (3.3)")
-    assert "--model mini --minutes 60" in unclear[1]
+    assert "--model tiny" in unclear[1] and "--minutes 60" in unclear[1]
     worse = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, examples=1000))
     assert worse[0] == "Random weights did better, by 2.0 points (two standard errors: 0.8)."
-    assert "--model mini --minutes 60" in worse[1]
+    assert "--model tiny" in worse[1]
     # a run of 60 minutes or more gets no advice to run for 60 minutes
     long = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, minutes=60))
     assert long == ["Random weights did better, by 2.0 points (two standard errors: 0.8)."]

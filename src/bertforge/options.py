@@ -223,8 +223,8 @@ class DemoOptions:
     corpus: list[str] | None = option(None, help="pretrain on your own text (files, directories, globs) instead")
     minutes: float = option(10.0, help="pretraining budget in minutes", bound=POSITIVE)
     model: str = option("tiny", help="model preset to pretrain (tiny: within 10 minutes on 2 CPU cores it leaves the "
-                        "masked-LM's early plateau, where mini does not, and at 30 minutes it still measured "
-                        "better; mini for 60 minutes)")
+                        "masked-LM's early plateau, where mini does not, and at 30 and 60 minutes it still "
+                        "measured better)")
     recipe: str = option("budget", choices=list(RECIPES), help="pretraining recipe (see bertforge pretrain --help)")
     vocab_size: int = option(8000, help="WordPiece vocabulary size",
                              bound=at_least(6, "the 5 special tokens and at least one piece"))
