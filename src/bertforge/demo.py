@@ -52,8 +52,8 @@ FILL_MASK_EXAMPLES = [
 PLATEAU_MLM_ACCURACY = 0.16
 
 # Fine-tuning learning rates on Rotten Tomatoes (from the pretrained model, from random weights), each the best on
-# dev of a grid for that model and side (docs/experiments/budget-pretraining.md): tiny's from its 10- and 30-minute
-# models, mini's from its 30- and 60-minute ones (the budgets it is for); other models get mini's.
+# dev of a grid for that model and side (docs/experiments/budget-pretraining.md): tiny's from its 10-, 30- and
+# 60-minute models, mini's from its 30- and 60-minute ones (the budgets it is for); other models get mini's.
 FINETUNE_LRS = {"tiny": (1e-3, 1e-3), "mini": (3e-4, 3e-4)}
 
 
