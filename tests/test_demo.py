@@ -98,12 +98,12 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
 
 
 def _summary(pre: list[float], scratch: list[float], mlm: float, examples: int | None = None,
-             minutes: float = 10.0) -> dict:
+             minutes: float = 10.0, cpu_bf16: bool = False) -> dict:
     def side(runs):
         return {"runs": [{"test": t} for t in runs], "test_mean": statistics.mean(runs),
                 "test_std": statistics.stdev(runs) if len(runs) > 1 else 0.0}
     return {"pretraining": {"mlm_accuracy": mlm}, "finetune": {"pretrained": side(pre), "scratch": side(scratch)},
-            "finetune_examples": examples, "pretrain_minutes": minutes}
+            "finetune_examples": examples, "pretrain_minutes": minutes, "cpu_bf16": cpu_bf16}
 
 
 def test_the_verdict_weighs_the_difference_against_the_seeds_spread():
@@ -120,6 +120,12 @@ def test_the_verdict_weighs_the_difference_against_the_seeds_spread():
     # a run of 60 minutes or more gets no advice to run for 60 minutes
     long = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, minutes=60))
     assert long == ["Random weights did better, by 2.0 points (two standard errors: 0.8)."]
+    # the advice quotes the figures of the CPU kind the demo ran on: twice the steps a minute with bf16
+    assert "without bf16" in worse[1] and "--minutes 60" in worse[1]
+    bf16 = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, cpu_bf16=True))
+    assert "with bf16" in bf16[1] and "--minutes 30" in bf16[1] and "--minutes 60" not in bf16[1]
+    assert len(demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, minutes=30,
+                                            cpu_bf16=True))) == 1
     plateau = demo_module.verdict(_summary([75, 75.5, 76], [75, 76, 77], mlm=0.131))
     assert plateau[0].startswith("Pretraining ended on the masked-LM's early plateau (val MLM accuracy 13.1%")
     assert "--minutes 30" in plateau[0]
