@@ -51,11 +51,11 @@ def test_allocator_setting_and_torchrun_variables_are_reported(capsys, monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("MASTER_PORT", "29500")
     facts = _json(capsys)
-    assert facts["allocator"] == {"BERTFORGE_SYSTEM_MALLOC": "1", "training_keeps_freed_memory": False}
+    assert facts["allocator"] == {"BERTFORGE_SYSTEM_MALLOC": "1", "commands_keep_freed_memory": False}
     assert facts["distributed"]["torchrun"] == {"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}
     assert main(["env"]) == 0
     out = capsys.readouterr().out
-    assert "BERTFORGE_SYSTEM_MALLOC=1; training leaves the system allocator alone" in out
+    assert "BERTFORGE_SYSTEM_MALLOC=1; training and batch inference leave the system allocator alone" in out
     assert "torchrun: RANK=1 WORLD_SIZE=2 MASTER_PORT=29500" in out
 
 

@@ -48,7 +48,7 @@ def test_the_setting_can_be_turned_off():
     assert _run("apply", BERTFORGE_SYSTEM_MALLOC="1") == ["False", "1", "True"]
 
 
-def test_the_cli_applies_it_before_a_training_command_only():
+def test_the_cli_applies_it_before_training_and_batch_inference_only():
     script = textwrap.dedent("""
         import sys
         from bertforge import cli
@@ -61,7 +61,9 @@ def test_the_cli_applies_it_before_a_training_command_only():
         out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True)
         return out.stdout.split()[-1]
 
-    assert applied("model", "info", "--model", "mini") == "None"  # not a training command: left alone
+    assert applied("model", "info", "--model", "mini") == "None"  # runs no model over data: left alone
     # a training command applies it before it starts, here before refusing a missing data directory
     assert applied("finetune", "--task", "csv", "--data", "/nonexistent", "--init", "/nonexistent",
                    "--out", "/nonexistent/out") == "True"
+    # so does a command that runs a model over a file of texts (its batches' activations are as big)
+    assert applied("predict", "--model", "/nonexistent", "--input", "/nonexistent.jsonl") == "True"

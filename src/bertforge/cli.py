@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd is None:
         parser.print_help()
         return 0
-    if cmd.trains:
-        keep_freed_memory()  # the training commands' default, process-wide; BERTFORGE_SYSTEM_MALLOC=1 opts out
+    if cmd.keeps_freed_memory:
+        keep_freed_memory()  # for training and batch inference, process-wide; BERTFORGE_SYSTEM_MALLOC=1 opts out
     try:
         return cmd.run(build_args(cmd.args, ns)) or 0
     except BertforgeError as e:

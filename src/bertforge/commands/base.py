@@ -38,7 +38,9 @@ class Command:
     run: Callable[[Any], int | None]
     help: str
     description: str = ""
-    trains: bool = False  # a training command: the CLI keeps freed CPU memory for it (train/memory.py)
+    # the CLI keeps freed CPU memory for it (train/memory.py): the training commands and those that run a model
+    # over a file of texts, whose big activations would otherwise pay page faults on every batch
+    keeps_freed_memory: bool = False
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:

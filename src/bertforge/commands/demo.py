@@ -14,4 +14,4 @@ def run(options: DemoOptions) -> int:
 
 
 COMMANDS = [Command("demo", DemoOptions, run, help="the whole journey end to end on demo data fetched from PyPI",
-                    description=__doc__, trains=True)]
+                    description=__doc__, keeps_freed_memory=True)]

@@ -90,10 +90,10 @@ def collect() -> dict[str, Any]:
                   "cuda_build": torch.version.cuda,
                   "cudnn": torch.backends.cudnn.version() if cuda_available else None},
         "cuda": {"available": cuda_available, "devices": _cuda_devices() if cuda_available else []},
-        # memory.py: the training commands keep freed CPU memory (glibc mallopt) unless this is 1.
+        # memory.py: the training and batch-inference commands keep freed CPU memory (glibc mallopt) unless this is 1.
         "allocator": {"BERTFORGE_SYSTEM_MALLOC": os.environ.get("BERTFORGE_SYSTEM_MALLOC"),
-                      "training_keeps_freed_memory": (os.environ.get("BERTFORGE_SYSTEM_MALLOC") != "1"
-                                                       and sys.platform.startswith("linux"))},
+                      "commands_keep_freed_memory": (os.environ.get("BERTFORGE_SYSTEM_MALLOC") != "1"
+                                                     and sys.platform.startswith("linux"))},
         "distributed": {"backends": backends,
                         "torchrun": {k: os.environ[k] for k in TORCHRUN_VARS if k in os.environ}},
     }
@@ -116,9 +116,9 @@ def _lines(facts: dict[str, Any]) -> list[str]:
         out.append("cuda: no device available")
     alloc = facts["allocator"]
     setting = alloc["BERTFORGE_SYSTEM_MALLOC"]
-    out.append(f"allocator: BERTFORGE_SYSTEM_MALLOC={setting if setting is not None else '(unset)'}; training "
-               + ("keeps freed CPU memory for reuse" if alloc["training_keeps_freed_memory"]
-                  else "leaves the system allocator alone"))
+    out.append(f"allocator: BERTFORGE_SYSTEM_MALLOC={setting if setting is not None else '(unset)'}; training and "
+               "batch inference " + ("keep freed CPU memory for reuse" if alloc["commands_keep_freed_memory"]
+                                     else "leave the system allocator alone"))
     dist = facts["distributed"]
     out.append(f"distributed backends: {', '.join(dist['backends']) or 'none'}")
     run = dist["torchrun"]

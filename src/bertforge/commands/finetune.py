@@ -142,9 +142,9 @@ def run_predict(args: PredictArgs) -> int:
 
 COMMANDS = [
     Command("finetune", FinetuneArgs, run_finetune, help="fine-tune a pretrained model on a task",
-            description=__doc__, trains=True),
+            description=__doc__, keeps_freed_memory=True),
     Command("evaluate", EvaluateArgs, run_evaluate, help="score a fine-tuned model on a split",
-            description=__doc__),
+            description=__doc__, keeps_freed_memory=True),
     Command("predict", PredictArgs, run_predict, help="predict with a fine-tuned model on new text",
-            description=__doc__),
+            description=__doc__, keeps_freed_memory=True),
 ]

@@ -107,6 +107,8 @@ def run_embed(args: EmbedArgs) -> int:
 
 
 COMMANDS = [
-    Command("fill-mask", FillMaskArgs, run_fill_mask, help="predict the words behind [MASK]", description=__doc__),
-    Command("embed", EmbedArgs, run_embed, help="sentence embeddings (CLS or mean pooling)", description=__doc__),
+    Command("fill-mask", FillMaskArgs, run_fill_mask, help="predict the words behind [MASK]", description=__doc__,
+            keeps_freed_memory=True),
+    Command("embed", EmbedArgs, run_embed, help="sentence embeddings (CLS or mean pooling)", description=__doc__,
+            keeps_freed_memory=True),
 ]

@@ -131,5 +131,5 @@ def run_pretrain(args: PretrainArgs) -> int:
 
 COMMANDS = [
     Command("pretrain", PretrainArgs, run_pretrain, help="pretrain BERT with masked-LM + next-sentence prediction",
-            description=__doc__, trains=True),
+            description=__doc__, keeps_freed_memory=True),
 ]
