@@ -27,7 +27,7 @@ The transformers and ONNX Runtime sides tokenize with transformers' fast tokeniz
 Allocator: the process keeps freed memory for reuse (`bertforge.train.memory`), as the `bertforge` commands
 that run a model over a file do; it is process-wide, so the transformers side runs under it too, and ONNX
 Runtime allocates from its own arena either way. `--system-malloc` leaves glibc's allocator alone (on an AVX512
-EPYC that made our fp32 and int8 sides 1.3-1.5x slower on 16-128-token texts, transformers 1.1x).
+EPYC that made our fp32 and int8 sides 1.4-1.6x slower on 16-128-token texts, transformers 1.1x).
 
 Throughput (texts/s for the whole file, tokenization included): every side tokenizes all texts, sorts them
 by length, runs batches of --batch-size (default 64, `predict`'s own) each padded to its longest, and puts the

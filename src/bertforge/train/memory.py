@@ -9,7 +9,7 @@ output and 180 into a reused one; transformers' `base` pretraining step runs 17%
 CUDA allocator caches for the same reason.
 
 Inference over a file of texts pays the same: on an AVX512 EPYC (2026-11-27, bench/inference.py, MiniLM, texts
-of 16-128 tokens) the fp32 model ran 1.34x faster under it and the int8 one 1.49x, most of the difference in the
+of 16-128 tokens) the fp32 model ran 1.37x faster under it and the int8 one 1.58x, most of the difference in the
 elementwise passes (the GELU, the int8 activations' quantization) over freshly mapped pages.
 
 The setting is process-wide: freed memory stays with the process (its resident size stays near its peak), so
