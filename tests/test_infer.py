@@ -233,6 +233,15 @@ def test_fill_mask_in_bf16_keeps_the_top_tokens(mlm_dir):
         assert abs(a[0]["score"] - b[0]["score"]) < 16 * 2 ** -8 * a[0]["score"]
 
 
+def _activation_codes(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+    """The u8 codes (float64), scale and zero point Int8Linear gives activations `x`, worked out here on their own:
+    per tensor, the range [min(x, 0), max(x, 0)] in 255 steps, rounded half up."""
+    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    scale = (hi - lo) / 254.99
+    zero = round(-lo / scale)
+    return torch.floor(x.double() / scale + zero + 0.5), scale, zero
+
+
 def test_int8_weight_bits_follow_the_cpu(monkeypatch):
     """8-bit weights where the CPU sums int8 products into int32, 7-bit on AVX2 alone, torch's fbgemm layers
     where neither is known; 8-bit weights halve the weight rounding of 7 bits."""
@@ -258,10 +267,8 @@ def test_int8_weight_bits_follow_the_cpu(monkeypatch):
         # against the layer on the activations as Int8Linear quantizes them (u8 per tensor, the range's ends
         # at codes 0 and ~255), so that what is left is the weights' rounding: 8-bit activations' own rounding
         # is as large (on AVX512-VNNI it made the error against fp32 inputs only 18% smaller with 8-bit weights)
-        lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-        scale = (hi - lo) / 254.99
-        zero = round(-lo / scale)
-        x_seen = (torch.floor(x * (1 / scale) + zero + 0.5) - zero) * scale
+        codes, scale, zero = _activation_codes(x)
+        x_seen = ((codes - zero) * scale).float()
         with torch.no_grad():
             err7, err8 = ((quantized(b)(x) - layer(x_seen)).abs().mean() for b in (7, 8))
         assert err8 < 0.75 * err7
@@ -283,8 +290,7 @@ def test_int8_products_do_not_saturate_on_this_cpu():
     q = Int8Linear(layer, weight_bits=bits)
     with torch.no_grad():
         y = q(x).double()
-    scale = float(x.max()) / 254.99  # the range [0, max] in 255 steps, as Int8Linear cuts it
-    codes = torch.floor(x.double() / scale + 0.5)
+    codes, scale, _ = _activation_codes(x)  # all positive: the range [0, max], zero point 0
     top = 2 ** (bits - 1) - 1
     w = (layer.weight.double() / q.weight_scale.double()[:, None]).round().clamp(-top, top)
     exact = (codes @ w.T) * scale * q.weight_scale.double() + layer.bias.double()
