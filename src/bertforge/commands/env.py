@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 from bertforge.commands.base import Command
 from bertforge.options import option
+from bertforge.train import memory
 
 # CPU flags worth a line in a bug report: the vector widths and the bf16/int8 dot products (see bertforge.cpu).
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
@@ -92,8 +92,7 @@ def collect() -> dict[str, Any]:
         "cuda": {"available": cuda_available, "devices": _cuda_devices() if cuda_available else []},
         # memory.py: the training and batch-inference commands keep freed CPU memory (glibc mallopt) unless this is 1.
         "allocator": {"BERTFORGE_SYSTEM_MALLOC": os.environ.get("BERTFORGE_SYSTEM_MALLOC"),
-                      "commands_keep_freed_memory": (os.environ.get("BERTFORGE_SYSTEM_MALLOC") != "1"
-                                                     and sys.platform.startswith("linux"))},
+                      "commands_keep_freed_memory": memory.wanted()},
         "distributed": {"backends": backends,
                         "torchrun": {k: os.environ[k] for k in TORCHRUN_VARS if k in os.environ}},
     }

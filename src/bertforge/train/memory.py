@@ -38,13 +38,19 @@ _TRIM_THRESHOLD = 1 << 30  # free memory at the top of the heap is returned beyo
 _applied: bool | None = None
 
 
+def wanted() -> bool:
+    """Whether this process should keep freed memory: not opted out (BERTFORGE_SYSTEM_MALLOC=1), and on Linux,
+    where glibc's mallopt may exist (`keep_freed_memory` finds out)."""
+    return os.environ.get("BERTFORGE_SYSTEM_MALLOC") != "1" and sys.platform.startswith("linux")
+
+
 def keep_freed_memory() -> bool:
     """Serve every allocation from the reusable heap (glibc only; elsewhere a no-op). True if applied."""
     global _applied
     if _applied is not None:
         return _applied
     _applied = False
-    if os.environ.get("BERTFORGE_SYSTEM_MALLOC") == "1" or not sys.platform.startswith("linux"):
+    if not wanted():
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
