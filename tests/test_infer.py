@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import bertforge.cpu
+import bertforge.infer
 from bertforge import BertConfig, BertforgeError, BertForMaskedLM, BertModel
 from bertforge.cli import main
 from bertforge.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
@@ -235,11 +236,29 @@ def test_fill_mask_in_bf16_keeps_the_top_tokens(mlm_dir):
 
 def _activation_codes(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
     """The u8 codes (float64), scale and zero point Int8Linear gives activations `x`, worked out here on their own:
-    per tensor, the range [min(x, 0), max(x, 0)] in 255 steps, rounded half up."""
+    per tensor, the range [min(x, 0), max(x, 0)] in 255 steps, each value rounded to its nearest step, the zero
+    point added, within [0, 255]."""
     lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    scale = (hi - lo) / 254.99
+    scale = (hi - lo) / 255 or 1.0  # all zeros: any scale
     zero = round(-lo / scale)
-    return torch.floor(x.double() / scale + zero + 0.5), scale, zero
+    return (torch.round(x.double() / scale) + zero).clamp(0, 255), scale, zero
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_int8_activation_codes(one_pass, monkeypatch):
+    """Both ways of quantizing activations (torch's one-pass quantizer, and the passes used without it) give the
+    codes worked out by hand, a code off by one at most where the value sits on a rounding boundary, and the
+    range's ends at codes 0 and 255."""
+    monkeypatch.setattr(bertforge.infer, "_one_pass_quantizer", lambda: one_pass)
+    torch.manual_seed(0)
+    for x in (torch.randn(64, 37, 48) * 3 - 1, torch.rand(300, 20) + 2, -torch.rand(10, 9), torch.zeros(4, 5)):
+        expected, scale, zero = _activation_codes(x)
+        codes = bertforge.infer._u8_codes(x, scale, zero)
+        assert codes.dtype == torch.uint8 and codes.shape == x.shape
+        off = (codes.double() - expected).abs()
+        assert off.max() <= 1 and (off > 0).double().mean() < 1e-3
+        assert x.min() >= 0 or codes.min() == 0  # a negative minimum is the range's lower end
+        assert x.max() <= 0 or codes.max() == 255  # a positive maximum its upper end
 
 
 def test_int8_weight_bits_follow_the_cpu(monkeypatch):
@@ -292,8 +311,8 @@ def test_int8_products_do_not_saturate_on_this_cpu():
         y = q(x).double()
     codes, scale, _ = _activation_codes(x)  # all positive: the range [0, max], zero point 0
     top = 2 ** (bits - 1) - 1
-    w = (layer.weight.double() / q.weight_scale.double()[:, None]).round().clamp(-top, top)
-    exact = (codes @ w.T) * scale * q.weight_scale.double() + layer.bias.double()
+    w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-top, top)
+    exact = (codes @ w.T) * scale * q.weight_scale.double() + layer.bias.detach().double()
     assert float((y - exact).abs().max()) < 1e-3 * float(exact.abs().max())
 
 

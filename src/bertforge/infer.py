@@ -96,14 +96,38 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lo, hi = torch.aminmax(x)
         lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-        scale = (hi - lo) / 254.99 or 1.0  # codes of [lo, hi] then stay within [0, 256): no clamping pass
+        scale = (hi - lo) / 255 or 1.0
         zero = round(-lo / scale)
-        # x / scale + zero rounded half up by the truncating cast, through int16: torch casts float to uint8
-        # one value at a time, 3x slower than both casts
-        codes = torch.add(torch.tensor(zero + 0.5), x.float(), alpha=1 / scale).to(torch.int16).to(torch.uint8)
+        codes = _u8_codes(x.float(), scale, zero)
         return torch.ops.onednn.qlinear_pointwise(codes, scale, zero, self.weight, self.weight_scale,
                                                   self.weight_zero, self.bias, 1.0, 0, torch.float32,
                                                   self.activation, [], "none")
+
+
+@functools.cache
+def _one_pass_quantizer() -> bool:
+    """Does torch have `quantize_per_tensor` (deprecated in favour of torchao, but in every torch bertforge
+    supports)? Its one deprecation warning is taken here, once, so that predict does not print it."""
+    if not hasattr(torch, "quantize_per_tensor"):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.quantize_per_tensor(torch.zeros(1), 1.0, 0, torch.quint8)
+    return True
+
+
+def _u8_codes(x: torch.Tensor, scale: float, zero: int) -> torch.Tensor:
+    """round(x / scale) + zero within [0, 255], as uint8 (x fp32). torch's quantize_per_tensor does it in one
+    vectorized pass, and its codes are read where it wrote them: `int_repr()` would copy them one at a time,
+    which took 4x the quantizing itself. On the bench's MiniLM (AVX512-VNNI EPYC, 2 threads) int8 predict ran
+    1.10-1.14x faster than with the three passes below, which remain for a torch without it."""
+    if _one_pass_quantizer():
+        q = torch.quantize_per_tensor(x, scale, zero, torch.quint8)
+        return torch.empty(0, dtype=torch.uint8).set_(q.untyped_storage(), q.storage_offset(), q.shape, q.stride())
+    # x / scale + zero rounded half up by the truncating cast, through int16 (torch casts float to uint8 one value
+    # at a time, 3x slower than both casts); 0.5 code of headroom at the top, clamped
+    shifted = torch.add(torch.tensor(zero + 0.5), x, alpha=1 / scale).clamp_(0, 255.5)
+    return shifted.to(torch.int16).to(torch.uint8)
 
 
 def _fuse_gelu(model: nn.Module) -> None:
