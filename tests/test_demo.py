@@ -56,9 +56,10 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert re.search(rf"bag of words \(no language model\) +{baseline['test']:.1f}\n", text)
     assert set(summary["finetune"]) == {"pretrained", "scratch"}
     assert options.model == demo_module.DemoOptions().model == "tiny"
-    for name, lr in (("pretrained", demo_module.FINETUNE_LRS["tiny"][0]), ("scratch", 3e-4)):
+    for name, lr in (("pretrained", demo_module.finetune_plan("tiny", 0.3)[1]), ("scratch", 3e-4)):
         side = summary["finetune"][name]
-        assert side["lr"] == lr and [r["seed"] for r in side["runs"]] == [options.seed, options.seed + 1]
+        assert side["lr"] == lr and side["epochs"] == 1
+        assert [r["seed"] for r in side["runs"]] == [options.seed, options.seed + 1]
         assert all(0 <= r["test"] <= 100 for r in side["runs"])
         assert side["test_mean"] == pytest.approx(sum(r["test"] for r in side["runs"]) / 2)
     # the budget recipe stacks: 60% of the budget at half depth, then the full model
@@ -88,9 +89,16 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert again.count("reusing") == 3  # tokenizer, data, pretraining; fine-tunings read their scores back
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
 
-    # a finished pretraining of another model or budget is refused, not reported as this run's
+    # a finished pretraining of another model or budget is refused, not reported as this run's; so is a finished
+    # fine-tuning of other settings
     for change, named in (({"model": "mini"}, "not --model mini (L4/H256/A4/I1024)"),
-                          ({"minutes": 30.0}, "a budget of 0.3 minutes, not --minutes 30")):
+                          ({"minutes": 30.0}, "a budget of 0.3 minutes, not --minutes 30"),
+                          ({"finetune_epochs": 2.0}, f"{out / 'finetune-pretrained' / 'seed0'} holds another "
+                                                     "fine-tuning (epochs 1, not 2)"),
+                          ({"finetune_examples": 100}, "seed0 holds another fine-tuning (training examples 200, "
+                                                       "not 100)"),
+                          ({"finetune_lr_scratch": 1e-3}, f"{out / 'finetune-scratch' / 'seed0'} holds another "
+                                                          "fine-tuning (lr 0.0003, not 0.001)")):
         with pytest.raises(BertforgeError, match=re.escape(named)) as refused:
             demo_module.run_demo(dataclasses.replace(options, **change))
         assert "pass another --out, or remove" in str(refused.value)
@@ -104,6 +112,15 @@ def _summary(pre: list[float], scratch: list[float], mlm: float, examples: int |
                 "test_std": statistics.stdev(runs) if len(runs) > 1 else 0.0}
     return {"pretraining": {"mlm_accuracy": mlm}, "finetune": {"pretrained": side(pre), "scratch": side(scratch)},
             "finetune_examples": examples, "pretrain_minutes": minutes, "cpu_bf16": cpu_bf16}
+
+
+def test_the_fine_tuning_plan_follows_the_measured_one_for_the_model_and_budget():
+    # docs/experiments/budget-pretraining.md: tiny chose 1e-3 at two epochs on both sides; from 30 minutes of
+    # pretraining on, four epochs at 3e-4 (dev's choice on both sides) paid more; mini chose 3e-4 at two epochs
+    assert demo_module.finetune_plan("tiny", 10.0) == (2.0, 1e-3, 1e-3)
+    assert demo_module.finetune_plan("tiny", 29.9) == (2.0, 1e-3, 1e-3)
+    assert demo_module.finetune_plan("tiny", 30.0) == demo_module.finetune_plan("tiny", 60.0) == (4.0, 3e-4, 3e-4)
+    assert demo_module.finetune_plan("mini", 30.0) == demo_module.finetune_plan("small", 10.0) == (2.0, 3e-4, 3e-4)
 
 
 def test_the_verdict_weighs_the_difference_against_the_seeds_spread():
