@@ -14,6 +14,7 @@ from torch import nn
 
 import bertforge.cpu
 import bertforge.infer
+import bertforge.tasks.runner
 from bertforge import BertConfig, BertforgeError, BertForMaskedLM, BertModel
 from bertforge.cli import main
 from bertforge.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
@@ -398,3 +399,28 @@ def test_read_input_records_text_and_jsonl(tmp_path):
     (tmp_path / "d.txt").write_text("\n\n")
     with pytest.raises(BertforgeError, match="no inputs"):
         read_input_records(tmp_path / "d.txt")
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_predictions_of_two_batch_streams_are_those_of_one(clf_dir, quantize, monkeypatch):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        records = [{"text": " ".join(["good film"] * (1 + n % 7))} for n in range(21)]
+        predictor = Predictor(clf_dir, quantize=quantize)
+        chosen = []
+        real = bertforge.tasks.runner.run_batches
+        monkeypatch.setattr("bertforge.tasks.runner.run_batches",
+                            lambda fn, batches, streams: chosen.append(streams) or real(fn, batches, streams))
+        default = predictor.predict(records, batch_size=4)
+        one = predictor.predict(records, batch_size=4, streams=1)
+        few = predictor.predict(records[:12], batch_size=4)  # 3 batches: one stream
+    finally:
+        torch.set_num_threads(before)
+    assert chosen == [2, 1, 1]  # 21 records in 6 batches of 4: two streams by default
+    assert [r["label"] for r in default] == [r["label"] for r in one]
+    for a, b in zip(default, one, strict=True):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-6)
+    assert [r["label"] for r in few] == [r["label"] for r in one[:12]]
+    with pytest.raises(BertforgeError, match="streams must be at least 1, not 0"):
+        predictor.predict(records, streams=0)

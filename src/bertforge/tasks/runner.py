@@ -25,6 +25,7 @@ from bertforge.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from bertforge.streams import run_batches
 from bertforge.tasks.base import QAExample, TaggedExample, Task
 from bertforge.tasks.features import collate
 from bertforge.tasks.registry import get_task
@@ -48,24 +49,26 @@ def feature_length(feature: dict) -> int:
 
 
 def run_model(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int = 64,
-              device: torch.device | None = None) -> Any:
+              device: torch.device | None = None, streams: int = 1) -> Any:
     """The head's outputs for every feature, in feature order, with no work on padding beyond each
     length-sorted batch's longest: (N, L) logits, (N, C) for multiple choice, a list of (T_i, L) arrays for
-    tagging, and (start list, end list) of (T_i,) arrays for QA."""
-    return assemble_outputs(per_feature_outputs(model, features, pad_id, batch_size=batch_size, device=device))
+    tagging, and (start list, end list) of (T_i,) arrays for QA. `streams`: batches run at once
+    (`bertforge.streams`)."""
+    return assemble_outputs(per_feature_outputs(model, features, pad_id, batch_size=batch_size, device=device,
+                                                streams=streams))
 
 
 @torch.no_grad()
 def per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int,
-                        device: torch.device | None) -> list[Any]:
+                        device: torch.device | None, streams: int = 1) -> list[Any]:
     """`run_model`'s outputs as one item per feature: a logits array, or a (start, end) pair for QA."""
     model.eval()
     device = device or next(model.parameters()).device
     lengths = np.array([feature_length(f) for f in features])
     order = np.argsort(-lengths, kind="stable")
     results: list[Any] = [None] * len(features)
-    for i in range(0, len(order), batch_size):
-        idx = order[i:i + batch_size]
+
+    def run(idx: np.ndarray) -> None:
         batch = collate([features[j] for j in idx], pad_id)
         # pinned, non-blocking copies on CUDA; a mask without padding stays on the host and is dropped
         inputs = to_device({k: batch[k] for k in MODEL_INPUTS}, device)
@@ -82,6 +85,8 @@ def per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int,
             logits = out.logits.float().cpu().numpy()
             for row, j in enumerate(idx):
                 results[j] = logits[row]
+
+    run_batches(run, [order[i:i + batch_size] for i in range(0, len(order), batch_size)], streams)
     return results
 
 

@@ -1,0 +1,60 @@
+"""Inference batches two at a time on a CPU (`bertforge.streams`): every batch once, the caller's settings kept."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from bertforge.streams import cpu_streams, run_batches
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_every_batch_runs_once_on_two_threads_of_one_torch_thread_each(two_threads):
+    seen, lock = [], threading.Lock()
+
+    def fn(batch):
+        with lock:
+            seen.append((batch, threading.get_ident(), torch.get_num_threads(), torch.is_grad_enabled()))
+
+    with torch.no_grad():
+        run_batches(fn, range(10), streams=2)
+    assert sorted(b for b, *_ in seen) == list(range(10))
+    assert {threads for _, _, threads, _ in seen} == {1}  # the caller's 2 threads shared out
+    assert {grad for *_, grad in seen} == {False}  # the caller's no_grad, though grad mode is per thread
+    assert threading.get_ident() not in {ident for _, ident, _, _ in seen}
+    assert torch.get_num_threads() == 2  # restored
+    seen.clear()
+    run_batches(fn, range(3), streams=1)  # one stream: in the caller's thread, in order, with its threads
+    assert seen == [(b, threading.get_ident(), 2, True) for b in range(3)]
+
+
+def test_the_first_error_stops_every_stream_and_is_raised(two_threads):
+    started = []
+
+    def fn(batch):
+        started.append(batch)
+        if batch == 2:
+            raise ValueError("batch 2 is bad")
+        threading.Event().wait(0.01)
+
+    with pytest.raises(ValueError, match="batch 2 is bad"):
+        run_batches(fn, range(100), streams=2)
+    assert len(started) < 10 and torch.get_num_threads() == 2
+
+
+def test_two_streams_only_on_a_cpu_with_threads_to_share_and_batches_to_spare(two_threads):
+    cpu = torch.device("cpu")
+    assert cpu_streams(cpu, 4) == 2
+    assert cpu_streams(cpu, 3) == 1
+    assert cpu_streams(torch.device("cuda"), 100) == 1
+    torch.set_num_threads(1)
+    assert cpu_streams(cpu, 100) == 1
