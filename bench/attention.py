@@ -6,12 +6,14 @@ Training (the default): both sides get the same q, k, v (B, N, T, D) with B x T 
 call of forward + backward (the sum of the output). The model takes the explicit kernel when training under
 bf16/fp16 on a CPU with at most `_EXPLICIT_ATTENTION_MAX_T` keys; this is what that threshold was read from.
 With --inference: forward only, without gradients, B x T = --tokens, q, k and v the views of one (B, T, 3, N, D)
-product that the model's attention makes; inference keeps the fused kernel, which this measured faster in fp32
+product that the model's attention makes; in bf16 inference the model takes the explicit kernel up to
+`_EXPLICIT_INFERENCE_MAX_T` keys, read from `--inference --no-mask` (predict's length-sorted batches are mostly
+unpadded, and an unpadded batch has no mask); fp32 keeps the fused kernel, which this measured as fast or faster
 (docs/benchmarks.md). Median (min-max) of --rounds rounds, the sides interleaved.
 
     .venv/bin/python bench/attention.py
     .venv/bin/python bench/attention.py --lengths 64 128 256 --heads 4 12 --rounds 5
-    .venv/bin/python bench/attention.py --inference --dtypes fp32 --heads 12 --head-size 32   # MiniLM's heads
+    .venv/bin/python bench/attention.py --inference --no-mask --heads 12 --head-size 32   # MiniLM's heads
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from measure import ratio, spread
 
-from bertforge.model import _EXPLICIT_ATTENTION_MAX_T, _explicit_attention
+from bertforge.model import _EXPLICIT_ATTENTION_MAX_T, _EXPLICIT_INFERENCE_MAX_T, _explicit_attention
+from bertforge.train.memory import keep_freed_memory
 
 
 def fused(q, k, v, mask):
@@ -46,14 +49,17 @@ def time_calls(fn, q, k, v, mask, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1000
 
 
-def inputs(T: int, N: int, D: int, tokens: int, dtype: torch.dtype, inference: bool):
-    """q, k, v (B, N, T, D) and a mask with half the sequences padded by a quarter; B = tokens // T."""
+def inputs(T: int, N: int, D: int, tokens: int, dtype: torch.dtype, inference: bool, masked: bool = True):
+    """q, k, v (B, N, T, D) and a mask with half the sequences padded by a quarter (None unless `masked`);
+    B = tokens // T."""
     g = torch.Generator().manual_seed(0)
     B = max(1, tokens // T)
     if inference:  # views of one projection, laid out as BertSelfAttention makes them
         q, k, v = torch.randn(B, T, 3, N, D, generator=g, dtype=dtype).permute(2, 0, 3, 1, 4).unbind(0)
     else:
         q, k, v = (torch.randn(B, N, T, D, generator=g, dtype=dtype).requires_grad_() for _ in range(3))
+    if not masked:
+        return q, k, v, None
     mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
     mask[::2, ..., T - T // 4:] = False
     return q, k, v, mask
@@ -68,19 +74,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=10, help="timed calls per round")
     parser.add_argument("--inference", action="store_true", help="forward only, without gradients")
+    parser.add_argument("--no-mask", action="store_true", help="no padding mask (an unpadded batch)")
     parser.add_argument("--tokens", type=int, help="B x T (default: 4,096 training, 1,792 = 64 x 28 inference)")
     args = parser.parse_args()
+    kept = keep_freed_memory()  # as the bertforge commands run: without it each call maps its (B, N, T, T) scores anew
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
     tokens = args.tokens or (1792 if args.inference else 4096)
-    what = "forward (inference: the model keeps the fused kernel)" if args.inference else \
-        f"forward + backward (the model's threshold under bf16: {_EXPLICIT_ATTENTION_MAX_T} keys)"
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {what}, {tokens} tokens, ms per call, "
+    what = (f"forward (the model's threshold in bf16 inference: {_EXPLICIT_INFERENCE_MAX_T} keys)" if args.inference
+            else f"forward + backward (the model's threshold under bf16: {_EXPLICIT_ATTENTION_MAX_T} keys)")
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {what}, {tokens} tokens, allocator: "
+          f"{'freed memory kept' if kept else 'the system' + chr(39) + 's'}, ms per call, "
           f"median (min-max) over {args.rounds} rounds")
     print(f"{'dtype':<6}{'T':>5}{'N':>4}  {'fused':>22}  {'explicit':>22}  explicit faster by")
     for name in args.dtypes:
         for T in args.lengths:
             for N in args.heads:
-                q, k, v, mask = inputs(T, N, args.head_size, tokens, dtypes[name], args.inference)
+                q, k, v, mask = inputs(T, N, args.head_size, tokens, dtypes[name], args.inference, not args.no_mask)
                 times = {"fused": [], "explicit": []}
                 for fn in (fused, explicit):
                     time_calls(fn, q, k, v, mask, 2)  # warm-up

@@ -253,7 +253,7 @@ def test_explicit_attention_equals_the_fused_kernel_with_padding_and_query_subse
             torch.testing.assert_close(a, b)
 
 
-def test_bf16_training_takes_the_explicit_attention_and_matches_the_fused_one(monkeypatch):
+def test_bf16_on_a_cpu_takes_the_explicit_attention_for_short_sequences_and_matches_the_fused_one(monkeypatch):
     from bertforge import model as model_module
 
     torch.manual_seed(0)
@@ -267,13 +267,27 @@ def test_bf16_training_takes_the_explicit_attention_and_matches_the_fused_one(mo
     real_sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(model_module.F, "scaled_dot_product_attention",
                         lambda *a, **kw: fused_calls.append(1) or real_sdpa(*a, **kw))
+    limit = model_module._EXPLICIT_INFERENCE_MAX_T
     with torch.autocast("cpu", torch.bfloat16):
         explicit = attention(x, mask)
         assert not fused_calls  # short sequence, bf16, training: the explicit kernel
         with torch.no_grad():
-            fused = attention(x, mask)  # inference keeps the fused kernel
+            inferred = attention(x, mask)  # bf16 inference up to _EXPLICIT_INFERENCE_MAX_T keys: explicit too
+            assert not fused_calls
+            monkeypatch.setattr(model_module, "_EXPLICIT_INFERENCE_MAX_T", 0)
+            fused = attention(x, mask)
+            monkeypatch.setattr(model_module, "_EXPLICIT_INFERENCE_MAX_T", limit)
         assert len(fused_calls) == 1
     torch.testing.assert_close(explicit.float(), fused.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(inferred.float(), fused.float(), atol=2e-2, rtol=2e-2)
     with torch.autocast("cpu", torch.bfloat16):
         attention(torch.randn(1, model_module._EXPLICIT_ATTENTION_MAX_T + 1, config.hidden_size), None)
-    assert len(fused_calls) == 2  # long sequences keep the fused kernel too
+        assert len(fused_calls) == 2  # long sequences keep the fused kernel in training
+        with torch.no_grad():
+            attention(torch.randn(1, limit, config.hidden_size), None)
+            assert len(fused_calls) == 2
+            attention(torch.randn(1, limit + 1, config.hidden_size), None)
+            assert len(fused_calls) == 3  # and in inference beyond its own limit
+    with torch.no_grad():
+        attention(x, mask)  # fp32 inference: the fused kernel
+    assert len(fused_calls) == 4

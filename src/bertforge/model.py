@@ -85,14 +85,19 @@ class BertSelfAttention(nn.Module):
 # Training under bf16/fp16 autocast on a CPU, PyTorch's fused attention kernel (flash for CPU) is 2-4x slower
 # at short sequences than two batched matmuls and a softmax, mostly in its backward (torch 2.13, AVX512-BF16,
 # heads of 64: 12.7 against 3.7 ms a layer at B 32, T 64, 4 heads; even at T 192; worse from T 256 on, where its
-# blocking pays and the (T, T) scores grow). Inference and fp32 keep the fused kernel: there it is as fast or
-# faster. See bench/attention.py.
+# blocking pays and the (T, T) scores grow). In bf16 inference (forward only, freed memory kept as the commands
+# run) the explicit kernel is ahead up to 128 keys (heads of 32, 1,792 tokens a call, no mask: 0.80 against 1.98
+# ms at 16 keys, 1.51 against 2.38 at 64, 3.20 against 3.69 at 128) and even at 192; end to end it made bf16 predict
+# 1.03-1.04x faster (once 0.99x), with the same accuracy. fp32 keeps the fused kernel: there it is as fast or
+# faster from 32 keys on. See bench/attention.py.
 _EXPLICIT_ATTENTION_MAX_T = 192
+_EXPLICIT_INFERENCE_MAX_T = 128
 
 
 def _explicit_attention_is_faster(q: torch.Tensor, keys: int) -> bool:
-    return (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.requires_grad
-            and keys <= _EXPLICIT_ATTENTION_MAX_T)
+    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return keys <= (_EXPLICIT_ATTENTION_MAX_T if q.requires_grad else _EXPLICIT_INFERENCE_MAX_T)
 
 
 def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
