@@ -46,6 +46,7 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     for stage in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6"):
         assert f"== {stage}" in text
     assert "pretraining MLM accuracy (val)" in text and "from random weights" in text and "helped by" in text
+    assert "from pretrained (lr 0.001, 1 epoch)" in text and "(lr 0.001, 1 epoch, 2 seeds)" in text
     assert "== 6/6 a bag-of-words baseline" in text
     # the baseline trains on the labelled snippets the fine-tunings saw (the first 200 rows of the file cut at
     # 200 lines, some rows spanning two) and is scored on the same test set
@@ -94,7 +95,8 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     for change, named in (({"model": "mini"}, "not --model mini (L4/H256/A4/I1024)"),
                           ({"minutes": 30.0}, "a budget of 0.3 minutes, not --minutes 30"),
                           ({"finetune_epochs": 2.0}, f"{out / 'finetune-pretrained' / 'seed0'} holds another "
-                                                     "fine-tuning (epochs 1, not 2)"),
+                                                     "fine-tuning (epochs 1, not 2): pass another --out, or remove "
+                                                     f"{out / 'finetune-*'} to fine-tune again"),
                           ({"finetune_examples": 100}, "seed0 holds another fine-tuning (training examples 200, "
                                                        "not 100)"),
                           ({"finetune_lr_scratch": 1e-3}, f"{out / 'finetune-scratch' / 'seed0'} holds another "

@@ -138,7 +138,7 @@ def run_demo(o: DemoOptions) -> dict:
     for name, scratch, lr in (("pretrained", False, o.finetune_lr_pretrained or lr_pretrained),
                               ("scratch", True, o.finetune_lr_scratch or lr_scratch)):
         _say(f"5/6 fine-tune on Rotten Tomatoes from {'random' if scratch else name} weights (lr {lr:g}, "
-             f"{epochs:g} epochs, {o.finetune_seeds} seeds)")
+             f"{_epochs(epochs)}, {o.finetune_seeds} seeds)")
         runs = []
         for k in range(o.finetune_seeds):
             opts = FinetuneOptions(lr=lr, batch_size=32, epochs=epochs, seed=o.seed + k,
@@ -214,7 +214,7 @@ def _check_reused_finetuning(run_dir: Path, want: FinetuneOptions) -> None:
              if have.get(k) != getattr(want, k)]
     if found:
         raise BertforgeError(f"{run_dir} holds another fine-tuning ({'; '.join(found)}): pass another --out, or "
-                             f"remove {run_dir.parent} to fine-tune again")
+                             f"remove {run_dir.parent.parent / 'finetune-*'} to fine-tune again")
 
 
 def _last_eval(metrics_path: Path) -> dict:
@@ -227,15 +227,19 @@ def _last_eval(metrics_path: Path) -> dict:
 _STATS = {"mean": statistics.mean, "std": lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
 
+def _epochs(n: float) -> str:
+    return f"{n:g} epoch{'' if n == 1 else 's'}"
+
+
 def _table(s: dict) -> str:
     p, ft = s["pretraining"], s["finetune"]
     pre, scr = ft["pretrained"], ft["scratch"]
     n = len(pre["runs"])
     rows = [
         ("pretraining MLM accuracy (val)", f"{100 * p['mlm_accuracy']:.1f}%"),
-        (f"Rotten Tomatoes test accuracy, from pretrained (lr {pre['lr']:g}, {pre['epochs']:g} epochs)",
+        (f"Rotten Tomatoes test accuracy, from pretrained (lr {pre['lr']:g}, {_epochs(pre['epochs'])})",
          f"{pre['test_mean']:.1f} ± {pre['test_std']:.1f}"),
-        (f"Rotten Tomatoes test accuracy, from random weights (lr {scr['lr']:g}, {scr['epochs']:g} epochs)",
+        (f"Rotten Tomatoes test accuracy, from random weights (lr {scr['lr']:g}, {_epochs(scr['epochs'])})",
          f"{scr['test_mean']:.1f} ± {scr['test_std']:.1f}"),
         (f"pretraining helped by ({n} seeds each)", f"{pre['test_mean'] - scr['test_mean']:+.1f} points"),
         ("Rotten Tomatoes test accuracy, bag of words (no language model)", f"{s['bag_of_words']['test']:.1f}"),
