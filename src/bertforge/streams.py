@@ -2,9 +2,10 @@
 
 On the small matrices of inference a CPU's threads split one product less well than they run separate ones. On
 bench/inference.py's MiniLM classifier over Rotten Tomatoes test (a 2-core AVX512 EPYC, 1,323 texts of 26 tokens
-on average, batches of 64), two batches at a time on one thread each made `Predictor.predict` 1.10x faster in fp32,
-1.06x in bf16 and 1.27x in int8 than one batch at a time on both threads (one process, interleaved, median of 7).
-ONNX Runtime's int8 gains the same way (1.12x there; its fp32 does not), so bench/inference.py runs it both ways.
+on average, batches of 64), two batches at a time on one thread each made `Predictor.predict` 1.07x faster in fp32,
+1.08x in bf16 and 1.17x in int8 than one batch at a time on both threads (`bench/inference.py --one-stream`).
+ONNX Runtime's int8 gains the same way (1.08x there, 1.25x on 16-128 tokens; its fp32 does not), so
+bench/inference.py runs it both ways.
 The batches are the same either way, and so are the results up to rounding; each stream takes the next batch
 when it is done with its last.
 """
