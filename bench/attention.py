@@ -83,7 +83,7 @@ def main() -> None:
     what = (f"forward (the model's threshold in bf16 inference: {_EXPLICIT_INFERENCE_MAX_T} keys)" if args.inference
             else f"forward + backward (the model's threshold under bf16: {_EXPLICIT_ATTENTION_MAX_T} keys)")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {what}, {tokens} tokens, allocator: "
-          f"{'freed memory kept' if kept else 'the system' + chr(39) + 's'}, ms per call, "
+          f"{'freed memory kept' if kept else 'the system default'}, ms per call, "
           f"median (min-max) over {args.rounds} rounds")
     print(f"{'dtype':<6}{'T':>5}{'N':>4}  {'fused':>22}  {'explicit':>22}  explicit faster by")
     for name in args.dtypes:

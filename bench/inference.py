@@ -199,18 +199,21 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 class HFSide:
     """transformers' fast tokenizer feeding a model run by `forward(inputs) -> logits array`: the
-    transformers and ONNX Runtime sides."""
+    transformers and ONNX Runtime sides; `streams` batches at a time (`bertforge.streams.run_batches`)."""
 
-    def __init__(self, tokenizer, forward, batch_size: int):
-        self.tok, self.forward, self.batch_size = tokenizer, forward, batch_size
+    def __init__(self, tokenizer, forward, batch_size: int, streams: int = 1):
+        self.tok, self.forward, self.batch_size, self.streams = tokenizer, forward, batch_size, streams
 
     def file(self, texts: list[str]) -> np.ndarray:
         enc = self.tok(texts, truncation=True, max_length=MAX_LENGTH)
-        probs: np.ndarray | None = None
-        for idx in sorted_batches([len(ids) for ids in enc["input_ids"]], self.batch_size):
-            p = softmax(self.forward(pad_rows(enc, idx, self.tok.pad_token_id)))
-            if probs is None:
-                probs = np.empty((len(texts), p.shape[1]), dtype=np.float32)
+        parts: list[tuple[np.ndarray, np.ndarray]] = []  # (indices, probabilities) of each batch, as they finish
+
+        def run(idx: np.ndarray) -> None:
+            parts.append((idx, softmax(self.forward(pad_rows(enc, idx, self.tok.pad_token_id)))))
+
+        run_batches(run, sorted_batches([len(ids) for ids in enc["input_ids"]], self.batch_size), self.streams)
+        probs = np.empty((len(texts), parts[0][1].shape[1]), dtype=np.float32)
+        for idx, p in parts:
             probs[idx] = p
         return probs
 
@@ -221,29 +224,15 @@ class HFSide:
 
 
 class StreamsSide(HFSide):
-    """An HFSide whose batches run two at a time (`bertforge.streams.run_batches`), as ours do on a CPU; one text
-    at a time it is `single` (one batch, all the threads), as ours is."""
+    """An HFSide whose batches run two at a time, as ours do on a CPU; one text at a time it is `single` (one
+    batch, all the threads), as ours is."""
 
     def __init__(self, tokenizer, forward, batch_size: int, single: HFSide):
-        super().__init__(tokenizer, forward, batch_size)
+        super().__init__(tokenizer, forward, batch_size, streams=2)
         self.single = single
 
     def one(self, text: str) -> np.ndarray:
         return self.single.one(text)
-
-    def file(self, texts: list[str]) -> np.ndarray:
-        enc = self.tok(texts, truncation=True, max_length=MAX_LENGTH)
-        outputs: dict[int, np.ndarray] = {}
-
-        def run(idx: np.ndarray) -> None:
-            outputs[int(idx[0])] = (idx, softmax(self.forward(pad_rows(enc, idx, self.tok.pad_token_id))))
-
-        run_batches(run, sorted_batches([len(ids) for ids in enc["input_ids"]], self.batch_size), streams=2)
-        first = next(iter(outputs.values()))[1]
-        probs = np.empty((len(texts), first.shape[1]), dtype=np.float32)
-        for idx, p in outputs.values():
-            probs[idx] = p
-        return probs
 
 
 class OursSide:
