@@ -9,11 +9,15 @@ With --inference: forward only, without gradients, B x T = --tokens, q, k and v 
 product that the model's attention makes; in bf16 inference the model takes the explicit kernel up to
 `_EXPLICIT_INFERENCE_MAX_T` keys, read from `--inference --no-mask` (predict's length-sorted batches are mostly
 unpadded, and an unpadded batch has no mask); fp32 keeps the fused kernel, which this measured as fast or faster
-(docs/benchmarks.md). Median (min-max) of --rounds rounds, the sides interleaved.
+(docs/benchmarks.md). With --int8: the choice of the int8 model (`bertforge.infer._bf16_attention`), where the
+attention's inputs come from an int8 product that can write fp32 or bf16: fp32's fused kernel against bf16's
+explicit one, forward only, masked; the model takes bf16 up to `INT8_BF16_ATTENTION_MAX_T` keys, read from this.
+Median (min-max) of --rounds rounds, the sides interleaved.
 
     .venv/bin/python bench/attention.py
     .venv/bin/python bench/attention.py --lengths 64 128 256 --heads 4 12 --rounds 5
     .venv/bin/python bench/attention.py --inference --no-mask --heads 12 --head-size 32   # MiniLM's heads
+    .venv/bin/python bench/attention.py --int8 --heads 12 --head-size 32 --lengths 16 32 48 64 80 96 128
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from measure import ratio, spread
 
+from bertforge.infer import INT8_BF16_ATTENTION_MAX_T
 from bertforge.model import _EXPLICIT_ATTENTION_MAX_T, _EXPLICIT_INFERENCE_MAX_T, _explicit_attention
 from bertforge.train.memory import keep_freed_memory
 
@@ -75,27 +80,35 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10, help="timed calls per round")
     parser.add_argument("--inference", action="store_true", help="forward only, without gradients")
     parser.add_argument("--no-mask", action="store_true", help="no padding mask (an unpadded batch)")
+    parser.add_argument("--int8", action="store_true", help="fused fp32 against explicit bf16, forward only: the "
+                        "int8 model's choice (--dtypes does not apply)")
     parser.add_argument("--tokens", type=int, help="B x T (default: 4,096 training, 1,792 = 64 x 28 inference)")
     args = parser.parse_args()
+    args.inference = args.inference or args.int8
     kept = keep_freed_memory()  # as the bertforge commands run: without it each call maps its (B, N, T, T) scores anew
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
     tokens = args.tokens or (1792 if args.inference else 4096)
-    what = (f"forward (the model's threshold in bf16 inference: {_EXPLICIT_INFERENCE_MAX_T} keys)" if args.inference
+    what = (f"forward, fused fp32 against explicit bf16 (the int8 model's threshold: {INT8_BF16_ATTENTION_MAX_T} keys)"
+            if args.int8 else
+            f"forward (the model's threshold in bf16 inference: {_EXPLICIT_INFERENCE_MAX_T} keys)" if args.inference
             else f"forward + backward (the model's threshold under bf16: {_EXPLICIT_ATTENTION_MAX_T} keys)")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {what}, {tokens} tokens, allocator: "
           f"{'freed memory kept' if kept else 'the system default'}, ms per call, "
           f"median (min-max) over {args.rounds} rounds")
     print(f"{'dtype':<6}{'T':>5}{'N':>4}  {'fused':>22}  {'explicit':>22}  explicit faster by")
-    for name in args.dtypes:
+    # (label, fused side's dtype, explicit side's dtype)
+    rows = [("int8", torch.float32, torch.bfloat16)] if args.int8 else [(n, dtypes[n], dtypes[n]) for n in args.dtypes]
+    for name, fused_dtype, explicit_dtype in rows:
         for T in args.lengths:
             for N in args.heads:
-                q, k, v, mask = inputs(T, N, args.head_size, tokens, dtypes[name], args.inference, not args.no_mask)
+                side = {fn: inputs(T, N, args.head_size, tokens, dtype, args.inference, not args.no_mask)
+                        for fn, dtype in ((fused, fused_dtype), (explicit, explicit_dtype))}
                 times = {"fused": [], "explicit": []}
                 for fn in (fused, explicit):
-                    time_calls(fn, q, k, v, mask, 2)  # warm-up
+                    time_calls(fn, *side[fn], 2)  # warm-up
                 for _ in range(args.rounds):
                     for fn in (fused, explicit):
-                        times[fn.__name__].append(time_calls(fn, q, k, v, mask, args.calls))
+                        times[fn.__name__].append(time_calls(fn, *side[fn], args.calls))
                 print(f"{name:<6}{T:>5}{N:>4}  {spread(times['fused'], '.2f'):>22}  "
                       f"{spread(times['explicit'], '.2f'):>22}  {ratio(times['explicit'], times['fused'], False):.2f}x")
 

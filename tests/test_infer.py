@@ -294,6 +294,40 @@ def test_int8_weight_bits_follow_the_cpu(monkeypatch):
         assert err8 < 0.75 * err7
 
 
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_int8_attention_runs_in_bf16_on_short_sequences_where_the_cpu_has_bf16(mlm_dir, native_bf16, monkeypatch):
+    """With native bf16, each int8 query/key/value product writes bf16 for sequences of up to
+    INT8_BF16_ATTENTION_MAX_T positions (the attention then takes the explicit bf16 kernel) and fp32 beyond; without
+    it, fp32 always. Either way the embeddings stay as close to fp32's as test_int8_stays_close_to_fp32 asks."""
+    if bertforge.cpu.int8_weight_bits() is None or not _has_onednn_ops():
+        pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
+    monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: native_bf16)
+    encoder = Encoder(mlm_dir, quantize="int8")
+    qkv = encoder.model.encoder.layer[0].attention.qkv
+    limit = bertforge.infer.INT8_BF16_ATTENTION_MAX_T
+    with torch.no_grad():
+        short, long = (qkv(torch.randn(2, t, qkv.in_features)) for t in (limit, limit + 1))
+    assert short.dtype == (torch.bfloat16 if native_bf16 else torch.float32)
+    assert long.dtype == torch.float32
+    assert encoder.model.encoder.layer[0].attention_out.bf16_max_positions == 0  # only the attention's inputs
+    fp32 = Encoder(mlm_dir).embed(TEXTS, pooling="mean")
+    int8 = encoder.embed(TEXTS, pooling="mean")
+    cosine = (fp32 * int8).sum(1) / np.linalg.norm(fp32, axis=1) / np.linalg.norm(int8, axis=1)
+    assert cosine.min() > 0.9999 and np.abs(fp32 - int8).max() < 0.01
+
+
+def test_int8_linear_takes_bf16_inputs_as_their_fp32_values():
+    """The attention's bf16 output feeds the next int8 product: quantized from the same range to the same codes
+    as the fp32 tensor of the same values, so the same result."""
+    if bertforge.cpu.int8_weight_bits() is None or not _has_onednn_ops():
+        pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
+    torch.manual_seed(0)
+    q = Int8Linear(nn.Linear(64, 16), weight_bits=bertforge.cpu.int8_weight_bits())
+    x = (torch.randn(3, 9, 64) * 2 - 0.5).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(q(x), q(x.float()))
+
+
 def test_int8_products_do_not_saturate_on_this_cpu():
     """The worst case for a kernel that sums pairs of u8 x s8 products in int16 (AVX2 without VNNI): every
     activation code near 255 and every weight at its largest code. With the weight bits this CPU gets

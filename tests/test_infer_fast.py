@@ -175,7 +175,7 @@ def test_precision_options_resolve_and_unsupported_combinations_are_refused(sent
     monkeypatch.undo()
     with pytest.raises(BertforgeError, match="--precision 'fp16': use one of fp32, bf16, auto"):
         Predictor(path, precision="fp16")
-    with pytest.raises(BertforgeError, match="--quantize int8 keeps the rest of the model in fp32"):
+    with pytest.raises(BertforgeError, match="--quantize int8 picks the number formats around its int8 products"):
         Predictor(path, quantize="int8", precision="bf16")
     with pytest.raises(BertforgeError, match="CPU only"):
         Predictor(path, quantize="int8", device="cuda")
