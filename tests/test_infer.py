@@ -376,6 +376,20 @@ def test_predict_classification_matches_the_model_python_and_cli(clf_dir, tokeni
     np.testing.assert_allclose([r["score"] for r in int8], [r["score"] for r in results], atol=0.02)
 
 
+def test_predict_turns_off_dropout_left_on_in_any_part_of_the_model(clf_dir):
+    """A model (or one layer of it) put back into training mode by its user still predicts without dropout."""
+    texts = [{"text": t} for t in TEXTS if t]
+    expected = [r["probabilities"] for r in Predictor(clf_dir).predict(texts)]
+    predictor = Predictor(clf_dir)
+    for part in (predictor.task_model.model.bert.encoder.layer[1], predictor.task_model.model):
+        part.train()
+        for _ in range(2):
+            got = [r["probabilities"] for r in predictor.predict(texts)]
+            for a, b in zip(expected, got, strict=True):
+                assert a == pytest.approx(b, abs=1e-6)
+        assert not any(m.training for m in predictor.task_model.model.modules())
+
+
 def test_predict_after_a_real_finetune(tmp_path, mlm_dir, capsys):
     from bertforge.train.finetune import FinetuneOptions, finetune
 

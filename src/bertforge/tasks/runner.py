@@ -62,7 +62,8 @@ def run_model(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_
 def per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_size: int,
                         device: torch.device | None, streams: int = 1) -> list[Any]:
     """`run_model`'s outputs as one item per feature: a logits array, or a (start, end) pair for QA."""
-    model.eval()
+    if any(m.training for m in model.modules()):  # eval() itself sets an attribute on every module: 0.4 ms on MiniLM
+        model.eval()
     device = device or next(model.parameters()).device
     lengths = np.array([feature_length(f) for f in features])
     order = np.argsort(-lengths, kind="stable")
