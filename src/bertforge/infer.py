@@ -101,8 +101,8 @@ class Int8Linear(nn.Module):
         self.bf16_max_positions = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # two reductions: 1.6x faster than torch.aminmax's one on (1856, 1536) fp32 (AMD EPYC, one thread)
-        lo, hi = min(float(x.amin()), 0.0), max(float(x.amax()), 0.0)
+        lo, hi = torch.aminmax(x)
+        lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
         scale = (hi - lo) / 255 or 1.0
         zero = round(-lo / scale)
         codes = _u8_codes(x.float(), scale, zero)
@@ -151,8 +151,8 @@ def _fuse_gelu(model: nn.Module) -> None:
 # The longest sequences whose int8 attention runs in bf16 (`_bf16_attention`). Heads of 32, 4,096 tokens a call,
 # one thread, AMD EPYC with AVX512-BF16: the explicit bf16 kernel took 4.7 against fp32's fused 6.1 ms at 16 keys,
 # 7.0 against 9.8 at 40 and 8.9 against 9.0 at 64, but 11.3 against 11.1 at 80 and 17.0 against 15.1 at 128
-# (`OMP_NUM_THREADS=1 bench/attention.py --int8 --heads 12 --head-size 32 --tokens 4096`); with bf16 up to 128
-# keys, int8 predict on 16-128-token texts ran 0.95x.
+# (`OMP_NUM_THREADS=1 bench/attention.py --int8 --heads 12 --head-size 32 --tokens 4096`). End to end, on 16-128-token
+# texts, a threshold of 128 did no better than 64 (1.008x over fp32 attention both; bench/int8_attention.py).
 INT8_BF16_ATTENTION_MAX_T = 64
 
 
@@ -160,8 +160,9 @@ def _bf16_attention(model: nn.Module) -> None:
     """On a CPU that multiplies bf16 natively, every int8 attention's query/key/value product written in bf16
     for sequences of up to `INT8_BF16_ATTENTION_MAX_T` positions: the attention then runs on the model's
     explicit bf16 kernel rather than fp32's fused one, whose cost on short sequences is mostly fixed per
-    (sequence, head) pair. Made int8 predict 1.10x faster on Rotten Tomatoes test (fine-tuned MiniLM, AMD EPYC,
-    2 threads), accuracy 77.98 / 79.89 on dev / test against 78.08 / 79.59 with fp32 attention."""
+    (sequence, head) pair. On fine-tuned MiniLM (AMD EPYC, one thread) the int8 model ran 1.05-1.08x faster over
+    Rotten Tomatoes test and 1.01x over 16-128-token texts, accuracy within 0.1 points of the fp32 model's on dev
+    and test (bench/int8_attention.py)."""
     if not cpu.has_native_bf16():
         return
     for attention in model.modules():
