@@ -23,7 +23,10 @@ Sides, all on --device (default cpu; int8 and ONNX Runtime are CPU-only and run 
   more threads (`bertforge.streams`): two batches at a time, from two threads calling one session whose intra-op
   threads are half of torch's (ONNX Runtime's `run` may be called from several threads at once). Every ratio
   against ONNX Runtime is against the faster of its two setups for that precision;
-- with --one-stream, also ours fp32 / bf16 / int8 with one batch at a time (`predict(streams=1)`).
+- with --one-stream, also ours fp32 / bf16 / int8 with one batch at a time (`predict(streams=1)`);
+- with --backend-onnx, also `Predictor(model, backend="onnx"[, quantize="int8"])`: bertforge's tokenizing,
+  batching and decoding around ONNX Runtime (`bertforge predict --backend onnx`), the graph exported and quantized
+  as above, one batch at a time on all threads.
 With --ort-optimizer both ONNX Runtime sides use the exported graph after ONNX Runtime's offline transformer
 optimizer (`onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`, what Optimum's
 optimization levels run); it prints which operators it fused.
@@ -296,6 +299,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print where each of our sides' time goes")
     parser.add_argument("--one-stream", action="store_true",
                         help="add our sides with one batch at a time (`predict(streams=1)`), to see what two give")
+    parser.add_argument("--backend-onnx", action="store_true",
+                        help="add `bertforge predict --backend onnx` fp32 and int8 (our front end, ONNX Runtime)")
     args = parser.parse_args()
     # Before anything allocates. Process-wide: both torch sides run under the same setting; ONNX Runtime
     # allocates from its own arena (its default) either way.
@@ -338,6 +343,9 @@ def main() -> None:
         for name in [n for n in sides if n.startswith("ours")]:
             sides[f"{name}, 1 stream"] = OursSide(sides[name].predictor, labels, args.batch_size, streams=1)
     on_cpu = device.type == "cpu"
+    if args.backend_onnx and on_cpu:
+        for name, options in (("ours --backend onnx fp32", {}), ("ours --backend onnx int8", {"quantize": "int8"})):
+            sides[name] = OursSide(Predictor(model_dir, backend="onnx", **options), labels, args.batch_size)
     if on_cpu and not args.no_onnx:
         fp32, int8 = onnx_models(model_dir, args.ort_optimizer)
         sides["onnxruntime fp32"] = HFSide(ref_tok, ort_forward(fp32, threads), args.batch_size)

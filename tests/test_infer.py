@@ -410,8 +410,12 @@ def test_predict_after_a_real_finetune(tmp_path, mlm_dir, capsys):
     assert all(set(r["probabilities"]) == {"negative", "positive"} for r in out)
 
 
-def test_predict_entities_and_answers_carry_character_spans(tmp_path, tokenizer):
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_predict_entities_and_answers_carry_character_spans(tmp_path, tokenizer, backend):
     from bertforge.tasks.conll import STANDARD_LABELS
+
+    if backend == "onnx":
+        pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install bertforge[onnx])")
 
     torch.manual_seed(2)
     ner = BertForTokenClassification(tiny_config(num_labels=len(STANDARD_LABELS)))
@@ -422,7 +426,7 @@ def test_predict_entities_and_answers_carry_character_spans(tmp_path, tokenizer)
                                                      "options": {}, "labels": list(STANDARD_LABELS),
                                                      "max_length": 32})
     text = "john  smith lives in paris."
-    [r] = predict_records(ner_dir, [{"text": text}])
+    [r] = predict_records(ner_dir, [{"text": text}], backend=backend)
     assert [e["text"] for e in r["entities"]] == ["john", "smith", "lives", "in", "paris", "."]
     assert all(text[e["start"]:e["end"]] == e["text"] and e["type"] == "PER" for e in r["entities"])
 
@@ -430,12 +434,48 @@ def test_predict_entities_and_answers_carry_character_spans(tmp_path, tokenizer)
     qa_dir = save(qa, tokenizer, tmp_path / "qa", {"task": "squad", "kind": "question_answering", "options": {},
                                                   "labels": None, "max_length": 32})
     context = "john smith lives in paris and works in the film"
-    answers = predict_records(qa_dir, [{"question": "where does john live ?", "context": context},
-                                       {"text": "who works ?", "text_pair": context}])
+    records = [{"question": "where does john live ?", "context": context},
+               {"text": "who works ?", "text_pair": context}]
+    answers = predict_records(qa_dir, records, backend=backend)
     for a in answers:
         assert a["answer"] and context[a["start"]:a["end"]] == a["answer"] and 0 < a["score"] <= 1
+    if backend == "onnx":  # the same answers as the PyTorch engine
+        for a, b in zip(answers, predict_records(qa_dir, records), strict=True):
+            assert (a["start"], a["end"]) == (b["start"], b["end"])
+            assert a["score"] == pytest.approx(b["score"], abs=1e-5)
     with pytest.raises(BertforgeError, match="question answering needs"):
-        predict_records(qa_dir, [{"text": "no context"}])
+        predict_records(qa_dir, [{"text": "no context"}], backend=backend)
+
+
+def test_onnx_backend_predicts_what_the_torch_engine_does(clf_dir, mlm_dir, tmp_path, capsys):
+    """ONNX Runtime behind `predict`: on the fine-tuned directory (exported on the way) and on its export, the
+    PyTorch engine's probabilities to 1e-5; its int8 close to them; impossible combinations one error line."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install bertforge[onnx])")
+    from bertforge.export import export_onnx
+
+    records = [{"text": t} for t in TEXTS if t]
+    expected = np.array([[r["probabilities"][k] for k in ("negative", "positive")]
+                         for r in Predictor(clf_dir).predict(records)])
+    export_onnx(clf_dir, tmp_path / "exported")
+    for path, quantize, tolerance in ((clf_dir, None, 1e-5), (tmp_path / "exported", None, 1e-5),
+                                      (clf_dir, "int8", 0.05)):
+        predictor = Predictor(path, backend="onnx", quantize=quantize)
+        assert type(predictor.task_model.model).__name__ == "OrtModel"
+        got = np.array([[r["probabilities"][k] for k in ("negative", "positive")]
+                        for r in predictor.predict(records, batch_size=2)])
+        np.testing.assert_allclose(got, expected, atol=tolerance)
+    capsys.readouterr()
+    assert main(["predict", "--model", str(tmp_path / "exported"), "--backend", "onnx", "--text", *TEXTS[:2]]) == 0
+    cli = [json.loads(line)["probabilities"]["positive"] for line in capsys.readouterr().out.splitlines()]
+    np.testing.assert_allclose(cli, expected[:2, 1], atol=1e-5)
+    for flags, message in ((["--precision", "bf16"], "--backend onnx runs fp32 or int8"),
+                           (["--device", "cuda"], "--backend onnx runs ONNX Runtime on the CPU")):
+        assert main(["predict", "--model", str(clf_dir), "--backend", "onnx", "--text", "x", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1
+    export_onnx(mlm_dir, tmp_path / "encoder")  # an encoder: nothing to predict
+    assert main(["predict", "--model", str(tmp_path / "encoder"), "--backend", "onnx", "--text", "x"]) == 2
+    assert "has no task.json" in capsys.readouterr().err
 
 
 def test_read_input_records_text_and_jsonl(tmp_path):

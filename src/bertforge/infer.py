@@ -42,7 +42,7 @@ from bertforge.io import open_text
 from bertforge.model import BertLayer, BertModel, BertSelfAttention
 from bertforge.options import INFERENCE_PRECISIONS
 from bertforge.streams import cpu_streams, run_batches
-from bertforge.tasks.runner import load_task_model, run_model
+from bertforge.tasks.runner import TaskModel, load_task, load_task_model, run_model
 from bertforge.tokenizer import Tokenizer
 
 # Length-grouped batching: a batch holds at most MAX_TOKENS padded tokens and MAX_BATCH sequences.
@@ -234,6 +234,20 @@ def _padded_batch(rows: list[list[int]], pad_id: int, device: torch.device) -> t
     """(ids, attention_mask) of `pad_ids`, on `device`."""
     ids, mask = pad_ids(rows, pad_id)
     return ids.to(device), mask.to(device)
+
+
+BACKENDS = ("torch", "onnx")
+
+
+def _check_backend(backend: str, device: str | None, precision: str) -> None:
+    """`backend` is one of BACKENDS and goes with `device` and `precision`."""
+    if backend not in BACKENDS:
+        raise BertforgeError(f"--backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend == "onnx" and device not in (None, "cpu"):
+        raise BertforgeError("--backend onnx runs ONNX Runtime on the CPU: drop --device, or --backend for the GPU")
+    if backend == "onnx" and precision == "bf16":
+        raise BertforgeError("--backend onnx runs fp32 or int8 (--quantize int8): drop --precision bf16, or "
+                             "--backend onnx for bf16 on bertforge's own engine")
 
 
 def _check_options(quantize: str | None, device: str | None, precision: str = "fp32") -> torch.device:
@@ -480,13 +494,19 @@ class Predictor:
     fast on CPUs with AVX512-BF16 or AMX) or auto (bf16 where the hardware has it); `quantize="int8"` (CPU)
     makes the Linear layers int8 and keeps the rest fp32 (attention over short texts bf16 on CPUs with
     AVX512-BF16 or AMX); bench/inference.py measures each against ONNX
-    Runtime, with its accuracy."""
+    Runtime, with its accuracy. `backend="onnx"` runs the model on ONNX Runtime instead (CPU, fp32 or int8;
+    `path` an exported directory or a fine-tuned one, exported on the way: `bertforge.ort`)."""
 
     def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
-                 precision: str = "fp32"):
-        where = _check_options(quantize, device, precision)
-        self.task_model = load_task_model(path, device=str(where))
-        self.task_model.model = _prepare(self.task_model.model, quantize, where, precision)
+                 precision: str = "fp32", backend: str = "torch"):
+        _check_backend(backend, device, precision)
+        self.backend = backend
+        if backend == "onnx":
+            self.task_model = _load_ort_task_model(Path(path), quantize)
+        else:
+            where = _check_options(quantize, device, precision)
+            self.task_model = load_task_model(path, device=str(where))
+            self.task_model.model = _prepare(self.task_model.model, quantize, where, precision)
         self.task = self.task_model.task
 
     @torch.no_grad()
@@ -512,8 +532,8 @@ class Predictor:
             else None
         features = task.features(examples, tm.tokenizer, tm.max_length, label_map)
         device = _device_of(tm.model)
-        if streams is None:
-            streams = cpu_streams(device, -(-len(features) // batch_size))
+        if streams is None:  # ONNX Runtime: one batch at a time on its session's threads
+            streams = 1 if self.backend == "onnx" else cpu_streams(device, -(-len(features) // batch_size))
         elif streams < 1:
             raise BertforgeError(f"streams must be at least 1, not {streams}")
         outputs = run_model(tm.model, features, tm.tokenizer.pad_id, batch_size=batch_size, device=device,
@@ -541,7 +561,21 @@ def _results(task, examples: list, features: list, outputs: Any) -> list[dict]:
 
 
 def predict_records(path: str | Path, records: Sequence[dict], *, batch_size: int = 64,
-                    device: str | None = None, quantize: str | None = None, precision: str = "fp32") -> list[dict]:
+                    device: str | None = None, quantize: str | None = None, precision: str = "fp32",
+                    backend: str = "torch") -> list[dict]:
     """Predictions of a fine-tuned model directory for input records: `Predictor(path).predict(records)`."""
-    return Predictor(path, quantize=quantize, device=device, precision=precision).predict(records,
-                                                                                        batch_size=batch_size)
+    predictor = Predictor(path, quantize=quantize, device=device, precision=precision, backend=backend)
+    return predictor.predict(records, batch_size=batch_size)
+
+
+def _load_ort_task_model(path: Path, quantize: str | None) -> TaskModel:
+    """A fine-tuned directory, or its ONNX export, as a TaskModel whose model is an ONNX Runtime session."""
+    from bertforge.ort import load_ort_model
+
+    if quantize not in (None, "none", "int8"):
+        raise BertforgeError(f"--quantize {quantize!r}: only int8 is supported")
+    task, spec = load_task(path)
+    tokenizer = Tokenizer.from_pretrained(path)
+    tokenizer.check_compatible(BertConfig.from_json(path))
+    model = load_ort_model(path, quantize if quantize == "int8" else None)
+    return TaskModel(task, model, tokenizer, int(spec.get("max_length", task.max_length)), spec)

@@ -107,6 +107,15 @@ def inference_precision_option() -> Any:
                        "device has native bf16, else fp32")
 
 
+def backend_option() -> Any:
+    """`--backend` of `bertforge predict`."""
+    return option("torch", choices=["torch", "onnx"],
+                  help="torch: bertforge's own engine (faster over a file on our benches); onnx: ONNX Runtime on "
+                       "the CPU, fp32 or --quantize int8, for a fine-tuned directory (exported on the way) or its "
+                       "`bertforge export --format onnx` directory (faster one text at a time on our benches; "
+                       "needs `pip install bertforge[onnx]`)")
+
+
 def quantize_option() -> Any:
     """`--quantize` of the inference commands."""
     return option(None, choices=["int8"], help="int8: dynamically quantized Linear layers (CPU; 1.4-2x fp32 by "

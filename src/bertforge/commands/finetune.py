@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from bertforge.commands.base import Command, check_output_file, command_args, emit_jsonl, options_from
 from bertforge.errors import BertforgeError
-from bertforge.options import FinetuneOptions, at_least, inference_precision_option, option, quantize_option
+from bertforge.options import (
+    FinetuneOptions,
+    at_least,
+    backend_option,
+    inference_precision_option,
+    option,
+    quantize_option,
+)
 
 
 @command_args(FinetuneOptions)
@@ -124,6 +131,7 @@ class PredictArgs:
     device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
     quantize: str | None = quantize_option()
     precision: str = inference_precision_option()
+    backend: str = backend_option()
 
 
 def run_predict(args: PredictArgs) -> int:
@@ -135,7 +143,7 @@ def run_predict(args: PredictArgs) -> int:
     records = read_input_records(args.input) if args.input else [
         {"text": t, "text_pair": args.text_pair} for t in args.text]
     results = predict_records(args.model, records, batch_size=args.batch_size, device=args.device,
-                              quantize=args.quantize, precision=args.precision)
+                              quantize=args.quantize, precision=args.precision, backend=args.backend)
     emit_jsonl(results, args.out, "predictions")
     return 0
 

@@ -114,6 +114,16 @@ class TaskModel:
 def load_task_model(path: str | Path, *, device: str | None = None) -> TaskModel:
     """Load a fine-tuned model directory (written by `finetune`)."""
     path = Path(path)
+    task, spec = load_task(path)
+    model_cls = MODEL_FOR_KIND[task.kind]
+    model = model_cls.from_pretrained(path, verbose=False).to(pick_device(device)).eval()
+    tokenizer = Tokenizer.from_pretrained(path)
+    tokenizer.check_compatible(model.config)
+    return TaskModel(task, model, tokenizer, int(spec.get("max_length", task.max_length)), spec)
+
+
+def load_task(path: Path) -> tuple[Task, dict]:
+    """(task, task.json's contents) of a fine-tuned model directory, or of its ONNX export."""
     spec_path = path / TASK_FILE
     if not spec_path.is_file():
         raise BertforgeError(f"{path} has no {TASK_FILE}: it is not a fine-tuned model; pass the --out "
@@ -122,11 +132,7 @@ def load_task_model(path: str | Path, *, device: str | None = None) -> TaskModel
     task = get_task(spec["task"], **spec.get("options", {}))
     if spec.get("labels") is not None:
         task.labels = list(spec["labels"])
-    model_cls = MODEL_FOR_KIND[task.kind]
-    model = model_cls.from_pretrained(path, verbose=False).to(pick_device(device)).eval()
-    tokenizer = Tokenizer.from_pretrained(path)
-    tokenizer.check_compatible(model.config)
-    return TaskModel(task, model, tokenizer, int(spec.get("max_length", task.max_length)), spec)
+    return task, spec
 
 
 def _read_spec(path: Path) -> dict:

@@ -1,0 +1,73 @@
+"""ONNX Runtime as the engine behind `Predictor` and `bertforge predict --backend onnx`.
+
+    bertforge export --format onnx --model runs/sst2 --out runs/sst2-onnx
+    bertforge predict --model runs/sst2-onnx --backend onnx --input texts.jsonl
+    bertforge predict --model runs/sst2 --backend onnx --quantize int8 --input texts.jsonl   # exported on the fly
+
+The model is an exported directory (model.onnx beside the fine-tuned directory's config, task and tokenizer
+files) or a fine-tuned PyTorch directory, which is exported to a temporary directory first (a few seconds).
+`quantize="int8"` runs ONNX Runtime's dynamic quantization on the fp32 graph (int8 weights per tensor, 8-bit
+activations per batch), as bench/inference.py's int8 peer does. Tokenizing, batching and decoding are
+bertforge's own, so the results have the same form as the PyTorch engine's. ONNX Runtime runs one batch at a
+time on the CPU, on torch's thread count. Where it is the faster choice: docs/benchmarks.md (on the AVX512 EPYC
+we measure on, one text at a time; over a file bertforge's own engine was faster).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from bertforge.export import export_onnx, require, run_session, session
+
+ONNX_FILE = "model.onnx"
+
+
+class OrtModel(nn.Module):
+    """An ONNX Runtime session behind a task model's forward: (B, T) int64 inputs in, an object with the task
+    model's output names (`logits`, or `start_logits` and `end_logits`) as CPU tensors out."""
+
+    def __init__(self, onnx_path: Path, threads: int):
+        super().__init__()
+        self.session = session(onnx_path, threads=threads)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> SimpleNamespace:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        outputs = run_session(self.session, input_ids, token_type_ids, attention_mask)
+        return SimpleNamespace(**{name: torch.from_numpy(array) for name, array in outputs.items()})
+
+
+def _quantize(fp32: Path, int8: Path) -> None:
+    require("onnx")
+    require("onnxruntime")
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.disable(logging.WARNING)  # the quantizer logs advice on preprocessing for image models to the root logger
+    try:
+        quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def load_ort_model(path: Path, quantize: str | None) -> OrtModel:
+    """The session of an exported directory `path` (model.onnx) or of a fine-tuned directory exported here,
+    int8-quantized by ONNX Runtime if `quantize` is "int8". The session holds the graph in memory, so the
+    temporary files are gone when this returns."""
+    require("onnxruntime")
+    with tempfile.TemporaryDirectory(prefix="bertforge-onnx-") as tmp:
+        graph = path / ONNX_FILE
+        if not graph.is_file():
+            graph = export_onnx(path, Path(tmp) / ONNX_FILE)  # its errors name a directory that is no model
+        if quantize == "int8":
+            _quantize(graph, Path(tmp) / "model.int8.onnx")
+            graph = Path(tmp) / "model.int8.onnx"
+        return OrtModel(graph, torch.get_num_threads())
