@@ -478,6 +478,35 @@ def test_onnx_backend_predicts_what_the_torch_engine_does(clf_dir, mlm_dir, tmp_
     assert "has no task.json" in capsys.readouterr().err
 
 
+def test_onnx_backend_embeds_what_the_torch_engine_does(mlm_dir, clf_dir, tmp_path, capsys):
+    """`embed --backend onnx`: the encoder of a pretrained or fine-tuned directory (exported on the way) or of an
+    encoder export gives the PyTorch engine's vectors for every pooling it has; int8 points the same way; a task
+    model's export is refused in one line."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install bertforge[onnx])")
+    from bertforge.export import export_onnx
+
+    export_onnx(mlm_dir, tmp_path / "encoder")
+    # (the PyTorch directory, what the ONNX Runtime engine is given, the poolings the model has)
+    for source, given, poolings in ((mlm_dir, mlm_dir, ("cls", "mean")),
+                                    (mlm_dir, tmp_path / "encoder", ("cls", "mean")),
+                                    (clf_dir, clf_dir, ("cls", "mean", "pooler"))):
+        reference, engine = Encoder(source), Encoder(given, backend="onnx")
+        for pooling in poolings:
+            np.testing.assert_allclose(engine.embed(TEXTS, pooling=pooling), reference.embed(TEXTS, pooling=pooling),
+                                       atol=1e-5)
+    with pytest.raises(BertforgeError, match="no pooler weights"):
+        Encoder(mlm_dir, backend="onnx").embed(TEXTS, pooling="pooler")
+    fp32 = Encoder(mlm_dir).embed(TEXTS, pooling="mean")
+    int8 = Encoder(mlm_dir, backend="onnx", quantize="int8").embed(TEXTS, pooling="mean")
+    cosine = (fp32 * int8).sum(1) / np.linalg.norm(fp32, axis=1) / np.linalg.norm(int8, axis=1)
+    assert cosine.min() > 0.999 and np.abs(fp32 - int8).max() > 0  # close, and really quantized
+    export_onnx(clf_dir, tmp_path / "classifier")
+    capsys.readouterr()
+    assert main(["embed", "--model", str(tmp_path / "classifier"), "--backend", "onnx", "--text", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "not an encoder's" in err and err.count("\n") == 1
+
+
 def test_read_input_records_text_and_jsonl(tmp_path):
     (tmp_path / "a.txt").write_text("{braces} are text here\n\nsecond line\n")
     assert read_input_records(tmp_path / "a.txt") == [{"text": "{braces} are text here"}, {"text": "second line"}]

@@ -250,10 +250,14 @@ def _check_backend(backend: str, device: str | None, precision: str) -> None:
                              "--backend onnx for bf16 on bertforge's own engine")
 
 
-def _check_options(quantize: str | None, device: str | None, precision: str = "fp32") -> torch.device:
-    """The device inference runs on, once `quantize`, `device` and `precision` are known to go together."""
+def _check_quantize(quantize: str | None) -> None:
     if quantize not in (None, "none", "int8"):
         raise BertforgeError(f"--quantize {quantize!r}: only int8 is supported")
+
+
+def _check_options(quantize: str | None, device: str | None, precision: str = "fp32") -> torch.device:
+    """The device inference runs on, once `quantize`, `device` and `precision` are known to go together."""
+    _check_quantize(quantize)
     if precision not in INFERENCE_PRECISIONS:
         raise BertforgeError(f"--precision {precision!r}: use one of {', '.join(INFERENCE_PRECISIONS)}")
     if quantize == "int8" and device not in (None, "cpu"):
@@ -324,20 +328,30 @@ class Encoder:
     """A model directory's encoder for embeddings: `Encoder("runs/mini").embed(["a text", ...])`.
 
     Any model directory works (pretrained or fine-tuned; heads are ignored). `pooling="pooler"` needs the
-    pooler weights (BERT pretrained with NSP has them, a masked-LM-only model does not). `precision` and
-    `quantize` as for `Predictor`.
+    pooler weights (BERT pretrained with NSP has them, a masked-LM-only model does not). `precision`,
+    `quantize` and `backend` as for `Predictor` (with `backend="onnx"`, `path` may also be an encoder's
+    `bertforge export` directory).
     """
 
     def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
-                 precision: str = "fp32", max_length: int = 512):
-        where = _check_options(quantize, device, precision)
+                 precision: str = "fp32", max_length: int = 512, backend: str = "torch"):
+        _check_backend(backend, device, precision)
         self.tokenizer = Tokenizer.from_pretrained(path)
+        config = BertConfig.from_json(path)
+        self.tokenizer.check_compatible(config)
+        self.max_length = min(max_length, config.max_position_embeddings)
+        self.hidden_size = config.hidden_size
+        self.backend = backend
+        if backend == "onnx":
+            from bertforge.ort import load_ort_model
+
+            _check_quantize(quantize)
+            self.model = load_ort_model(Path(path), quantize, encoder=True)
+            return
+        where = _check_options(quantize, device, precision)
         model, fresh = _load(BertModel, path)
         if any(k.startswith("pooler.") for k in fresh):
             model.pooler = None  # never use a randomly initialised pooler
-        self.tokenizer.check_compatible(model.config)
-        self.max_length = min(max_length, model.config.max_position_embeddings)
-        self.hidden_size = model.config.hidden_size
         self.model = _prepare(model, quantize, where, precision)
 
     @torch.no_grad()
@@ -369,7 +383,7 @@ class Encoder:
                 vec = (res.sequence_output.float() * m).sum(1) / m.sum(1)  # summed in fp32 under bf16 too
             out[idx] = vec.float().cpu().numpy()
 
-        run_batches(run, batches, cpu_streams(device, len(batches)))
+        run_batches(run, batches, 1 if self.backend == "onnx" else cpu_streams(device, len(batches)))
         if normalize:
             out /= np.linalg.norm(out, axis=1, keepdims=True).clip(min=1e-12)
         return out
@@ -572,8 +586,7 @@ def _load_ort_task_model(path: Path, quantize: str | None) -> TaskModel:
     """A fine-tuned directory, or its ONNX export, as a TaskModel whose model is an ONNX Runtime session."""
     from bertforge.ort import load_ort_model
 
-    if quantize not in (None, "none", "int8"):
-        raise BertforgeError(f"--quantize {quantize!r}: only int8 is supported")
+    _check_quantize(quantize)
     task, spec = load_task(path)
     tokenizer = Tokenizer.from_pretrained(path)
     tokenizer.check_compatible(BertConfig.from_json(path))

@@ -108,10 +108,10 @@ def inference_precision_option() -> Any:
 
 
 def backend_option() -> Any:
-    """`--backend` of `bertforge predict`."""
+    """`--backend` of `bertforge predict` and `bertforge embed`."""
     return option("torch", choices=["torch", "onnx"],
                   help="torch: bertforge's own engine (faster over a file on our benches); onnx: ONNX Runtime on "
-                       "the CPU, fp32 or --quantize int8, for a fine-tuned directory (exported on the way) or its "
+                       "the CPU, fp32 or --quantize int8, on the model directory (exported on the way) or its "
                        "`bertforge export --format onnx` directory (faster one text at a time on our benches; "
                        "needs `pip install bertforge[onnx]`)")
 

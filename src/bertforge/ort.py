@@ -1,11 +1,13 @@
-"""ONNX Runtime as the engine behind `Predictor` and `bertforge predict --backend onnx`.
+"""ONNX Runtime as the engine behind `Predictor` and `Encoder`: `bertforge predict/embed --backend onnx`.
 
     bertforge export --format onnx --model runs/sst2 --out runs/sst2-onnx
     bertforge predict --model runs/sst2-onnx --backend onnx --input texts.jsonl
     bertforge predict --model runs/sst2 --backend onnx --quantize int8 --input texts.jsonl   # exported on the fly
+    bertforge embed --model runs/mini --backend onnx --input texts.txt --out vectors.npy
 
-The model is an exported directory (model.onnx beside the fine-tuned directory's config, task and tokenizer
-files) or a fine-tuned PyTorch directory, which is exported to a temporary directory first (a few seconds).
+The model is an exported directory (model.onnx beside the model directory's config, task and tokenizer files)
+or a PyTorch model directory, which is exported to a temporary directory first (a few seconds): its task model
+for `predict`, its encoder for `embed` (a fine-tuned directory's encoder too).
 `quantize="int8"` runs ONNX Runtime's dynamic quantization on the fp32 graph (int8 weights per tensor, 8-bit
 activations per batch), as bench/inference.py's int8 peer does. Tokenizing, batching and decoding are
 bertforge's own, so the results have the same form as the PyTorch engine's. ONNX Runtime runs one batch at a
@@ -23,7 +25,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from bertforge.export import export_onnx, require, run_session, session
+from bertforge.errors import BertforgeError
+from bertforge.export import export_onnx, require, run_session, session, write_onnx
+from bertforge.model import BertModel
 
 ONNX_FILE = "model.onnx"
 
@@ -44,6 +48,29 @@ class OrtModel(nn.Module):
         return SimpleNamespace(**{name: torch.from_numpy(array) for name, array in outputs.items()})
 
 
+class OrtEncoder(nn.Module):
+    """An exported encoder's session behind `BertModel`'s forward as `Encoder` calls it: `sequence_output` and
+    `pooled_output` (None without a trained pooler) as CPU tensors. `pooler` is None when the graph has none."""
+
+    def __init__(self, onnx_path: Path, threads: int):
+        super().__init__()
+        self.session = session(onnx_path, threads=threads)
+        names = [o.name for o in self.session.get_outputs()]
+        if "last_hidden_state" not in names:
+            raise BertforgeError(f"{onnx_path} is a task model's graph ({', '.join(names)}), not an encoder's: "
+                                 "pass the PyTorch model directory, which embed exports as an encoder")
+        self.pooler = True if "pooler_output" in names else None
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                cls_only: bool = False) -> SimpleNamespace:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        out = run_session(self.session, input_ids, None, attention_mask)
+        pooled = out.get("pooler_output")
+        return SimpleNamespace(sequence_output=torch.from_numpy(out["last_hidden_state"]),
+                               pooled_output=None if pooled is None else torch.from_numpy(pooled))
+
+
 def _quantize(fp32: Path, int8: Path) -> None:
     require("onnx")
     require("onnxruntime")
@@ -58,16 +85,28 @@ def _quantize(fp32: Path, int8: Path) -> None:
         logging.disable(logging.NOTSET)
 
 
-def load_ort_model(path: Path, quantize: str | None) -> OrtModel:
-    """The session of an exported directory `path` (model.onnx) or of a fine-tuned directory exported here,
-    int8-quantized by ONNX Runtime if `quantize` is "int8". The session holds the graph in memory, so the
-    temporary files are gone when this returns."""
+def load_ort_model(path: Path, quantize: str | None, *, encoder: bool = False) -> OrtModel | OrtEncoder:
+    """The session of an exported directory `path` (model.onnx) or of a model directory exported here (its task
+    model, or with `encoder` its encoder), int8-quantized by ONNX Runtime if `quantize` is "int8". The session
+    holds the graph in memory, so the temporary files are gone when this returns."""
     require("onnxruntime")
     with tempfile.TemporaryDirectory(prefix="bertforge-onnx-") as tmp:
         graph = path / ONNX_FILE
-        if not graph.is_file():
+        if not graph.is_file() and encoder:
+            graph = write_onnx(_encoder_of(path), "encoder", Path(tmp) / ONNX_FILE)
+        elif not graph.is_file():
             graph = export_onnx(path, Path(tmp) / ONNX_FILE)  # its errors name a directory that is no model
         if quantize == "int8":
             _quantize(graph, Path(tmp) / "model.int8.onnx")
             graph = Path(tmp) / "model.int8.onnx"
-        return OrtModel(graph, torch.get_num_threads())
+        return (OrtEncoder if encoder else OrtModel)(graph, torch.get_num_threads())
+
+
+def _encoder_of(path: Path) -> nn.Module:
+    """The encoder of any model directory, without a pooler whose weights it lacks."""
+    from bertforge.infer import _load
+
+    model, fresh = _load(BertModel, path)
+    if any(k.startswith("pooler.") for k in fresh):
+        model.pooler = None
+    return model

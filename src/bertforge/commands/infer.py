@@ -4,6 +4,7 @@
     bertforge fill-mask --model runs/mini --input texts.txt --top-k 3 --json --quantize int8
     bertforge embed --model runs/mini --text "a first text" "a second one" --pooling mean
     bertforge embed --model runs/mini --input texts.txt --out vectors.npy --pooling mean --normalize
+    bertforge embed --model runs/mini --input texts.txt --out vectors.npy --backend onnx   # ONNX Runtime
 
 --input takes a text file (one text per line) or JSONL ({"text": ...} per line). Inputs are batched by
 length, so no time goes into padding; --precision bf16 (CPUs with AVX512-BF16 or AMX)
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from bertforge.commands.base import Command, check_output_file, emit_jsonl
 from bertforge.errors import BertforgeError
-from bertforge.options import at_least, inference_precision_option, option, quantize_option
+from bertforge.options import at_least, backend_option, inference_precision_option, option, quantize_option
 
 
 def _texts(texts: list[str], input_file: str | None) -> list[str]:
@@ -76,6 +77,7 @@ class EmbedArgs:
     quantize: str | None = quantize_option()
     precision: str = inference_precision_option()
     device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    backend: str = backend_option()
 
 
 def run_embed(args: EmbedArgs) -> int:
@@ -89,8 +91,9 @@ def run_embed(args: EmbedArgs) -> int:
     if args.out and not args.out.endswith((".npy", ".jsonl")):
         raise BertforgeError(f"--out {args.out}: name the file .npy (an N x H array) or .jsonl")
     check_output_file(args.out)
-    vectors = Encoder(args.model, quantize=args.quantize, device=args.device, precision=args.precision).embed(
-        texts, pooling=args.pooling, normalize=args.normalize)
+    encoder = Encoder(args.model, quantize=args.quantize, device=args.device, precision=args.precision,
+                      backend=args.backend)
+    vectors = encoder.embed(texts, pooling=args.pooling, normalize=args.normalize)
     if args.out and args.out.endswith(".npy"):
         from bertforge.io import write_bytes
 
