@@ -507,9 +507,9 @@ class Predictor:
     The same options as `Encoder` and `MaskFiller`: `precision` fp32 (the default), bf16 (about twice as
     fast on CPUs with AVX512-BF16 or AMX) or auto (bf16 where the hardware has it); `quantize="int8"` (CPU)
     makes the Linear layers int8 and keeps the rest fp32 (attention over short texts bf16 on CPUs with
-    AVX512-BF16 or AMX); bench/inference.py measures each against ONNX
-    Runtime, with its accuracy. `backend="onnx"` runs the model on ONNX Runtime instead (CPU, fp32 or int8;
-    `path` an exported directory or a fine-tuned one, exported on the way: `bertforge.ort`)."""
+    AVX512-BF16 or AMX); bench/inference.py measures each against ONNX Runtime, with its accuracy.
+    `backend="onnx"` runs the model on ONNX Runtime instead (CPU, fp32 or int8; `path` an exported directory
+    or a fine-tuned one, exported on the way: `bertforge.ort`)."""
 
     def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
                  precision: str = "fp32", backend: str = "torch"):
