@@ -118,10 +118,8 @@ def onnx_models(model_dir: Path, optimize: bool) -> tuple[Path, Path]:
     """(fp32, int8) ONNX files of `model_dir`: exported as `bertforge export --format onnx` does, optionally
     through ONNX Runtime's offline transformer optimizer, the int8 one by onnxruntime's dynamic quantization;
     cached, rebuilt when the model is newer."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     from bertforge.export import export_onnx
+    from bertforge.ort import quantize_int8_onnx
 
     key = hashlib.sha1(str(model_dir.resolve()).encode()).hexdigest()[:10]
     out = CACHE / "onnx" / f"{model_dir.name}-{key}"
@@ -144,9 +142,7 @@ def onnx_models(model_dir: Path, optimize: bool) -> tuple[Path, Path]:
         optimized.save_model_to_file(str(fp32))
     else:
         shutil.copyfile(out / "model.onnx", fp32)
-    # fused operators (com.microsoft domain) carry no type information for the quantizer: their outputs are fp32
-    quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8, per_channel=True,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    quantize_int8_onnx(fp32, int8)  # as `--backend onnx --quantize int8` does
     return fp32, int8
 
 

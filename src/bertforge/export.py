@@ -28,9 +28,8 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.infer import _load
+from bertforge.infer import load_encoder
 from bertforge.io import atomic_dir, atomic_path
-from bertforge.model import BertModel
 from bertforge.tasks.runner import TASK_FILE, load_task_model
 
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
@@ -120,10 +119,7 @@ def load_for_export(model_dir: str | Path) -> tuple[nn.Module, str]:
             raise BertforgeError("multiple-choice models cannot be exported yet (their inputs are (B, choices, T)); "
                                  "export the encoder of a pretrained directory instead")
         return tm.model, "classification" if kind == "regression" else kind
-    model, fresh = _load(BertModel, model_dir)
-    if any(k.startswith("pooler.") for k in fresh):
-        model.pooler = None  # never export a randomly initialised pooler
-    return model, "encoder"
+    return load_encoder(model_dir), "encoder"
 
 
 def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = OPSET) -> Path:

@@ -250,6 +250,12 @@ def _check_backend(backend: str, device: str | None, precision: str) -> None:
                              "--backend onnx for bf16 on bertforge's own engine")
 
 
+def _auto_streams(backend: str, device: torch.device, batches: int) -> int:
+    """Batches run at once: `cpu_streams` on bertforge's engine; one on ONNX Runtime, whose session already
+    has all the threads."""
+    return 1 if backend == "onnx" else cpu_streams(device, batches)
+
+
 def _check_quantize(quantize: str | None) -> None:
     if quantize not in (None, "none", "int8"):
         raise BertforgeError(f"--quantize {quantize!r}: only int8 is supported")
@@ -297,6 +303,15 @@ def _load(cls, path: str | Path) -> tuple[nn.Module, list[str]]:
     model = cls(BertConfig.from_json(path))
     fresh = load_state(model, read_weights(path), source=str(path), verbose=False)
     return model.eval(), fresh
+
+
+def load_encoder(path: str | Path) -> BertModel:
+    """The encoder of any model directory (pretrained or fine-tuned; heads ignored), in eval mode, without a
+    pooler where the directory has no pooler weights: a randomly initialised one is never used or exported."""
+    model, fresh = _load(BertModel, path)
+    if any(k.startswith("pooler.") for k in fresh):
+        model.pooler = None
+    return model
 
 
 def _prepare(model: nn.Module, quantize: str | None, device: torch.device, precision: str) -> nn.Module:
@@ -349,10 +364,7 @@ class Encoder:
             self.model = load_ort_model(Path(path), quantize, encoder=True)
             return
         where = _check_options(quantize, device, precision)
-        model, fresh = _load(BertModel, path)
-        if any(k.startswith("pooler.") for k in fresh):
-            model.pooler = None  # never use a randomly initialised pooler
-        self.model = _prepare(model, quantize, where, precision)
+        self.model = _prepare(load_encoder(path), quantize, where, precision)
 
     @torch.no_grad()
     def embed(self, texts: Sequence[str], *, pooling: str = "cls", normalize: bool = False,
@@ -383,7 +395,7 @@ class Encoder:
                 vec = (res.sequence_output.float() * m).sum(1) / m.sum(1)  # summed in fp32 under bf16 too
             out[idx] = vec.float().cpu().numpy()
 
-        run_batches(run, batches, 1 if self.backend == "onnx" else cpu_streams(device, len(batches)))
+        run_batches(run, batches, _auto_streams(self.backend, device, len(batches)))
         if normalize:
             out /= np.linalg.norm(out, axis=1, keepdims=True).clip(min=1e-12)
         return out
@@ -546,8 +558,8 @@ class Predictor:
             else None
         features = task.features(examples, tm.tokenizer, tm.max_length, label_map)
         device = _device_of(tm.model)
-        if streams is None:  # ONNX Runtime: one batch at a time on its session's threads
-            streams = 1 if self.backend == "onnx" else cpu_streams(device, -(-len(features) // batch_size))
+        if streams is None:
+            streams = _auto_streams(self.backend, device, -(-len(features) // batch_size))
         elif streams < 1:
             raise BertforgeError(f"streams must be at least 1, not {streams}")
         outputs = run_model(tm.model, features, tm.tokenizer.pad_id, batch_size=batch_size, device=device,

@@ -27,7 +27,6 @@ from torch import nn
 
 from bertforge.errors import BertforgeError
 from bertforge.export import export_onnx, require, run_session, session, write_onnx
-from bertforge.model import BertModel
 
 ONNX_FILE = "model.onnx"
 
@@ -48,13 +47,12 @@ class OrtModel(nn.Module):
         return SimpleNamespace(**{name: torch.from_numpy(array) for name, array in outputs.items()})
 
 
-class OrtEncoder(nn.Module):
+class OrtEncoder(OrtModel):
     """An exported encoder's session behind `BertModel`'s forward as `Encoder` calls it: `sequence_output` and
     `pooled_output` (None without a trained pooler) as CPU tensors. `pooler` is None when the graph has none."""
 
     def __init__(self, onnx_path: Path, threads: int):
-        super().__init__()
-        self.session = session(onnx_path, threads=threads)
+        super().__init__(onnx_path, threads)
         names = [o.name for o in self.session.get_outputs()]
         if "last_hidden_state" not in names:
             raise BertforgeError(f"{onnx_path} is a task model's graph ({', '.join(names)}), not an encoder's: "
@@ -63,15 +61,13 @@ class OrtEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cls_only: bool = False) -> SimpleNamespace:
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        out = run_session(self.session, input_ids, None, attention_mask)
-        pooled = out.get("pooler_output")
-        return SimpleNamespace(sequence_output=torch.from_numpy(out["last_hidden_state"]),
-                               pooled_output=None if pooled is None else torch.from_numpy(pooled))
+        out = super().forward(input_ids, None, attention_mask)
+        return SimpleNamespace(sequence_output=out.last_hidden_state, pooled_output=getattr(out, "pooler_output", None))
 
 
-def _quantize(fp32: Path, int8: Path) -> None:
+def quantize_int8_onnx(fp32: Path, int8: Path) -> None:
+    """ONNX Runtime's dynamic int8 quantization of the graph `fp32` into `int8`: what `--backend onnx --quantize
+    int8` runs, and bench/inference.py's ONNX Runtime int8 peer."""
     require("onnx")
     require("onnxruntime")
     import onnx
@@ -80,7 +76,8 @@ def _quantize(fp32: Path, int8: Path) -> None:
     logging.disable(logging.WARNING)  # the quantizer logs advice on preprocessing for image models to the root logger
     try:
         # per-channel weights: on the bench's MiniLM, Rotten Tomatoes dev / test 77.98 / 79.82 against 76.76 / 78.68
-        # per tensor (fp32: 78.08 / 79.82), at the same speed (1,182 against 1,157 texts/s)
+        # per tensor (fp32: 78.08 / 79.82), at the same speed (1,182 against 1,157 texts/s). DefaultTensorType: the
+        # fused operators of ONNX Runtime's optimizer (com.microsoft) carry no type information; their outputs are fp32
         quantize_dynamic(fp32, int8, weight_type=QuantType.QInt8, per_channel=True,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
@@ -91,24 +88,16 @@ def load_ort_model(path: Path, quantize: str | None, *, encoder: bool = False) -
     """The session of an exported directory `path` (model.onnx) or of a model directory exported here (its task
     model, or with `encoder` its encoder), int8-quantized by ONNX Runtime if `quantize` is "int8". The session
     holds the graph in memory, so the temporary files are gone when this returns."""
+    from bertforge.infer import load_encoder
+
     require("onnxruntime")
     with tempfile.TemporaryDirectory(prefix="bertforge-onnx-") as tmp:
         graph = path / ONNX_FILE
         if not graph.is_file() and encoder:
-            graph = write_onnx(_encoder_of(path), "encoder", Path(tmp) / ONNX_FILE)
+            graph = write_onnx(load_encoder(path), "encoder", Path(tmp) / ONNX_FILE)
         elif not graph.is_file():
             graph = export_onnx(path, Path(tmp) / ONNX_FILE)  # its errors name a directory that is no model
         if quantize == "int8":
-            _quantize(graph, Path(tmp) / "model.int8.onnx")
+            quantize_int8_onnx(graph, Path(tmp) / "model.int8.onnx")
             graph = Path(tmp) / "model.int8.onnx"
         return (OrtEncoder if encoder else OrtModel)(graph, torch.get_num_threads())
-
-
-def _encoder_of(path: Path) -> nn.Module:
-    """The encoder of any model directory, without a pooler whose weights it lacks."""
-    from bertforge.infer import _load
-
-    model, fresh = _load(BertModel, path)
-    if any(k.startswith("pooler.") for k in fresh):
-        model.pooler = None
-    return model
