@@ -14,6 +14,7 @@ from torch import nn
 
 import bertforge.cpu
 import bertforge.infer
+import bertforge.kernels
 import bertforge.tasks.runner
 from bertforge import BertConfig, BertforgeError, BertForMaskedLM, BertModel
 from bertforge.cli import main
@@ -298,12 +299,14 @@ def test_int8_weight_bits_follow_the_cpu(monkeypatch):
 def test_int8_attention_runs_in_bf16_on_short_sequences_where_the_cpu_has_bf16(mlm_dir, native_bf16, monkeypatch):
     """With native bf16, each int8 query/key/value product writes bf16 for sequences of up to
     INT8_BF16_ATTENTION_MAX_T positions (the attention then takes the explicit bf16 kernel) and fp32 beyond; without
-    it, fp32 always. Either way the embeddings stay as close to fp32's as test_int8_stays_close_to_fp32 asks."""
+    it, fp32 always. Either way the embeddings stay as close to fp32's as test_int8_stays_close_to_fp32 asks. (This
+    is the int8 model on PyTorch's operators alone; on bertforge's kernels, test_kernels.py.)"""
     if bertforge.cpu.int8_weight_bits() is None or not _has_onednn_ops():
         pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
     if native_bf16 and not bertforge.cpu.has_native_bf16():
         pytest.skip("the int8 model takes bf16 attention only where the CPU multiplies bf16 natively, not here")
     monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(bertforge.kernels, "available", lambda: False)
     encoder = Encoder(mlm_dir, quantize="int8")
     qkv = encoder.model.encoder.layer[0].attention.qkv
     limit = bertforge.infer.INT8_BF16_ATTENTION_MAX_T
@@ -390,6 +393,36 @@ def test_predict_turns_off_dropout_left_on_in_any_part_of_the_model(clf_dir):
             for a, b in zip(expected, got, strict=True):
                 assert a == pytest.approx(b, abs=1e-6)
         assert not any(m.training for m in predictor.task_model.model.modules())
+
+
+def test_predict_embed_and_fill_hold_off_the_cyclic_gc_and_restore_it(clf_dir, mlm_dir, monkeypatch):
+    """While they run Python's cyclic collector is off; after, it is as it was (on, or off as the caller left it),
+    an error included."""
+    import gc
+
+    seen = []
+    real = bertforge.infer._padded_batch
+
+    def padded(*args):
+        seen.append(gc.isenabled())
+        return real(*args)
+
+    monkeypatch.setattr(bertforge.infer, "_padded_batch", padded)
+    texts = [t for t in TEXTS if t]
+    assert gc.isenabled()
+    Encoder(mlm_dir).embed(texts)
+    MaskFiller(mlm_dir).fill(MASKED)
+    assert seen and not any(seen) and gc.isenabled()
+    monkeypatch.setattr(bertforge.infer, "run_model", lambda *a, **k: seen.append(gc.isenabled()) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        Predictor(clf_dir).predict([{"text": t} for t in texts])
+    assert seen[-1] is False and gc.isenabled()
+    gc.disable()
+    try:
+        Encoder(mlm_dir).embed(texts)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_predict_after_a_real_finetune(tmp_path, mlm_dir, capsys):

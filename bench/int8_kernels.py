@@ -1,0 +1,69 @@
+"""The int8 model on bertforge's CPU kernels (`bertforge.kernels`: attention in one pass per sequence, residual add
++ LayerNorm in one pass per row, activation ranges handed on) against the same model on PyTorch's operators alone:
+the model's time over a file and its accuracy.
+
+Every side is `Predictor(quantize="int8")` on bench/inference.py's fine-tuned MiniLM:
+- "operators": built with the kernels switched off, as on a machine without them (the attention of up to 64
+  tokens in bf16 on a CPU with native bf16, `bertforge.infer._bf16_attention`);
+- "kernels": as `bertforge predict --quantize int8` runs where the kernels are available (query/key/value fp32);
+- "kernels, bf16 query/key/value": the same, the query/key/value products writing bf16 (which the attention kernel
+  also reads), the variant the kernels' default was chosen against.
+Time is the model's alone (no tokenizing), over the file's length-sorted batches of 64, on one thread: the sides
+take turns, every batch runs --repeats times per side, and the figure is the sum over batches of each batch's
+fastest run (whole-file timings on two threads move by up to 10% between runs here). Accuracy is on Rotten
+Tomatoes dev and test through `predict`, as the commands run.
+
+    .venv/bin/python bench/int8_kernels.py                      # Rotten Tomatoes test
+    .venv/bin/python bench/int8_kernels.py --workload uniform   # 16-128 tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from inference import DATA, finetuned_model
+from model_time import compare
+
+from bertforge import kernels
+from bertforge.infer import FusedInt8Encoder, Int8Linear, Predictor
+from bertforge.train.memory import keep_freed_memory
+
+
+def operators_only(model_dir) -> Predictor:
+    available = kernels.available
+    kernels.available = lambda: False
+    try:
+        return Predictor(model_dir, quantize="int8")
+    finally:
+        kernels.available = available
+
+
+def bf16_qkv(predictor: Predictor) -> Predictor:
+    for module in predictor.task_model.model.modules():
+        if isinstance(module, FusedInt8Encoder):
+            for layer in module.layer:
+                assert isinstance(layer.attention.qkv, Int8Linear)
+                layer.attention.qkv.bf16_max_positions = module.max_positions
+    return predictor
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=["rt", "uniform"], default="rt")
+    parser.add_argument("--repeats", type=int, default=7, help="runs of every batch per side")
+    args = parser.parse_args()
+    if not kernels.available():
+        raise SystemExit("bertforge's CPU kernels are not available here (they need AVX512 and a C++ compiler)")
+    keep_freed_memory()  # as the bertforge commands run
+    torch.set_num_threads(1)
+    model_dir = finetuned_model(DATA, 4000, 5e-5)
+    sides = {"operators": operators_only(model_dir), "kernels": Predictor(model_dir, quantize="int8"),
+             "kernels, bf16 query/key/value": bf16_qkv(Predictor(model_dir, quantize="int8"))}
+    assert not isinstance(sides["operators"].task_model.model.bert.encoder, FusedInt8Encoder)
+    assert isinstance(sides["kernels"].task_model.model.bert.encoder, FusedInt8Encoder)
+    compare(sides, args.workload, args.repeats, width=30)
+
+
+if __name__ == "__main__":
+    main()

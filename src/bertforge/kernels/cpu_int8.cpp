@@ -1,0 +1,346 @@
+// CPU kernels for bertforge's int8 inference (bertforge/kernels/__init__.py builds this file once per machine).
+//
+// Between its int8 products, an encoder layer spends most of its time in many small operators: on Rotten Tomatoes
+// snippets (27 tokens on average) attention alone is about 8 of them per layer (head split copies, two batched
+// products, scale, mask, softmax, casts), each a pass over memory with its own fixed cost. These kernels do the same
+// work in one pass each:
+//   attention      scores, mask, softmax and the weighted sum of values for one sequence at a time, every head,
+//                  from the query/key/value product's output as it is, into the (B, P, H) layout the next product
+//                  reads;
+//   add_layer_norm the residual add and LayerNorm of one row at a time.
+// Both also return the range (min, max) of what they wrote, which the following int8 product quantizes by, so it
+// needs no pass of its own to find it.
+
+#include <immintrin.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int64_t kLanes = 16;  // floats in one AVX512 register (two AVX2 ones)
+
+// e^x for x <= 0, 16 at a time: x = n ln2 + r with |r| <= ln2 / 2, e^r by the degree-7 polynomial of Cephes' expf
+// (relative error about 1e-7), times 2^n by vscalefps. Below -87 it gives about e^-87 instead of smaller values.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+struct Range {
+  __m512 lo = _mm512_set1_ps(kInf), hi = _mm512_set1_ps(-kInf);
+  void add(__m512 x) {
+    lo = _mm512_min_ps(lo, x);
+    hi = _mm512_max_ps(hi, x);
+  }
+  float min() const { return _mm512_reduce_min_ps(lo); }
+  float max() const { return _mm512_reduce_max_ps(hi); }
+};
+
+// 16 values as fp32
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const at::BFloat16* x) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+at::Tensor range_tensor(const std::vector<Range>& parts) {
+  float lo = kInf, hi = -kInf;
+  for (const Range& r : parts) {
+    lo = std::min(lo, r.min());
+    hi = std::max(hi, r.max());
+  }
+  at::Tensor out = at::empty({2}, at::kFloat);
+  out.data_ptr<float>()[0] = lo;
+  out.data_ptr<float>()[1] = hi;
+  return out;
+}
+
+// Scores of QN queries (q: QN rows of D) against the keys j0 .. j0 + 16 NB (kt: the keys transposed, D rows of Tp),
+// plus the mask's 0 / -inf: S rows of Tp. QN x NB independent accumulators keep the FMA units busy.
+template <int QN, int NB>
+inline void score_block(const float* q, int64_t D, const float* kt, int64_t Tp, int64_t j0, const float* bias,
+                        float* S) {
+  __m512 acc[QN][NB];
+  #pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) {
+    const __m512 start = _mm512_loadu_ps(bias + j0 + kLanes * b);
+    #pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) acc[i][b] = start;
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    __m512 k[NB];
+    #pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) k[b] = _mm512_loadu_ps(kt + d * Tp + j0 + kLanes * b);
+    #pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) {
+      const __m512 qd = _mm512_set1_ps(q[i * D + d]);
+      #pragma GCC unroll 8
+      for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_fmadd_ps(qd, k[b], acc[i][b]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i)
+    #pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(S + i * Tp + j0 + kLanes * b, acc[i][b]);
+}
+
+template <int QN>
+inline void scores(const float* q, int64_t D, const float* kt, int64_t Tp, const float* bias, float* S) {
+  int64_t j0 = 0;
+  for (; j0 + 2 * kLanes <= Tp; j0 += 2 * kLanes) score_block<QN, 2>(q, D, kt, Tp, j0, bias, S);
+  if (j0 < Tp) score_block<QN, 1>(q, D, kt, Tp, j0, bias, S);
+}
+
+// out rows (QN of them, `stride` apart) = P (QN rows of Tp) x v (T rows of D), 16 DB of the D columns from d0.
+template <int QN, int DB>
+inline void value_block(const float* P, int64_t Tp, const float* v, int64_t T, int64_t D, int64_t d0, float* out,
+                        int64_t stride, Range& range) {
+  __m512 acc[QN][DB];
+  #pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i)
+    #pragma GCC unroll 8
+    for (int b = 0; b < DB; ++b) acc[i][b] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < T; ++j) {
+    __m512 vj[DB];
+    #pragma GCC unroll 8
+    for (int b = 0; b < DB; ++b) vj[b] = _mm512_loadu_ps(v + j * D + d0 + kLanes * b);
+    #pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) {
+      const __m512 pij = _mm512_set1_ps(P[i * Tp + j]);
+      #pragma GCC unroll 8
+      for (int b = 0; b < DB; ++b) acc[i][b] = _mm512_fmadd_ps(pij, vj[b], acc[i][b]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i)
+    #pragma GCC unroll 8
+    for (int b = 0; b < DB; ++b) {
+      _mm512_storeu_ps(out + i * stride + d0 + kLanes * b, acc[i][b]);
+      range.add(acc[i][b]);
+    }
+}
+
+template <int QN>
+inline void values(const float* P, int64_t Tp, const float* v, int64_t T, int64_t D, float* out, int64_t stride,
+                   Range& range) {
+  int64_t d0 = 0;
+  for (; d0 + 2 * kLanes <= D; d0 += 2 * kLanes) value_block<QN, 2>(P, Tp, v, T, D, d0, out, stride, range);
+  if (d0 < D) value_block<QN, 1>(P, Tp, v, T, D, d0, out, stride, range);
+}
+
+// Each of `rows` rows of S (Tp long) becomes softmax(row) x keep: the probabilities, 0 at masked keys; a row with no
+// key to attend (a sequence of padding only) becomes zeros, where SDPA gives NaN.
+inline void softmax_rows(float* S, int64_t rows, int64_t Tp, const float* keep) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = S + i * Tp;
+    __m512 top = _mm512_set1_ps(-kInf);
+    for (int64_t j = 0; j < Tp; j += kLanes) top = _mm512_max_ps(top, _mm512_loadu_ps(row + j));
+    const float m = _mm512_reduce_max_ps(top);
+    if (m == -kInf) {
+      std::fill(row, row + Tp, 0.0f);
+      continue;
+    }
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t j = 0; j < Tp; j += kLanes) {
+      const __m512 e = _mm512_mul_ps(exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv)),
+                                     _mm512_loadu_ps(keep + j));
+      _mm512_storeu_ps(row + j, e);
+      total = _mm512_add_ps(total, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+    for (int64_t j = 0; j < Tp; j += kLanes) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+  }
+}
+
+// Queries handled together: enough independent accumulators to hide the FMA latency, few enough to stay in registers.
+constexpr int kQueries = 4;
+// Rows of qkv prefetched ahead of the one being read.
+constexpr int64_t kAhead = 4;
+
+// qkv (B, T, 3H): each row query, key, value, each of N heads of D (a multiple of 16); mask (B, T) True where a key
+// may be attended, or null; positions (B, P) the query positions, or null for all T. out (B, P, H).
+template <typename scalar_t>
+void attention_kernel(const scalar_t* qkv, const bool* mask, const int64_t* positions, float* out, int64_t B,
+                      int64_t T, int64_t P, int64_t N, int64_t D, std::vector<Range>& ranges) {
+  const int64_t H = N * D, row = 3 * H;
+  const int64_t Tp = (T + kLanes - 1) / kLanes * kLanes;  // keys padded to whole vectors: keep 0, bias -inf
+  const __m512 scale16 = _mm512_set1_ps(1.0f / std::sqrt(static_cast<float>(D)));
+  // One sequence a task: its rows of qkv are read once, in order, prefetched a few rows ahead, into every head's
+  // queries (scaled), keys transposed (D, Tp) and values (T, D), in fp32; then each head's queries, 4 at a time.
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qs(N * T * D), gathered(kQueries * D), kt(N * D * Tp, 0.0f), v(N * T * D),
+        S(kQueries * Tp), keep(Tp, 0.0f), bias(Tp, -kInf);
+    alignas(64) float chunk[kLanes];
+    for (int64_t b = begin; b < end; ++b) {
+      const scalar_t* base = qkv + b * T * row;
+      for (int64_t t = 0; t < T; ++t) {
+        if (t + kAhead < T) {
+          const char* next = reinterpret_cast<const char*>(base + (t + kAhead) * row);
+          for (int64_t byte = 0; byte < row * static_cast<int64_t>(sizeof(scalar_t)); byte += 64)
+            _mm_prefetch(next + byte, _MM_HINT_T0);
+        }
+        const scalar_t* r = base + t * row;
+        for (int64_t n = 0; n < N; ++n) {
+          for (int64_t d = 0; d < D; d += kLanes) {
+            _mm512_storeu_ps(qs.data() + (n * T + t) * D + d, _mm512_mul_ps(load16(r + n * D + d), scale16));
+            _mm512_storeu_ps(v.data() + (n * T + t) * D + d, load16(r + 2 * H + n * D + d));
+            _mm512_store_ps(chunk, load16(r + H + n * D + d));
+            for (int64_t l = 0; l < kLanes; ++l) kt[(n * D + d + l) * Tp + t] = chunk[l];
+          }
+        }
+        const bool allowed = mask == nullptr || mask[b * T + t];
+        keep[t] = allowed ? 1.0f : 0.0f;
+        bias[t] = allowed ? 0.0f : -kInf;
+      }
+      Range range;
+      for (int64_t n = 0; n < N; ++n) {
+        const float* ktn = kt.data() + n * D * Tp;
+        const float* vn = v.data() + n * T * D;
+        for (int64_t i0 = 0; i0 < P; i0 += kQueries) {
+          const int64_t qn = std::min<int64_t>(kQueries, P - i0);
+          const float* q = qs.data() + (n * T + i0) * D;
+          if (positions != nullptr) {  // the queries at these positions, gathered
+            for (int64_t i = 0; i < qn; ++i)
+              std::copy_n(qs.data() + (n * T + positions[b * P + i0 + i]) * D, D, gathered.data() + i * D);
+            q = gathered.data();
+          }
+          float* dst = out + (b * P + i0) * H + n * D;
+          switch (qn) {
+            case 4: scores<4>(q, D, ktn, Tp, bias.data(), S.data()); break;
+            case 3: scores<3>(q, D, ktn, Tp, bias.data(), S.data()); break;
+            case 2: scores<2>(q, D, ktn, Tp, bias.data(), S.data()); break;
+            default: scores<1>(q, D, ktn, Tp, bias.data(), S.data());
+          }
+          softmax_rows(S.data(), qn, Tp, keep.data());
+          switch (qn) {
+            case 4: values<4>(S.data(), Tp, vn, T, D, dst, H, range); break;
+            case 3: values<3>(S.data(), Tp, vn, T, D, dst, H, range); break;
+            case 2: values<2>(S.data(), Tp, vn, T, D, dst, H, range); break;
+            default: values<1>(S.data(), Tp, vn, T, D, dst, H, range);
+          }
+        }
+      }
+      ranges[b] = range;
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t heads,
+                                             const std::optional<at::Tensor>& mask,
+                                             const std::optional<at::Tensor>& positions) {
+  TORCH_CHECK(heads > 0 && qkv.dim() == 3 && qkv.size(2) % (3 * heads * kLanes) == 0,
+              "qkv must be (B, T, 3H), H heads x a multiple of 16");
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16, "qkv must be fp32 or bf16");
+  const at::Tensor x = qkv.contiguous();
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2) / 3, D = H / heads;
+  at::Tensor m, pos;
+  if (mask.has_value()) {
+    m = mask->to(at::kBool).contiguous();
+    TORCH_CHECK(m.dim() == 2 && m.size(0) == B && m.size(1) == T, "mask must be (B, T)");
+  }
+  int64_t P = T;
+  if (positions.has_value()) {
+    pos = positions->to(at::kLong).contiguous();
+    TORCH_CHECK(pos.dim() == 2 && pos.size(0) == B, "positions must be (B, P)");
+    P = pos.size(1);
+    TORCH_CHECK(P == 0 || (pos.min().item<int64_t>() >= 0 && pos.max().item<int64_t>() < T),
+                "positions must lie within the sequence");
+  }
+  at::Tensor out = at::empty({B, P, H}, x.options().dtype(at::kFloat));
+  std::vector<Range> ranges(B);
+  const bool* mp = mask.has_value() ? m.data_ptr<bool>() : nullptr;
+  const int64_t* pp = positions.has_value() ? pos.data_ptr<int64_t>() : nullptr;
+  if (x.scalar_type() == at::kFloat) {
+    attention_kernel(x.data_ptr<float>(), mp, pp, out.data_ptr<float>(), B, T, P, heads, D, ranges);
+  } else {
+    attention_kernel(x.data_ptr<at::BFloat16>(), mp, pp, out.data_ptr<float>(), B, T, P, heads, D, ranges);
+  }
+  return {out, range_tensor(ranges)};
+}
+
+// LayerNorm(x + residual) over the last dimension, fp32.
+std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                  const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  TORCH_CHECK(x.sizes() == residual.sizes(), "x and residual must have the same shape");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && residual.scalar_type() == at::kFloat, "x and residual must be fp32");
+  const int64_t H = x.size(-1);
+  TORCH_CHECK(H % kLanes == 0, "the last dimension must be a multiple of 16");
+  TORCH_CHECK(weight.numel() == H && bias.numel() == H, "weight and bias must have the last dimension's size");
+  const at::Tensor a = x.contiguous(), r = residual.contiguous();
+  const at::Tensor w = weight.to(at::kFloat).contiguous(), c = bias.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty_like(a);
+  const int64_t rows = H == 0 ? 0 : a.numel() / H;
+  const int64_t grain = 16;
+  std::vector<Range> ranges((rows + grain - 1) / grain);
+  const float *ap = a.data_ptr<float>(), *rp = r.data_ptr<float>(), *wp = w.data_ptr<float>(),
+              *cp = c.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float feps = static_cast<float>(eps);
+  at::parallel_for(0, static_cast<int64_t>(ranges.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      Range range;
+      for (int64_t i = chunk * grain; i < std::min(rows, (chunk + 1) * grain); ++i) {
+        const float *xi = ap + i * H, *ri = rp + i * H;
+        float* yi = op + i * H;
+        // H a multiple of 16 (checked): the sum, the sum of squared deviations, then the output, 16 at a time
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t h = 0; h < H; h += kLanes) {
+          const __m512 y = _mm512_add_ps(_mm512_loadu_ps(xi + h), _mm512_loadu_ps(ri + h));
+          _mm512_storeu_ps(yi + h, y);
+          sum = _mm512_add_ps(sum, y);
+        }
+        const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(sum) / H);
+        __m512 sq = _mm512_setzero_ps();
+        for (int64_t h = 0; h < H; h += kLanes) {
+          const __m512 c = _mm512_sub_ps(_mm512_loadu_ps(yi + h), mean);
+          sq = _mm512_fmadd_ps(c, c, sq);
+        }
+        const __m512 rstd = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / H + feps));
+        for (int64_t h = 0; h < H; h += kLanes) {
+          const __m512 c = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(yi + h), mean), rstd);
+          const __m512 y = _mm512_fmadd_ps(c, _mm512_loadu_ps(wp + h), _mm512_loadu_ps(cp + h));
+          _mm512_storeu_ps(yi + h, y);
+          range.add(y);
+        }
+      }
+      ranges[chunk] = range;
+    }
+  });
+  return {out, range_tensor(ranges)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(bertforge, m) {
+  m.def("attention(Tensor qkv, int heads, Tensor? mask, Tensor? positions) -> (Tensor, Tensor)");
+  m.def("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
+  m.impl("attention", attention);
+  m.impl("add_layer_norm", add_layer_norm);
+}

@@ -1,0 +1,186 @@
+"""bertforge's CPU kernels for int8 inference (bertforge/kernels): each against PyTorch's operators doing the same
+work, the int8 encoder built on them against the layers run as they are, and how a machine without them is told."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bertforge.cpu
+import bertforge.infer
+from bertforge import BertConfig, kernels
+from bertforge.heads import BertForSequenceClassification
+from bertforge.infer import FusedInt8Encoder, _fused_int8_layer, _has_onednn_ops, quantize_int8
+from bertforge.model import BertEncoder, attention_mask_for_sdpa
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="bertforge's CPU kernels need AVX512 and a C++ "
+                                   "compiler; without them int8 runs on PyTorch's operators (tested elsewhere)")
+
+
+def sdpa_reference(qkv: torch.Tensor, heads: int, mask: torch.Tensor | None, positions: torch.Tensor | None):
+    """What the attention kernel computes, with PyTorch's operators: (B, P, H), fp32."""
+    B, T, three_h = qkv.shape
+    D = three_h // 3 // heads
+    q, k, v = qkv.float().view(B, T, 3, heads, D).permute(2, 0, 3, 1, 4).unbind(0)
+    if positions is not None:
+        q = q.gather(2, positions[:, None, :, None].expand(-1, heads, -1, D))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None, :])
+    return y.transpose(1, 2).reshape(B, q.shape[2], heads * D)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("B", "T", "heads", "D"), [(3, 1, 2, 16), (4, 27, 12, 32), (2, 33, 3, 48), (2, 130, 4, 64)])
+def test_attention_kernel_matches_sdpa(dtype, B, T, heads, D):
+    """Every query, only some positions ([CLS] alone, or any), with and without padding (of different lengths,
+    the first sequence unpadded); the range it gives is its output's."""
+    torch.manual_seed(T)
+    qkv = (torch.randn(B, T, 3 * heads * D) * 2).to(dtype)
+    lengths = torch.randint(1, T + 1, (B,))
+    lengths[0] = T
+    padding = torch.arange(T)[None, :] < lengths[:, None]
+    for mask in (None, padding):
+        for positions in (None, torch.zeros(B, 1, dtype=torch.long), torch.randint(0, T, (B, 5))):
+            out, bounds = torch.ops.bertforge.attention(qkv, heads, mask, positions)
+            expected = sdpa_reference(qkv, heads, mask, positions)
+            assert out.dtype == torch.float32 and out.shape == expected.shape
+            torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+            assert bounds.tolist() == [out.min().item(), out.max().item()]
+
+
+@needs_kernels
+def test_attention_kernel_gives_zeros_where_no_key_may_be_attended():
+    """A sequence of padding only: SDPA gives NaN there, the kernel zeros, and its neighbours are untouched."""
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 5, 3 * 32)
+    mask = torch.tensor([[True] * 5, [False] * 5])
+    out, bounds = torch.ops.bertforge.attention(qkv, 2, mask, None)
+    assert torch.equal(out[1], torch.zeros(5, 32))
+    torch.testing.assert_close(out[0], sdpa_reference(qkv[:1], 2, None, None)[0], atol=2e-5, rtol=1e-5)
+    assert bounds[0] <= 0 <= bounds[1]
+
+
+@needs_kernels
+def test_kernels_refuse_shapes_they_do_not_handle():
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        torch.ops.bertforge.attention(torch.randn(2, 5, 3 * 2 * 8), 2, None, None)  # heads of 8
+    with pytest.raises(RuntimeError, match="within the sequence"):
+        torch.ops.bertforge.attention(torch.randn(2, 5, 96), 2, None, torch.full((2, 1), 5))
+    with pytest.raises(RuntimeError, match="same shape"):
+        torch.ops.bertforge.add_layer_norm(torch.randn(3, 32), torch.randn(2, 32), torch.ones(32), torch.zeros(32),
+                                           1e-12)
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [(5, 7, 384), (1, 1, 16), (300, 48)])
+def test_add_layer_norm_matches_torch(shape):
+    torch.manual_seed(len(shape))
+    x, residual = torch.randn(shape) * 3, torch.randn(shape)
+    weight, bias = torch.randn(shape[-1]), torch.randn(shape[-1])
+    out, bounds = torch.ops.bertforge.add_layer_norm(x, residual, weight, bias, 1e-12)
+    torch.testing.assert_close(out, F.layer_norm(x + residual, shape[-1:], weight, bias, 1e-12), atol=1e-5, rtol=1e-5)
+    assert bounds.tolist() == [out.min().item(), out.max().item()]
+
+
+def classifier(**overrides) -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=64, num_labels=3, **overrides)
+    return BertForSequenceClassification(config).eval()
+
+
+def batch(T: int = 19):
+    torch.manual_seed(1)
+    ids = torch.randint(5, 200, (6, T))
+    mask = torch.ones(6, T, dtype=torch.long)
+    for row, length in enumerate((T, 3, 11, T - 1, 7, 1)):
+        mask[row, length:] = 0
+    return ids, mask
+
+
+@needs_kernels
+def test_int8_encoder_runs_on_the_kernels_and_agrees_with_its_layers():
+    """quantize_int8 puts a FusedInt8Encoder in place, holding the same int8 layers. Layer by layer it gives what
+    those layers give on PyTorch's operators: the same activation ranges, so the same codes, up to a code off by
+    one where LayerNorm's rounding moves a value across a step; the whole classifier's logits stay as close."""
+    model = quantize_int8(classifier())
+    encoder = model.bert.encoder
+    assert isinstance(encoder, FusedInt8Encoder) and encoder.layer[0].attention.qkv.bf16_max_positions == 0
+    ids, mask = batch()
+    with torch.no_grad():
+        x = model.bert.embeddings(ids)
+        sdpa_mask = attention_mask_for_sdpa(mask)
+        for layer in encoder.layer:
+            fused, bounds = _fused_int8_layer(layer, x, sdpa_mask[:, 0, 0, :], None, None)
+            plain = layer(x, sdpa_mask)
+            torch.testing.assert_close(fused, plain, atol=0.02, rtol=0)
+            assert (fused - plain).abs().mean() < 1e-3
+            assert bounds.tolist() == [fused.min().item(), fused.max().item()]
+            x = plain
+        logits = model(ids, attention_mask=mask).logits
+        model.bert.encoder = BertEncoder(model.config)
+        model.bert.encoder.layer = encoder.layer
+        torch.testing.assert_close(logits, model(ids, attention_mask=mask).logits, atol=0.02, rtol=0)
+
+
+@needs_kernels
+def test_int8_encoder_runs_longer_batches_on_its_layers(monkeypatch):
+    """Past FusedInt8Encoder's longest batch the layers run as they are: the kernels are not called, and the logits
+    are those of a plain BertEncoder holding the same layers."""
+    model = quantize_int8(classifier())
+    fused = model.bert.encoder
+    fused.max_positions = 18
+    plain = BertEncoder(model.config)
+    plain.layer = fused.layer
+    ids, mask = batch(T=19)
+    calls = []
+    monkeypatch.setattr(bertforge.infer, "_fused_int8_layer", lambda *args: calls.append(args))
+    with torch.no_grad():
+        longer = model(ids, attention_mask=mask).logits
+        model.bert.encoder = plain
+        assert torch.equal(longer, model(ids, attention_mask=mask).logits)
+    assert not calls
+
+
+def test_int8_encoder_is_fused_only_where_it_can_be(monkeypatch):
+    """Pre-LN layers and a machine without the kernels keep the encoder as it is; so does the fbgemm path."""
+    if bertforge.cpu.int8_weight_bits() is None or not _has_onednn_ops():
+        pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
+    if kernels.available():
+        assert not isinstance(quantize_int8(classifier(pre_layer_norm=True)).bert.encoder, FusedInt8Encoder)
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    assert type(quantize_int8(classifier()).bert.encoder) is BertEncoder
+
+
+def test_kernels_off_by_environment_or_without_tools(monkeypatch):
+    """BERTFORGE_KERNELS=0 turns them off quietly; a missing compiler or ninja says so once, as a warning, and int8
+    goes on without them."""
+    build = kernels.available.__wrapped__
+    monkeypatch.setenv("BERTFORGE_KERNELS", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert build() is False
+    monkeypatch.setenv("BERTFORGE_KERNELS", "1")
+    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert build() is False  # written for AVX512
+    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f"}))
+    monkeypatch.setattr(kernels, "_loaded", lambda: False)
+    monkeypatch.setattr(kernels, "_put_pip_ninja_on_path", lambda: None)
+    monkeypatch.setattr(kernels.shutil, "which", lambda tool: None)
+    with pytest.warns(UserWarning, match="need c\\+\\+ and ninja"):
+        assert build() is False
+
+
+def test_a_build_is_never_reused_on_another_cpu(monkeypatch):
+    """The build's name (its cache directory) changes with the CPU's features, torch's version and the source."""
+    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    one = kernels._build_name()
+    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f"}))
+    other = kernels._build_name()
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    assert len({one, other, kernels._build_name()}) == 3
+    assert np.all([name.startswith("bertforge_cpu_int8_") for name in (one, other)])
