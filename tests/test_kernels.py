@@ -86,6 +86,27 @@ def test_add_layer_norm_matches_torch(shape):
     assert bounds.tolist() == [out.min().item(), out.max().item()]
 
 
+@needs_kernels
+def test_value_range_and_quantize_u8_give_int8_linears_codes():
+    """The range and the u8 codes of an fp32 tensor as Int8Linear takes them from its kernels: the range exactly
+    torch's, the codes worked out by hand (test_infer.py's `_activation_codes`), a code off by one at most where a
+    value sits on a rounding boundary; any length, a partial vector at the end included."""
+    from test_infer import _activation_codes
+
+    torch.manual_seed(0)
+    for x in (torch.randn(64, 37, 48) * 3 - 1, torch.rand(300, 20) + 2, -torch.rand(10, 9), torch.randn(7),
+              torch.zeros(4, 5)):
+        bounds = torch.ops.bertforge.value_range(x)
+        assert bounds.tolist() == [x.min().item(), x.max().item()]
+        expected, scale, zero = _activation_codes(x)
+        codes = torch.ops.bertforge.quantize_u8(x, scale, zero)
+        assert codes.dtype == torch.uint8 and codes.shape == x.shape
+        off = (codes.double() - expected).abs()
+        assert off.max() <= 1 and (off > 0).double().mean() < 1e-3
+    with pytest.raises(RuntimeError, match="scale must be positive"):
+        torch.ops.bertforge.quantize_u8(torch.ones(3), 0.0, 0)
+
+
 def classifier(**overrides) -> BertForSequenceClassification:
     torch.manual_seed(0)
     config = BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=3, num_attention_heads=2,
@@ -110,6 +131,7 @@ def test_int8_encoder_runs_on_the_kernels_and_agrees_with_its_layers():
     model = quantize_int8(classifier())
     encoder = model.bert.encoder
     assert isinstance(encoder, FusedInt8Encoder) and encoder.layer[0].attention.qkv.bf16_max_positions == 0
+    assert all(layer.output.kernels for layer in encoder.layer)
     ids, mask = batch()
     with torch.no_grad():
         x = model.bert.embeddings(ids)

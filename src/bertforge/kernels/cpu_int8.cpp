@@ -78,32 +78,59 @@ at::Tensor range_tensor(const std::vector<Range>& parts) {
   return out;
 }
 
+// A 16 x 16 block transposed in registers: r[i] holds row i on the way in, column i on the way out.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+}
+
 // Scores of QN queries (q: QN rows of D) against the keys j0 .. j0 + 16 NB (kt: the keys transposed, D rows of Tp),
 // plus the mask's 0 / -inf: S rows of Tp. QN x NB independent accumulators keep the FMA units busy.
 template <int QN, int NB>
 inline void score_block(const float* q, int64_t D, const float* kt, int64_t Tp, int64_t j0, const float* bias,
                         float* S) {
   __m512 acc[QN][NB];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int b = 0; b < NB; ++b) {
     const __m512 start = _mm512_loadu_ps(bias + j0 + kLanes * b);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < QN; ++i) acc[i][b] = start;
   }
   for (int64_t d = 0; d < D; ++d) {
     __m512 k[NB];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int b = 0; b < NB; ++b) k[b] = _mm512_loadu_ps(kt + d * Tp + j0 + kLanes * b);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < QN; ++i) {
       const __m512 qd = _mm512_set1_ps(q[i * D + d]);
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_fmadd_ps(qd, k[b], acc[i][b]);
     }
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < QN; ++i)
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int b = 0; b < NB; ++b) _mm512_storeu_ps(S + i * Tp + j0 + kLanes * b, acc[i][b]);
 }
 
@@ -114,66 +141,87 @@ inline void scores(const float* q, int64_t D, const float* kt, int64_t Tp, const
   if (j0 < Tp) score_block<QN, 1>(q, D, kt, Tp, j0, bias, S);
 }
 
-// out rows (QN of them, `stride` apart) = P (QN rows of Tp) x v (T rows of D), 16 DB of the D columns from d0.
+// out rows (QN of them, `stride` apart) = P (QN rows of Tp) x v (T rows of D) x inv (per row), 16 DB of the D
+// columns from d0.
 template <int QN, int DB>
-inline void value_block(const float* P, int64_t Tp, const float* v, int64_t T, int64_t D, int64_t d0, float* out,
-                        int64_t stride, Range& range) {
+inline void value_block(const float* P, const float* inv, int64_t Tp, const float* v, int64_t T, int64_t D,
+                        int64_t d0, float* out, int64_t stride, Range& range) {
   __m512 acc[QN][DB];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < QN; ++i)
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int b = 0; b < DB; ++b) acc[i][b] = _mm512_setzero_ps();
   for (int64_t j = 0; j < T; ++j) {
     __m512 vj[DB];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int b = 0; b < DB; ++b) vj[b] = _mm512_loadu_ps(v + j * D + d0 + kLanes * b);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < QN; ++i) {
       const __m512 pij = _mm512_set1_ps(P[i * Tp + j]);
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int b = 0; b < DB; ++b) acc[i][b] = _mm512_fmadd_ps(pij, vj[b], acc[i][b]);
     }
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < QN; ++i)
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int b = 0; b < DB; ++b) {
-      _mm512_storeu_ps(out + i * stride + d0 + kLanes * b, acc[i][b]);
-      range.add(acc[i][b]);
+      const __m512 y = _mm512_mul_ps(acc[i][b], _mm512_set1_ps(inv[i]));
+      _mm512_storeu_ps(out + i * stride + d0 + kLanes * b, y);
+      range.add(y);
     }
 }
 
 template <int QN>
-inline void values(const float* P, int64_t Tp, const float* v, int64_t T, int64_t D, float* out, int64_t stride,
-                   Range& range) {
+inline void values(const float* P, const float* inv, int64_t Tp, const float* v, int64_t T, int64_t D, float* out,
+                   int64_t stride, Range& range) {
   int64_t d0 = 0;
-  for (; d0 + 2 * kLanes <= D; d0 += 2 * kLanes) value_block<QN, 2>(P, Tp, v, T, D, d0, out, stride, range);
-  if (d0 < D) value_block<QN, 1>(P, Tp, v, T, D, d0, out, stride, range);
+  for (; d0 + 2 * kLanes <= D; d0 += 2 * kLanes) value_block<QN, 2>(P, inv, Tp, v, T, D, d0, out, stride, range);
+  if (d0 < D) value_block<QN, 1>(P, inv, Tp, v, T, D, d0, out, stride, range);
 }
 
-// Each of `rows` rows of S (Tp long) becomes softmax(row) x keep: the probabilities, 0 at masked keys; a row with no
-// key to attend (a sequence of padding only) becomes zeros, where SDPA gives NaN.
-inline void softmax_rows(float* S, int64_t rows, int64_t Tp, const float* keep) {
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = S + i * Tp;
-    __m512 top = _mm512_set1_ps(-kInf);
-    for (int64_t j = 0; j < Tp; j += kLanes) top = _mm512_max_ps(top, _mm512_loadu_ps(row + j));
-    const float m = _mm512_reduce_max_ps(top);
-    if (m == -kInf) {
-      std::fill(row, row + Tp, 0.0f);
-      continue;
-    }
-    const __m512 mv = _mm512_set1_ps(m);
-    __m512 total = _mm512_setzero_ps();
-    for (int64_t j = 0; j < Tp; j += kLanes) {
-      const __m512 e = _mm512_mul_ps(exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv)),
-                                     _mm512_loadu_ps(keep + j));
-      _mm512_storeu_ps(row + j, e);
-      total = _mm512_add_ps(total, e);
-    }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-    for (int64_t j = 0; j < Tp; j += kLanes) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+// Rows i < QN of S (Tp long each) become exp(row - its max) at the keys to attend and 0 elsewhere, and inv[i] one
+// over their sum (0 for a row with no key to attend, whose output is then zeros, where SDPA gives NaN). The rows
+// are worked in step, so that their horizontal reductions, each a chain of dependent shuffles, overlap.
+template <int QN>
+inline void softmax(float* S, int64_t Tp, const float* keep, float* inv) {
+  __m512 top[QN], shift[QN], total[QN];
+#pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i) top[i] = _mm512_set1_ps(-kInf);
+  for (int64_t j = 0; j < Tp; j += kLanes)
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) top[i] = _mm512_max_ps(top[i], _mm512_loadu_ps(S + i * Tp + j));
+#pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i) {
+    const float m = _mm512_reduce_max_ps(top[i]);
+    shift[i] = _mm512_set1_ps(m == -kInf ? 0.0f : m);
+    total[i] = _mm512_setzero_ps();
   }
+  for (int64_t j = 0; j < Tp; j += kLanes) {
+    const __m512 allowed = _mm512_loadu_ps(keep + j);
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) {
+      float* at = S + i * Tp + j;
+      const __m512 e = _mm512_mul_ps(exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(at), shift[i])), allowed);
+      _mm512_storeu_ps(at, e);
+      total[i] = _mm512_add_ps(total[i], e);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i) {
+    const float sum = _mm512_reduce_add_ps(total[i]);
+    inv[i] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+}
+
+// QN queries' attention: scores, softmax, weighted values into out (QN rows `stride` apart).
+template <int QN>
+inline void answer(const float* q, int64_t D, const float* kt, int64_t Tp, const float* bias, const float* keep,
+                   float* S, const float* v, int64_t T, float* out, int64_t stride, Range& range) {
+  float inv[QN];
+  scores<QN>(q, D, kt, Tp, bias, S);
+  softmax<QN>(S, Tp, keep, inv);
+  values<QN>(S, inv, Tp, v, T, D, out, stride, range);
 }
 
 // Queries handled together: enough independent accumulators to hide the FMA latency, few enough to stay in registers.
@@ -190,11 +238,12 @@ void attention_kernel(const scalar_t* qkv, const bool* mask, const int64_t* posi
   const int64_t Tp = (T + kLanes - 1) / kLanes * kLanes;  // keys padded to whole vectors: keep 0, bias -inf
   const __m512 scale16 = _mm512_set1_ps(1.0f / std::sqrt(static_cast<float>(D)));
   // One sequence a task: its rows of qkv are read once, in order, prefetched a few rows ahead, into every head's
-  // queries (scaled), keys transposed (D, Tp) and values (T, D), in fp32; then each head's queries, 4 at a time.
+  // queries (scaled), keys and values (T, D) in fp32; each head's keys are then transposed, 16 x 16 blocks at a
+  // time, to (D, Tp), and its queries answered 4 at a time.
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qs(N * T * D), gathered(kQueries * D), kt(N * D * Tp, 0.0f), v(N * T * D),
+    // rows T .. Tp of k stay zeros, so the padded key columns of kt are zeros
+    std::vector<float> qs(N * T * D), k(N * Tp * D, 0.0f), kt(N * D * Tp), v(N * T * D), gathered(kQueries * D),
         S(kQueries * Tp), keep(Tp, 0.0f), bias(Tp, -kInf);
-    alignas(64) float chunk[kLanes];
     for (int64_t b = begin; b < end; ++b) {
       const scalar_t* base = qkv + b * T * row;
       for (int64_t t = 0; t < T; ++t) {
@@ -207,14 +256,23 @@ void attention_kernel(const scalar_t* qkv, const bool* mask, const int64_t* posi
         for (int64_t n = 0; n < N; ++n) {
           for (int64_t d = 0; d < D; d += kLanes) {
             _mm512_storeu_ps(qs.data() + (n * T + t) * D + d, _mm512_mul_ps(load16(r + n * D + d), scale16));
+            _mm512_storeu_ps(k.data() + (n * Tp + t) * D + d, load16(r + H + n * D + d));
             _mm512_storeu_ps(v.data() + (n * T + t) * D + d, load16(r + 2 * H + n * D + d));
-            _mm512_store_ps(chunk, load16(r + H + n * D + d));
-            for (int64_t l = 0; l < kLanes; ++l) kt[(n * D + d + l) * Tp + t] = chunk[l];
           }
         }
         const bool allowed = mask == nullptr || mask[b * T + t];
         keep[t] = allowed ? 1.0f : 0.0f;
         bias[t] = allowed ? 0.0f : -kInf;
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t t0 = 0; t0 < Tp; t0 += kLanes) {
+          for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
+            __m512 block[kLanes];
+            for (int64_t i = 0; i < kLanes; ++i) block[i] = _mm512_loadu_ps(k.data() + (n * Tp + t0 + i) * D + d0);
+            transpose16(block);
+            for (int64_t i = 0; i < kLanes; ++i) _mm512_storeu_ps(kt.data() + (n * D + d0 + i) * Tp + t0, block[i]);
+          }
+        }
       }
       Range range;
       for (int64_t n = 0; n < N; ++n) {
@@ -230,17 +288,10 @@ void attention_kernel(const scalar_t* qkv, const bool* mask, const int64_t* posi
           }
           float* dst = out + (b * P + i0) * H + n * D;
           switch (qn) {
-            case 4: scores<4>(q, D, ktn, Tp, bias.data(), S.data()); break;
-            case 3: scores<3>(q, D, ktn, Tp, bias.data(), S.data()); break;
-            case 2: scores<2>(q, D, ktn, Tp, bias.data(), S.data()); break;
-            default: scores<1>(q, D, ktn, Tp, bias.data(), S.data());
-          }
-          softmax_rows(S.data(), qn, Tp, keep.data());
-          switch (qn) {
-            case 4: values<4>(S.data(), Tp, vn, T, D, dst, H, range); break;
-            case 3: values<3>(S.data(), Tp, vn, T, D, dst, H, range); break;
-            case 2: values<2>(S.data(), Tp, vn, T, D, dst, H, range); break;
-            default: values<1>(S.data(), Tp, vn, T, D, dst, H, range);
+            case 4: answer<4>(q, D, ktn, Tp, bias.data(), keep.data(), S.data(), vn, T, dst, H, range); break;
+            case 3: answer<3>(q, D, ktn, Tp, bias.data(), keep.data(), S.data(), vn, T, dst, H, range); break;
+            case 2: answer<2>(q, D, ktn, Tp, bias.data(), keep.data(), S.data(), vn, T, dst, H, range); break;
+            default: answer<1>(q, D, ktn, Tp, bias.data(), keep.data(), S.data(), vn, T, dst, H, range);
           }
         }
       }
@@ -333,14 +384,73 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at:
   return {out, range_tensor(ranges)};
 }
 
+// (min, max) of an fp32 tensor's values.
+at::Tensor value_range(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be fp32");
+  const at::Tensor a = x.contiguous();
+  const int64_t n = a.numel(), grain = 1 << 16;
+  const float* xp = a.data_ptr<float>();
+  std::vector<Range> ranges((n + grain - 1) / grain);
+  at::parallel_for(0, static_cast<int64_t>(ranges.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      Range range;
+      const int64_t stop = std::min(n, (chunk + 1) * grain);
+      int64_t i = chunk * grain;
+      for (; i + kLanes <= stop; i += kLanes) range.add(_mm512_loadu_ps(xp + i));
+      if (i < stop) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (stop - i)) - 1);
+        range.lo = _mm512_mask_min_ps(range.lo, m, range.lo, _mm512_maskz_loadu_ps(m, xp + i));
+        range.hi = _mm512_mask_max_ps(range.hi, m, range.hi, _mm512_maskz_loadu_ps(m, xp + i));
+      }
+      ranges[chunk] = range;
+    }
+  });
+  return range_tensor(ranges);
+}
+
+// round(x / scale) + zero within [0, 255], as uint8 (rounding half to even), from fp32.
+at::Tensor quantize_u8(const at::Tensor& x, double scale, int64_t zero) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be fp32");
+  TORCH_CHECK(scale > 0 && zero >= 0 && zero <= 255, "scale must be positive and zero within [0, 255]");
+  const at::Tensor a = x.contiguous();
+  at::Tensor out = at::empty(a.sizes(), a.options().dtype(at::kByte));
+  const int64_t n = a.numel(), grain = 1 << 16;
+  const float* xp = a.data_ptr<float>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / scale));
+  const __m512i z = _mm512_set1_epi32(static_cast<int32_t>(zero)), lo = _mm512_setzero_si512(),
+                hi = _mm512_set1_epi32(255);
+  at::parallel_for(0, (n + grain - 1) / grain, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      const int64_t stop = std::min(n, (chunk + 1) * grain);
+      const auto codes = [&](__m512 values) {
+        const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(values, inv)), z);
+        return _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi));
+      };
+      int64_t i = chunk * grain;
+      for (; i + kLanes <= stop; i += kLanes)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(op + i), codes(_mm512_loadu_ps(xp + i)));
+      if (i < stop) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (stop - i)) - 1);
+        _mm_mask_storeu_epi8(op + i, m, codes(_mm512_maskz_loadu_ps(m, xp + i)));
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(bertforge, m) {
   m.def("attention(Tensor qkv, int heads, Tensor? mask, Tensor? positions) -> (Tensor, Tensor)");
   m.def("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)");
+  m.def("value_range(Tensor x) -> Tensor");
+  m.def("quantize_u8(Tensor x, float scale, int zero) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("attention", attention);
   m.impl("add_layer_norm", add_layer_norm);
+  m.impl("value_range", value_range);
+  m.impl("quantize_u8", quantize_u8);
 }
