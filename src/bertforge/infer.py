@@ -1,7 +1,7 @@
 """Inference on new text: fill-mask, task predictions (classification, regression, NER, QA, multiple choice)
 and embeddings, from Python and the command line.
 
-Speed on CPU comes from four choices, each measured by bench/inference.py:
+Speed on CPU comes from five choices, each measured by bench/inference.py (the kernels by bench/int8_kernels.py):
 - no computing on padding beyond what a batch needs: inputs are sorted by length and batched by a token
   budget, so each batch is padded only to its own longest sequence, and results are put back in input order;
 - every Linear layer's weight laid out once for oneDNN's matrix kernels (`pack_linears`): the matrix products
@@ -227,8 +227,9 @@ FUSED_INT8_MAX_T = 512
 def _fuse_int8_encoders(model: nn.Module) -> None:
     """Every post-LN BertEncoder of int8 layers with the feed-forward GELU inside the product (`_fuse_gelu`) and
     heads of a multiple of 16 replaced by a `FusedInt8Encoder`, where bertforge's CPU kernels are available. Their
-    query/key/value products write fp32: the attention kernel takes bf16 too and ran about as fast on it, but on
-    the bench's MiniLM it cost 0.5 points of Rotten Tomatoes dev accuracy, fp32 none (bench/int8_kernels.py)."""
+    query/key/value products write fp32: the attention kernel takes bf16 too, 1.02-1.03x faster on the bench's
+    MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev accuracy in four measurements (fp32: +0.0 to +0.2;
+    bench/int8_kernels.py)."""
     from bertforge import kernels
 
     def fusable(encoder: BertEncoder) -> bool:
@@ -236,7 +237,7 @@ def _fuse_int8_encoders(model: nn.Module) -> None:
             isinstance(layer.intermediate, Int8Linear) and layer.intermediate.activation == "gelu"
             and isinstance(layer.act, nn.Identity) and all(
                 isinstance(m, Int8Linear) for m in (layer.attention.qkv, layer.attention_out, layer.output))
-            and layer.attention.head_size % 16 == 0 and layer.attention_norm.weight.shape[0] % 16 == 0
+            and layer.attention.head_size % 16 == 0  # so the hidden size too
             for layer in encoder.layer)
 
     encoders = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()

@@ -4,12 +4,13 @@
 // snippets (27 tokens on average) attention alone is about 8 of them per layer (head split copies, two batched
 // products, scale, mask, softmax, casts), each a pass over memory with its own fixed cost. These kernels do the same
 // work in one pass each:
-//   attention      scores, mask, softmax and the weighted sum of values for one sequence at a time, every head,
-//                  from the query/key/value product's output as it is, into the (B, P, H) layout the next product
-//                  reads;
+//   attention      scores, mask, softmax and the weighted sum of values, one sequence (every head) at a time, from
+//                  the query/key/value product's output as it is, into the (B, P, H) layout the next product reads;
 //   add_layer_norm the residual add and LayerNorm of one row at a time.
 // Both also return the range (min, max) of what they wrote, which the following int8 product quantizes by, so it
-// needs no pass of its own to find it.
+// needs no pass of its own to find it. For the products' other inputs:
+//   value_range    the range of a tensor, and
+//   quantize_u8    its u8 codes for a scale and zero point.
 
 #include <immintrin.h>
 
