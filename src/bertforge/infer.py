@@ -181,14 +181,16 @@ def _bf16_attention(model: nn.Module) -> None:
 
 
 class FusedInt8Encoder(nn.Module):
-    """A post-LN `BertEncoder` of int8 layers (its own layer modules, same weights) run on bertforge's CPU kernels
+    """A `BertEncoder` of int8 layers (its own modules, same weights) run on bertforge's CPU kernels
     (`bertforge.kernels`): each layer's attention in one pass per sequence, each residual add + LayerNorm in one
     pass per row, and the activation range each of them gives handed to the int8 product that follows, which
-    then skips its own pass to find it. Batches longer than `max_positions` run the layers as they are."""
+    then skips its own pass to find it. Post-LN and pre-LN layers alike. Batches longer than `max_positions` run
+    the layers as they are."""
 
     def __init__(self, encoder: BertEncoder, max_positions: int):
         super().__init__()
         self.layer = encoder.layer
+        self.final_norm = encoder.final_norm  # pre-LN layers: the LayerNorm after the last
         self.max_positions = max_positions
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
@@ -198,12 +200,35 @@ class FusedInt8Encoder(nn.Module):
         if x.shape[1] > self.max_positions:
             for i, layer in enumerate(self.layer):
                 x = layer(x, mask, positions if i == last else None)
-            return x
+            return self.final_norm(x) if self.final_norm is not None else x
         keys = None if mask is None else mask[:, 0, 0, :]
+        if self.final_norm is not None:
+            return self._pre_ln(x, keys, positions)
         bounds = None
         for i, layer in enumerate(self.layer):
             x, bounds = _fused_int8_layer(layer, x, keys, positions if i == last else None, bounds)
         return x
+
+    def _pre_ln(self, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None) -> torch.Tensor:
+        """Pre-LN layers, x = x + Attn(LN(x)); x = x + FFN(LN(x)), then the final LayerNorm: each LayerNorm fused
+        with the residual add before it, keeping the sum as the residual stream."""
+        ops = torch.ops.bertforge
+        norm = self.layer[0].attention_norm
+        x, normed, bounds = ops.residual_layer_norm(x, None, norm.weight, norm.bias, norm.eps)
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            attention = layer.attention
+            y, y_bounds = ops.attention(attention.qkv(normed, bounds), attention.num_heads, keys,
+                                        positions if i == last else None)
+            if i == last and positions is not None:
+                x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[2]))
+            norm = layer.output_norm
+            x, normed, bounds = ops.residual_layer_norm(layer.attention_out(y, y_bounds), x, norm.weight, norm.bias,
+                                                        norm.eps)
+            out = layer.output(layer.intermediate(normed, bounds))
+            norm = self.final_norm if i == last else self.layer[i + 1].attention_norm
+            x, normed, bounds = ops.residual_layer_norm(out, x, norm.weight, norm.bias, norm.eps)
+        return normed
 
 
 def _fused_int8_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None,
@@ -225,19 +250,20 @@ FUSED_INT8_MAX_T = 512
 
 
 def _fuse_int8_encoders(model: nn.Module) -> None:
-    """Every post-LN BertEncoder of int8 layers with the feed-forward GELU inside the product (`_fuse_gelu`) and
-    heads of a multiple of 16 replaced by a `FusedInt8Encoder`, where bertforge's CPU kernels are available. Their
+    """Every BertEncoder of int8 layers with the feed-forward GELU inside the product (`_fuse_gelu`) and heads of
+    a multiple of 16 replaced by a `FusedInt8Encoder`, where bertforge's CPU kernels are available. Their
     query/key/value products write fp32: the attention kernel takes bf16 too, 1.02-1.03x faster on the bench's
     MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev accuracy in four measurements (fp32: +0.0 to +0.2;
     bench/int8_kernels.py)."""
     from bertforge import kernels
 
     def fusable(encoder: BertEncoder) -> bool:
-        return encoder.final_norm is None and all(
+        return all(
             isinstance(layer.intermediate, Int8Linear) and layer.intermediate.activation == "gelu"
             and isinstance(layer.act, nn.Identity) and all(
                 isinstance(m, Int8Linear) for m in (layer.attention.qkv, layer.attention_out, layer.output))
             and layer.attention.head_size % 16 == 0  # so the hidden size too
+            and layer.pre_ln == (encoder.final_norm is not None)
             for layer in encoder.layer)
 
     encoders = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()

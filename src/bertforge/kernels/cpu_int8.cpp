@@ -6,7 +6,8 @@
 // work in one pass each:
 //   attention      scores, mask, softmax and the weighted sum of values, one sequence (every head) at a time, from
 //                  the query/key/value product's output as it is, into the (B, P, H) layout the next product reads;
-//   add_layer_norm the residual add and LayerNorm of one row at a time.
+//   add_layer_norm the residual add and LayerNorm of one row at a time (residual_layer_norm: keeping the sum, for
+//                  pre-LN layers).
 // Both also return the range (min, max) of what they wrote, which the following int8 product quantizes by, so it
 // needs no pass of its own to find it. For the products' other inputs:
 //   value_range    the range of a tensor, and
@@ -334,38 +335,46 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t head
   return {out, range_tensor(ranges)};
 }
 
-// LayerNorm(x + residual) over the last dimension, fp32.
-std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual,
-                                                  const at::Tensor& weight, const at::Tensor& bias, double eps) {
-  TORCH_CHECK(x.sizes() == residual.sizes(), "x and residual must have the same shape");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && residual.scalar_type() == at::kFloat, "x and residual must be fp32");
+// LayerNorm over the last dimension (fp32) of x + residual, or of x alone (residual null); with `sum` not null the sum
+// x + residual is written there too (the residual stream of a pre-LN layer). Returns the range of the output.
+at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight,
+                           const at::Tensor& bias, double eps, at::Tensor& out, at::Tensor* sum) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be fp32");
+  TORCH_CHECK(residual == nullptr || (x.sizes() == residual->sizes() && residual->scalar_type() == at::kFloat),
+              "x and residual must have the same shape, fp32");
   const int64_t H = x.size(-1);
   TORCH_CHECK(H % kLanes == 0, "the last dimension must be a multiple of 16");
   TORCH_CHECK(weight.numel() == H && bias.numel() == H, "weight and bias must have the last dimension's size");
-  const at::Tensor a = x.contiguous(), r = residual.contiguous();
+  const at::Tensor a = x.contiguous(), r = residual == nullptr ? at::Tensor() : residual->contiguous();
   const at::Tensor w = weight.to(at::kFloat).contiguous(), c = bias.to(at::kFloat).contiguous();
-  at::Tensor out = at::empty_like(a);
+  out = at::empty_like(a);
+  if (sum != nullptr) *sum = residual == nullptr ? a : at::empty_like(a);
   const int64_t rows = H == 0 ? 0 : a.numel() / H;
   const int64_t grain = 16;
   std::vector<Range> ranges((rows + grain - 1) / grain);
-  const float *ap = a.data_ptr<float>(), *rp = r.data_ptr<float>(), *wp = w.data_ptr<float>(),
-              *cp = c.data_ptr<float>();
+  const float *ap = a.data_ptr<float>(), *rp = residual == nullptr ? nullptr : r.data_ptr<float>(),
+              *wp = w.data_ptr<float>(), *cp = c.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  float* sp = sum != nullptr && residual != nullptr ? sum->data_ptr<float>() : nullptr;
   const float feps = static_cast<float>(eps);
   at::parallel_for(0, static_cast<int64_t>(ranges.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       Range range;
       for (int64_t i = chunk * grain; i < std::min(rows, (chunk + 1) * grain); ++i) {
-        const float *xi = ap + i * H, *ri = rp + i * H;
+        const float *xi = ap + i * H, *ri = rp == nullptr ? nullptr : rp + i * H;
         float* yi = op + i * H;
-        // H a multiple of 16 (checked): the sum, the sum of squared deviations, then the output, 16 at a time
-        __m512 sum = _mm512_setzero_ps();
+        float* si = sp == nullptr ? nullptr : sp + i * H;
+        // H a multiple of 16 (checked): the sum, the sum of squared deviations, then the output, 16 at a time;
+        // the row's x + residual is kept in the output until it is overwritten by the normalized values
+        __m512 total = _mm512_setzero_ps();
         for (int64_t h = 0; h < H; h += kLanes) {
-          const __m512 y = _mm512_add_ps(_mm512_loadu_ps(xi + h), _mm512_loadu_ps(ri + h));
+          __m512 y = _mm512_loadu_ps(xi + h);
+          if (ri != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(ri + h));
+          if (si != nullptr) _mm512_storeu_ps(si + h, y);
           _mm512_storeu_ps(yi + h, y);
-          sum = _mm512_add_ps(sum, y);
+          total = _mm512_add_ps(total, y);
         }
-        const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(sum) / H);
+        const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(total) / H);
         __m512 sq = _mm512_setzero_ps();
         for (int64_t h = 0; h < H; h += kLanes) {
           const __m512 c = _mm512_sub_ps(_mm512_loadu_ps(yi + h), mean);
@@ -382,7 +391,26 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at:
       ranges[chunk] = range;
     }
   });
-  return {out, range_tensor(ranges)};
+  return range_tensor(ranges);
+}
+
+// LayerNorm(x + residual): (output, its range). The post-LN layer's two norms.
+std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                  const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  at::Tensor out;
+  at::Tensor range = layer_norm_into(x, &residual, weight, bias, eps, out, nullptr);
+  return {out, range};
+}
+
+// x + residual (x alone without a residual) and its LayerNorm: (sum, output, the output's range). A pre-LN layer's
+// residual stream and the normalized input of its next product.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> residual_layer_norm(const at::Tensor& x,
+                                                                   const std::optional<at::Tensor>& residual,
+                                                                   const at::Tensor& weight, const at::Tensor& bias,
+                                                                   double eps) {
+  at::Tensor out, sum;
+  at::Tensor range = layer_norm_into(x, residual.has_value() ? &*residual : nullptr, weight, bias, eps, out, &sum);
+  return {sum, out, range};
 }
 
 // (min, max) of an fp32 tensor's values.
@@ -445,6 +473,8 @@ at::Tensor quantize_u8(const at::Tensor& x, double scale, int64_t zero) {
 TORCH_LIBRARY(bertforge, m) {
   m.def("attention(Tensor qkv, int heads, Tensor? mask, Tensor? positions) -> (Tensor, Tensor)");
   m.def("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)");
+  m.def("residual_layer_norm(Tensor x, Tensor? residual, Tensor weight, Tensor bias, float eps) -> "
+        "(Tensor, Tensor, Tensor)");
   m.def("value_range(Tensor x) -> Tensor");
   m.def("quantize_u8(Tensor x, float scale, int zero) -> Tensor");
 }
@@ -452,6 +482,7 @@ TORCH_LIBRARY(bertforge, m) {
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("attention", attention);
   m.impl("add_layer_norm", add_layer_norm);
+  m.impl("residual_layer_norm", residual_layer_norm);
   m.impl("value_range", value_range);
   m.impl("quantize_u8", quantize_u8);
 }
