@@ -16,7 +16,6 @@ import hashlib
 import os
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import torch
@@ -40,6 +39,14 @@ def _build_name() -> str:
     return f"bertforge_cpu_int8_{key.hexdigest()[:16]}"
 
 
+_INSTALL = {"c++": "a C++ compiler (Debian/Ubuntu: apt install g++)", "ninja": "ninja (pip install ninja)"}
+
+
+def _note(message: str) -> None:
+    """One line on stderr, as the commands print their notes (stdout keeps the results)."""
+    print(f"bertforge: {message}", file=sys.stderr, flush=True)
+
+
 def _loaded() -> bool:
     """Are the kernels' operators registered in this process already?"""
     return hasattr(torch.ops, "bertforge") and hasattr(torch.ops.bertforge, "attention")
@@ -61,8 +68,8 @@ def _put_pip_ninja_on_path() -> None:
 
 @functools.cache
 def available() -> bool:
-    """Are the kernels loaded (building them first if this machine has no build yet)? False, with one warning
-    saying why, where they cannot be; `BERTFORGE_KERNELS=0` turns them off without one."""
+    """Are the kernels loaded (building them first if this machine has no build yet)? False, with one line on
+    stderr saying why and what to install, where they cannot be; `BERTFORGE_KERNELS=0` turns them off quietly."""
     if os.environ.get("BERTFORGE_KERNELS", "1") == "0":
         return False
     if "avx512f" not in cpu.cpu_flags():
@@ -72,23 +79,22 @@ def available() -> bool:
     _put_pip_ninja_on_path()
     missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
     if missing:
-        warnings.warn(f"bertforge's int8 CPU kernels need {' and '.join(missing)} to be built (pip install ninja; "
-                      "a C++ compiler from the system's packages); int8 runs on PyTorch's operators alone, slower",
-                      stacklevel=2)
+        needs = " and ".join(_INSTALL[tool] for tool in missing)
+        _note(f"int8 runs on PyTorch's operators alone here, slower: its CPU kernels need {needs} to be built")
         return False
     name = _build_name()
     where = cache_dir() / "kernels" / name
     try:
         where.mkdir(parents=True, exist_ok=True)
         if not (where / f"{name}.so").exists():
-            print("bertforge: building its int8 CPU kernels for this machine (once, about 10 s)", file=sys.stderr)
+            _note("building its int8 CPU kernels for this machine (once, about 10 s)")
         from torch.utils.cpp_extension import load
 
         load(name=name, sources=[str(SOURCE)], extra_cflags=list(_FLAGS), build_directory=str(where),
              is_python_module=False, verbose=False)
     except Exception as error:  # a failed build is a slower int8, not a failed predict
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        warnings.warn(f"bertforge's int8 CPU kernels did not build ({first}); int8 runs on PyTorch's operators "
-                      "alone, slower", stacklevel=2)
+        _note(f"int8 runs on PyTorch's operators alone here, slower: its CPU kernels did not build ({first}); "
+              "BERTFORGE_KERNELS=0 skips the attempt")
         return False
     return True
