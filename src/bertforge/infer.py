@@ -398,9 +398,9 @@ def _check_options(quantize: str | None, device: str | None, precision: str = "f
     if quantize == "int8" and device not in (None, "cpu"):
         raise BertforgeError("--quantize int8 runs on the CPU only: drop --device or --quantize")
     if quantize == "int8" and precision == "bf16":
-        raise BertforgeError("--quantize int8 picks the number formats around its int8 products itself (fp32; bf16 "
-                             "attention on short texts where the CPU multiplies bf16): drop --precision bf16, or "
-                             "--quantize for bf16 alone")
+        raise BertforgeError("--quantize int8 picks the number formats around its int8 products itself (fp32, and "
+                             "bf16 where that is faster and the CPU multiplies it natively): drop --precision bf16, "
+                             "or --quantize for bf16 alone")
     where = torch.device("cpu") if quantize == "int8" else pick_device(device)
     refuse_emulated_cpu_bf16(precision, where)
     if precision == "bf16" and where.type == "cuda" and not torch.cuda.is_bf16_supported():
