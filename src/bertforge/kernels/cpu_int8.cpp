@@ -107,33 +107,41 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
-// Scores of QN queries (q: QN rows of D) against the keys j0 .. j0 + 16 NB (kt: the keys transposed, D rows of Tp),
-// plus the mask's 0 / -inf: S rows of Tp. QN x NB independent accumulators keep the FMA units busy.
+// acc[i][c] += sum over k < K of a[i * lda + k] * b[k * ldb + 16 c .. + 16]: QN rows of A against 16 NB columns of
+// B, the register-blocked product both attention's scores (queries x transposed keys) and its weighted values
+// (probabilities x values) are made of. QN x NB independent accumulators keep the FMA units busy.
+template <int QN, int NB>
+inline void accumulate(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t K, __m512 (&acc)[QN][NB]) {
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 bk[NB];
+#pragma GCC unroll 8
+    for (int c = 0; c < NB; ++c) bk[c] = _mm512_loadu_ps(b + k * ldb + kLanes * c);
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) {
+      const __m512 aik = _mm512_set1_ps(a[i * lda + k]);
+#pragma GCC unroll 8
+      for (int c = 0; c < NB; ++c) acc[i][c] = _mm512_fmadd_ps(aik, bk[c], acc[i][c]);
+    }
+  }
+}
+
+// S (QN rows of Tp) = the mask's 0 / -inf + q (QN rows of D) x kt (the keys transposed, D rows of Tp), 16 NB keys
+// from j0.
 template <int QN, int NB>
 inline void score_block(const float* q, int64_t D, const float* kt, int64_t Tp, int64_t j0, const float* bias,
                         float* S) {
   __m512 acc[QN][NB];
 #pragma GCC unroll 8
-  for (int b = 0; b < NB; ++b) {
-    const __m512 start = _mm512_loadu_ps(bias + j0 + kLanes * b);
+  for (int c = 0; c < NB; ++c) {
+    const __m512 start = _mm512_loadu_ps(bias + j0 + kLanes * c);
 #pragma GCC unroll 8
-    for (int i = 0; i < QN; ++i) acc[i][b] = start;
+    for (int i = 0; i < QN; ++i) acc[i][c] = start;
   }
-  for (int64_t d = 0; d < D; ++d) {
-    __m512 k[NB];
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; ++b) k[b] = _mm512_loadu_ps(kt + d * Tp + j0 + kLanes * b);
-#pragma GCC unroll 8
-    for (int i = 0; i < QN; ++i) {
-      const __m512 qd = _mm512_set1_ps(q[i * D + d]);
-#pragma GCC unroll 8
-      for (int b = 0; b < NB; ++b) acc[i][b] = _mm512_fmadd_ps(qd, k[b], acc[i][b]);
-    }
-  }
+  accumulate<QN, NB>(q, D, kt + j0, Tp, D, acc);
 #pragma GCC unroll 8
   for (int i = 0; i < QN; ++i)
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(S + i * Tp + j0 + kLanes * b, acc[i][b]);
+    for (int c = 0; c < NB; ++c) _mm512_storeu_ps(S + i * Tp + j0 + kLanes * c, acc[i][c]);
 }
 
 template <int QN>
@@ -143,33 +151,23 @@ inline void scores(const float* q, int64_t D, const float* kt, int64_t Tp, const
   if (j0 < Tp) score_block<QN, 1>(q, D, kt, Tp, j0, bias, S);
 }
 
-// out rows (QN of them, `stride` apart) = P (QN rows of Tp) x v (T rows of D) x inv (per row), 16 DB of the D
+// out rows (QN of them, `stride` apart) = P (QN rows of Tp) x v (T rows of D) x inv (per row), 16 NB of the D
 // columns from d0.
-template <int QN, int DB>
+template <int QN, int NB>
 inline void value_block(const float* P, const float* inv, int64_t Tp, const float* v, int64_t T, int64_t D,
                         int64_t d0, float* out, int64_t stride, Range& range) {
-  __m512 acc[QN][DB];
+  __m512 acc[QN][NB];
 #pragma GCC unroll 8
   for (int i = 0; i < QN; ++i)
 #pragma GCC unroll 8
-    for (int b = 0; b < DB; ++b) acc[i][b] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < T; ++j) {
-    __m512 vj[DB];
-#pragma GCC unroll 8
-    for (int b = 0; b < DB; ++b) vj[b] = _mm512_loadu_ps(v + j * D + d0 + kLanes * b);
-#pragma GCC unroll 8
-    for (int i = 0; i < QN; ++i) {
-      const __m512 pij = _mm512_set1_ps(P[i * Tp + j]);
-#pragma GCC unroll 8
-      for (int b = 0; b < DB; ++b) acc[i][b] = _mm512_fmadd_ps(pij, vj[b], acc[i][b]);
-    }
-  }
+    for (int c = 0; c < NB; ++c) acc[i][c] = _mm512_setzero_ps();
+  accumulate<QN, NB>(P, Tp, v + d0, D, T, acc);
 #pragma GCC unroll 8
   for (int i = 0; i < QN; ++i)
 #pragma GCC unroll 8
-    for (int b = 0; b < DB; ++b) {
-      const __m512 y = _mm512_mul_ps(acc[i][b], _mm512_set1_ps(inv[i]));
-      _mm512_storeu_ps(out + i * stride + d0 + kLanes * b, y);
+    for (int c = 0; c < NB; ++c) {
+      const __m512 y = _mm512_mul_ps(acc[i][c], _mm512_set1_ps(inv[i]));
+      _mm512_storeu_ps(out + i * stride + d0 + kLanes * c, y);
       range.add(y);
     }
 }
