@@ -189,21 +189,27 @@ class FusedInt8Encoder(nn.Module):
 
     def __init__(self, encoder: BertEncoder, max_positions: int):
         super().__init__()
-        self.layer = encoder.layer
-        self.final_norm = encoder.final_norm  # pre-LN layers: the LayerNorm after the last
+        self.plain = encoder  # the same layers, run as they are past max_positions
         self.max_positions = max_positions
+
+    @property
+    def layer(self) -> nn.ModuleList:
+        return self.plain.layer
+
+    @property
+    def final_norm(self) -> nn.LayerNorm | None:
+        """Pre-LN layers: the LayerNorm after the last."""
+        return self.plain.final_norm
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """As `BertEncoder.forward`: x (B, T, H), mask (B, 1, 1, T) bool or None, positions (B, P) or None."""
-        last = len(self.layer) - 1
         if x.shape[1] > self.max_positions:
-            for i, layer in enumerate(self.layer):
-                x = layer(x, mask, positions if i == last else None)
-            return self.final_norm(x) if self.final_norm is not None else x
+            return self.plain(x, mask, positions)
         keys = None if mask is None else mask[:, 0, 0, :]
         if self.final_norm is not None:
             return self._pre_ln(x, keys, positions)
+        last = len(self.layer) - 1
         bounds = None
         for i, layer in enumerate(self.layer):
             x, bounds = _fused_int8_layer(layer, x, keys, positions if i == last else None, bounds)
