@@ -17,19 +17,15 @@ batch does not. Accuracy is on Rotten Tomatoes dev and test through `predict`, a
 
 from __future__ import annotations
 
-import argparse
 import os
 
-import torch
-from inference import DATA, finetuned_model
-from model_time import compare
+import model_time
 
 os.environ["BERTFORGE_KERNELS"] = "0"  # the int8 model on PyTorch's operators, where this attention choice applies
 
 from bertforge import cpu
 from bertforge.infer import INT8_BF16_ATTENTION_MAX_T, Predictor
 from bertforge.model import BertSelfAttention
-from bertforge.train.memory import keep_freed_memory
 
 
 def bf16_attention_up_to(predictor: Predictor, tokens: int) -> Predictor:
@@ -40,21 +36,17 @@ def bf16_attention_up_to(predictor: Predictor, tokens: int) -> Predictor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=["rt", "uniform"], default="rt")
-    parser.add_argument("--repeats", type=int, default=7, help="runs of every batch per side")
+    parser = model_time.parser(__doc__)
     parser.add_argument("--up-to", type=int, default=INT8_BF16_ATTENTION_MAX_T,
                         help="the bf16 side's longest sequences in bf16 (default: the model's threshold)")
     args = parser.parse_args()
     if not cpu.has_native_bf16():
         raise SystemExit("this CPU has no native bf16: the int8 model keeps its attention in fp32 here")
-    keep_freed_memory()  # as the bertforge commands run
-    torch.set_num_threads(1)
-    model_dir = finetuned_model(DATA, 4000, 5e-5)
+    model_dir = model_time.bench_model()
     sides = {"fp32 attention": bf16_attention_up_to(Predictor(model_dir, quantize="int8"), 0),
              f"bf16 attention up to {args.up_to} tokens": bf16_attention_up_to(Predictor(model_dir, quantize="int8"),
                                                                              args.up_to)}
-    compare(sides, args.workload, args.repeats, width=34)
+    model_time.compare(sides, args.workload, args.repeats, width=34)
 
 
 if __name__ == "__main__":

@@ -19,15 +19,10 @@ Tomatoes dev and test through `predict`, as the commands run.
 
 from __future__ import annotations
 
-import argparse
-
-import torch
-from inference import DATA, finetuned_model
-from model_time import compare
+import model_time
 
 from bertforge import kernels
 from bertforge.infer import FusedInt8Encoder, Int8Linear, Predictor
-from bertforge.train.memory import keep_freed_memory
 
 
 def operators_only(model_dir) -> Predictor:
@@ -49,20 +44,16 @@ def bf16_qkv(predictor: Predictor) -> Predictor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=["rt", "uniform"], default="rt")
-    parser.add_argument("--repeats", type=int, default=7, help="runs of every batch per side")
+    parser = model_time.parser(__doc__)
     args = parser.parse_args()
     if not kernels.available():
         raise SystemExit("bertforge's CPU kernels are not available here (they need AVX512 and a C++ compiler)")
-    keep_freed_memory()  # as the bertforge commands run
-    torch.set_num_threads(1)
-    model_dir = finetuned_model(DATA, 4000, 5e-5)
+    model_dir = model_time.bench_model()
     sides = {"operators": operators_only(model_dir), "kernels": Predictor(model_dir, quantize="int8"),
              "kernels, bf16 query/key/value": bf16_qkv(Predictor(model_dir, quantize="int8"))}
     assert not isinstance(sides["operators"].task_model.model.bert.encoder, FusedInt8Encoder)
     assert isinstance(sides["kernels"].task_model.model.bert.encoder, FusedInt8Encoder)
-    compare(sides, args.workload, args.repeats, width=30)
+    model_time.compare(sides, args.workload, args.repeats, width=30)
 
 
 if __name__ == "__main__":

@@ -7,15 +7,34 @@ the fastest run of each batch does not. Plus each side's accuracy on Rotten Toma
 
 from __future__ import annotations
 
+import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from inference import DATA, MAX_LENGTH, uniform_texts
+from inference import DATA, MAX_LENGTH, finetuned_model, uniform_texts
 
 from bertforge.data.padding import pad_ids
 from bertforge.infer import Predictor, length_batches
 from bertforge.tasks import get_task
+from bertforge.train.memory import keep_freed_memory
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The command line every model-time bench takes (`doc`: its module docstring), to add its own options to."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--workload", choices=["rt", "uniform"], default="rt")
+    parser.add_argument("--repeats", type=int, default=7, help="runs of every batch per side")
+    return parser
+
+
+def bench_model() -> Path:
+    """bench/inference.py's fine-tuned MiniLM, with the process set up as these benches measure: the allocator
+    as the bertforge commands run it, one thread."""
+    keep_freed_memory()
+    torch.set_num_threads(1)
+    return finetuned_model(DATA, 4000, 5e-5)
 
 
 def compare(sides: dict[str, Predictor], workload: str, repeats: int, width: int = 30) -> None:
