@@ -21,7 +21,7 @@ Sides, all on --device (default cpu; int8 and ONNX Runtime are CPU-only and run 
   channel, `per_channel=True`: as fast as its default per-tensor weights here and 1.1-1.2 points more accurate on
   Rotten Tomatoes; the function's defaults otherwise), in the same kind of session;
 - onnxruntime fp32 / int8, 2 streams: the same graphs run as `bertforge predict` runs batches on a CPU with 2 or
-  more threads (`bertforge.streams`): two batches at a time, from two threads calling one session whose intra-op
+  more threads (`bertforge.batching`): two batches at a time, from two threads calling one session whose intra-op
   threads are half of torch's (ONNX Runtime's `run` may be called from several threads at once). Every ratio
   against ONNX Runtime is against the faster of its two setups for that precision;
 - with --one-stream, also ours fp32 / bf16 / int8 with one batch at a time (`predict(streams=1)`);
@@ -71,21 +71,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from inference_sides import MAX_LENGTH, HFSide, ort_sides, our_sides, sorted_batches, torch_forward
 from measure import pin_device, ratio, spread, sync
 
 from bertforge import cpu
-from bertforge.errors import BertforgeError
 from bertforge.infer import Predictor
-from bertforge.streams import run_batches
 from bertforge.tasks import get_task
 from bertforge.train.memory import keep_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "tasks" / "rotten-tomatoes"
 CACHE = REPO / ".cache" / "bench-inference"
-MAX_LENGTH = 128
-# Our sides besides fp32: Predictor options; a side this device or CPU cannot run is left out, with the reason.
-OURS_NARROW = {"ours bf16": {"precision": "bf16"}, "ours int8": {"quantize": "int8"}}
 # what each narrower format's accuracy is compared with
 NARROW_BASE = {"ours bf16": "ours fp32", "ours int8": "ours fp32", "onnxruntime int8": "onnxruntime fp32"}
 ORT_PEER = {"ours fp32": "onnxruntime fp32", "ours bf16": "onnxruntime fp32", "ours int8": "onnxruntime int8"}
@@ -171,105 +167,7 @@ def labelled_texts(data: Path, split: str, labels: list[str], limit: int | None)
     return [ex.text for ex in examples], np.array([labels.index(str(ex.label)) for ex in examples])
 
 
-def sorted_batches(lengths: list[int], size: int) -> list[np.ndarray]:
-    """Indices sorted by length, longest first, cut into batches of `size`: the order `Predictor.predict`
-    batches in (bertforge.tasks.runner.run_model)."""
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    return [order[i:i + size] for i in range(0, len(order), size)]
-
-
-def pad_rows(enc, idx: np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
-    """The rows `idx` of an unpadded transformers encoding, padded to their longest: int64 model inputs."""
-    rows = [enc["input_ids"][i] for i in idx]
-    width = max(map(len, rows))
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    types = np.zeros((len(rows), width), dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for r, (i, row) in enumerate(zip(idx, rows, strict=True)):
-        ids[r, :len(row)] = row
-        types[r, :len(row)] = enc["token_type_ids"][i]
-        mask[r, :len(row)] = 1
-    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-class HFSide:
-    """transformers' fast tokenizer feeding a model run by `forward(inputs) -> logits array`: the
-    transformers and ONNX Runtime sides; `streams` batches at a time (`bertforge.streams.run_batches`)."""
-
-    def __init__(self, tokenizer, forward, batch_size: int, streams: int = 1):
-        self.tok, self.forward, self.batch_size, self.streams = tokenizer, forward, batch_size, streams
-
-    def file(self, texts: list[str]) -> np.ndarray:
-        enc = self.tok(texts, truncation=True, max_length=MAX_LENGTH)
-        parts: list[tuple[np.ndarray, np.ndarray]] = []  # (indices, probabilities) of each batch, as they finish
-
-        def run(idx: np.ndarray) -> None:
-            parts.append((idx, softmax(self.forward(pad_rows(enc, idx, self.tok.pad_token_id)))))
-
-        run_batches(run, sorted_batches([len(ids) for ids in enc["input_ids"]], self.batch_size), self.streams)
-        probs = np.empty((len(texts), parts[0][1].shape[1]), dtype=np.float32)
-        for idx, p in parts:
-            probs[idx] = p
-        return probs
-
-    def one(self, text: str) -> np.ndarray:
-        enc = self.tok([text], truncation=True, max_length=MAX_LENGTH, return_tensors="np")
-        return softmax(self.forward({k: enc[k].astype(np.int64) for k in
-                                     ("input_ids", "token_type_ids", "attention_mask")}))[0]
-
-
-class StreamsSide(HFSide):
-    """An HFSide whose batches run two at a time, as ours do on a CPU; one text at a time it is `single` (one
-    batch, all the threads), as ours is."""
-
-    def __init__(self, tokenizer, forward, batch_size: int, single: HFSide):
-        super().__init__(tokenizer, forward, batch_size, streams=2)
-        self.single = single
-
-    def one(self, text: str) -> np.ndarray:
-        return self.single.one(text)
-
-
-class OursSide:
-    def __init__(self, predictor, labels: list[str], batch_size: int, streams: int | None = None):
-        self.predictor, self.labels, self.batch_size, self.streams = predictor, labels, batch_size, streams
-
-    def file(self, texts: list[str]) -> np.ndarray:
-        results = self.predictor.predict([{"text": t} for t in texts], batch_size=self.batch_size,
-                                         streams=self.streams)
-        return np.array([[r["probabilities"][lab] for lab in self.labels] for r in results], dtype=np.float32)
-
-    def one(self, text: str) -> np.ndarray:
-        return self.file([text])[0]
-
-
-def torch_forward(model, device: torch.device):
-    @torch.inference_mode()
-    def forward(inputs: dict[str, np.ndarray]) -> np.ndarray:
-        logits = model(**{k: torch.from_numpy(v).to(device) for k, v in inputs.items()}).logits
-        return logits.float().cpu().numpy()
-    return forward
-
-
-def ort_forward(path: Path, threads: int):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-
-    def forward(inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return session.run(["logits"], {k: inputs[k] for k in names})[0]
-    return forward
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--model", help="fine-tuned classification directory (default: fine-tune MiniLM, cached)")
@@ -298,7 +196,126 @@ def main() -> None:
                         help="add our sides with one batch at a time (`predict(streams=1)`), to see what two give")
     parser.add_argument("--backend-onnx", action="store_true",
                         help="add `bertforge predict --backend onnx` fp32 and int8 (our front end, ONNX Runtime)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def workload(args: argparse.Namespace, data: Path, ours: Predictor) -> tuple[list[str], dict]:
+    """(the timed texts, {split: (texts, gold label ids)} of the labelled splits scored untimed)."""
+    texts = [ex.text for ex in get_task("csv").read(data, args.split)]
+    if args.workload == "uniform":
+        texts = uniform_texts(texts, ours.task_model.tokenizer, len(texts))
+    if args.limit:
+        texts = texts[:args.limit]
+    return texts, {split: labelled_texts(data, split, ours.task.labels, args.limit) for split in args.accuracy_splits}
+
+
+def print_setup(args: argparse.Namespace, model_dir: Path, ref, texts: list[str], lengths: list[int], kept: bool,
+                graphs: Path | None, left_out: list[str]) -> None:
+    """What runs, on what, over which texts: the lines above the table."""
+    import transformers
+
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in sorted_batches(lengths, args.batch_size))
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, "
+          f"{torch.get_num_threads()} threads; transformers attention: {ref.config._attn_implementation}; CPU bf16 "
+          f"dot products: {cpu.has_native_bf16()}, int8 dot products: {cpu.has_int8_dot_product()}; allocator: "
+          + ("freed memory kept (as `bertforge predict` runs), for the torch sides alike" if kept
+             else "the system's (glibc's) for the torch sides"))
+    if graphs is not None:
+        print(f"ONNX Runtime graphs: {graphs} ({'after' if args.ort_optimizer else 'without'} ONNX Runtime's "
+              "offline transformer optimizer; sessions apply their default graph optimizations)")
+    if ref.device.type != "cpu":
+        print("ONNX Runtime sides left out: they run on the CPU only (use --device cpu)")
+    for reason in left_out:
+        print(f"left out: {reason}")
+    print(f"model: {model_dir} (L={ref.config.num_hidden_layers}, H={ref.config.hidden_size})")
+    print(f"workload: {args.workload}, {len(texts)} texts, tokens mean {np.mean(lengths):.1f} "
+          f"(min {min(lengths)}, max {max(lengths)}); every side: length-sorted batches of {args.batch_size}, "
+          f"{100 * (1 - sum(lengths) / padded):.1f}% padding")
+
+
+def rotated(names: list[str], r: int) -> list[str]:
+    """`names` from the r-th on, round: no side always first."""
+    return names[r % len(names):] + names[:r % len(names)]
+
+
+def time_files(sides: dict, texts: list[str], repeats: int, device: torch.device) -> dict[str, list[float]]:
+    """Throughput: texts/s of every side over the whole file per call, `repeats` times, after one warm-up."""
+    names = list(sides)
+    for name in names:  # warm-up (allocator, kernels, quantized weight packing, ORT's first-run setup)
+        sides[name].file(texts)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in rotated(names, r):
+            sync(device)
+            start = time.perf_counter()
+            sides[name].file(texts)
+            sync(device)
+            rates[name].append(len(texts) / (time.perf_counter() - start))
+    return rates
+
+
+def time_single(sides: dict, few: list[str], repeats: int, device: torch.device) -> dict[str, list[float]]:
+    """Latency: ms per call of one text. Each side answers a block of texts on its own (a deployment runs one
+    engine), the blocks rotated over rounds. Calls of different engines in turn slowed every side: an engine's
+    idle threads spin on after a call and take the 2 cores from the next (p50 about halved for every side in
+    blocks)."""
+    names = list(sides)
+    latency: dict[str, list[float]] = {name: [] for name in names}
+    rounds = min(repeats, len(few))
+    for r in range(rounds):
+        block = few[r::rounds]
+        for name in rotated(names, r):
+            for t in block[:3]:  # untimed: the previous side's threads wind down
+                sides[name].one(t)
+            for t in block:
+                sync(device)
+                start = time.perf_counter()
+                sides[name].one(t)
+                sync(device)
+                latency[name].append(1000 * (time.perf_counter() - start))
+    return latency
+
+
+def print_table(sides: dict, texts: list[str], scored: dict, rates: dict, latency: dict, repeats: int,
+                few: int) -> None:
+    """Speed, agreement with transformers on the workload and accuracy on the labelled splits (untimed runs)."""
+    probs = {name: side.file(texts) for name, side in sides.items()}
+    acc = {split: {name: 100 * float(np.mean(side.file(split_texts).argmax(1) == gold))
+                   for name, side in sides.items()} for split, (split_texts, gold) in scored.items()}
+    print(f"\ntexts/s over the file: median (min-max) of {repeats}; latency over {few} single texts; "
+          f"accuracy (%) on {' and '.join(f'{k} ({len(v[1])} texts)' for k, v in scored.items()) or 'no split'}")
+    print(f"{'':28}{'texts/s':>28}{'vs transformers':>17}{'p50 ms':>9}{'p99 ms':>9}"
+          f"{'same label as tf':>18}{'max |dp|':>10}" + "".join(f"{'acc ' + split:>11}" for split in acc))
+    for name in sides:
+        same = 100 * float(np.mean(probs[name].argmax(1) == probs["transformers"].argmax(1)))
+        dp = float(np.abs(probs[name] - probs["transformers"]).max())
+        print(f"{name:28}{spread(rates[name]):>28}{ratio(rates[name], rates['transformers']):16.2f}x"
+              f"{np.percentile(latency[name], 50):9.2f}{np.percentile(latency[name], 99):9.2f}"
+              f"{same:17.2f}%{dp:10.1e}" + "".join(f"{a[name]:11.2f}" for a in acc.values()))
+    for split, a in acc.items():
+        costs = [f"{name} {a[name] - a[base]:+.2f}" for name, base in NARROW_BASE.items() if name in a]
+        if costs:
+            print(f"accuracy on {split} against the same engine's fp32 (points): {', '.join(costs)}")
+
+
+def print_against_ort(rates: dict, latency: dict) -> None:
+    """Our sides' ratios to their ONNX Runtime peers, each peer in its faster setup for a file."""
+    p50 = {k: statistics.median(v) for k, v in latency.items()}
+    against = []
+    for name, peer in ORT_PEER.items():
+        if name not in rates:
+            continue
+        single = peer  # one text at a time both setups are the same: one batch on all the threads
+        if statistics.median(rates.get(f"{peer}, 2 streams", [0.0])) > statistics.median(rates[peer]):
+            peer = f"{peer}, 2 streams"  # its faster setup for a file
+        against.append(f"{name} {ratio(rates[name], rates[peer]):.2f}x {peer} "
+                       f"(p50 latency {p50[single] / p50[name]:.2f}x)")
+    print("against ONNX Runtime (ratios of medians, texts/s; latency above 1: ours answers sooner): "
+          + "; ".join(against))
+
+
+def main() -> None:
+    args = parse_args()
     # Before anything allocates. Process-wide: both torch sides run under the same setting; ONNX Runtime
     # allocates from its own arena (its default) either way.
     kept = not args.system_malloc and keep_freed_memory()
@@ -317,123 +334,29 @@ def main() -> None:
     ours = Predictor(model_dir, device=args.device)
     if ours.task.kind != "classification":
         sys.exit(f"{model_dir} is a {ours.task.kind} model; the benchmark needs a classifier")
-    labels = ours.task.labels
-    texts = [ex.text for ex in get_task("csv").read(data, args.split)]
-    if args.workload == "uniform":
-        texts = uniform_texts(texts, ours.task_model.tokenizer, len(texts))
-    if args.limit:
-        texts = texts[:args.limit]
-    scored = {split: labelled_texts(data, split, labels, args.limit) for split in args.accuracy_splits}
-
+    texts, scored = workload(args, data, ours)
     ref_tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     ref = transformers.AutoModelForSequenceClassification.from_pretrained(
         str(model_dir), attn_implementation="sdpa").eval().to(device)
-    sides = {"transformers": HFSide(ref_tok, torch_forward(ref, device), args.batch_size),
-             "ours fp32": OursSide(ours, labels, args.batch_size)}
-    left_out = []
-    for name, options in OURS_NARROW.items():
-        try:
-            sides[name] = OursSide(Predictor(model_dir, device=args.device, **options), labels, args.batch_size)
-        except BertforgeError as e:  # not on this device or CPU: say so and go on
-            left_out.append(f"{name} ({e})")
-    if args.one_stream:
-        for name in [n for n in sides if n.startswith("ours")]:
-            sides[f"{name}, 1 stream"] = OursSide(sides[name].predictor, labels, args.batch_size, streams=1)
     on_cpu = device.type == "cpu"
-    if args.backend_onnx and on_cpu:
-        for name, options in (("ours --backend onnx fp32", {}), ("ours --backend onnx int8", {"quantize": "int8"})):
-            sides[name] = OursSide(Predictor(model_dir, backend="onnx", **options), labels, args.batch_size)
+    sides = {"transformers": HFSide(ref_tok, torch_forward(ref, device), args.batch_size)}
+    mine, left_out = our_sides(args, model_dir, ours, on_cpu)
+    sides.update(mine)
+    graphs = None
     if on_cpu and not args.no_onnx:
         fp32, int8 = onnx_models(model_dir, args.ort_optimizer)
-        sides["onnxruntime fp32"] = HFSide(ref_tok, ort_forward(fp32, threads), args.batch_size)
-        sides["onnxruntime int8"] = HFSide(ref_tok, ort_forward(int8, threads), args.batch_size)
-        if threads >= 2:
-            for name, path in (("fp32", fp32), ("int8", int8)):
-                sides[f"onnxruntime {name}, 2 streams"] = StreamsSide(
-                    ref_tok, ort_forward(path, threads // 2), args.batch_size, sides[f"onnxruntime {name}"])
+        sides.update(ort_sides(ref_tok, fp32, int8, args.batch_size, threads))
+        graphs = fp32.parent
 
     lengths = [len(ids) for ids in ours.task_model.tokenizer.encode_batch(texts, max_length=MAX_LENGTH,
                                                                           padding=False).ids]
-    padded = sum(len(b) * max(lengths[i] for i in b) for b in sorted_batches(lengths, args.batch_size))
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, "
-          f"{threads} threads; transformers attention: {ref.config._attn_implementation}; CPU bf16 dot products: "
-          f"{cpu.has_native_bf16()}, int8 dot products: {cpu.has_int8_dot_product()}; allocator: "
-          + ("freed memory kept (as `bertforge predict` runs), for the torch sides alike" if kept
-             else "the system's (glibc's) for the torch sides"))
-    if "onnxruntime fp32" in sides:
-        print(f"ONNX Runtime graphs: {fp32.parent} ({'after' if args.ort_optimizer else 'without'} ONNX Runtime's "
-              "offline transformer optimizer; sessions apply their default graph optimizations)")
-    if not on_cpu:
-        print("ONNX Runtime sides left out: they run on the CPU only (use --device cpu)")
-    for reason in left_out:
-        print(f"left out: {reason}")
-    print(f"model: {model_dir} (L={ref.config.num_hidden_layers}, H={ref.config.hidden_size})")
-    print(f"workload: {args.workload}, {len(texts)} texts, tokens mean {np.mean(lengths):.1f} "
-          f"(min {min(lengths)}, max {max(lengths)}); every side: length-sorted batches of {args.batch_size}, "
-          f"{100 * (1 - sum(lengths) / padded):.1f}% padding")
-
-    # Throughput: the whole file per call.
-    names = list(sides)
-    for name in names:  # warm-up (allocator, kernels, quantized weight packing, ORT's first-run setup)
-        sides[name].file(texts)
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(args.repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate: no side always first
-            sync(device)
-            start = time.perf_counter()
-            sides[name].file(texts)
-            sync(device)
-            rates[name].append(len(texts) / (time.perf_counter() - start))
-
-    # Latency: one text per call. Each side answers a block of texts on its own (a deployment runs one engine), the
-    # blocks rotated over rounds. Calls of different engines in turn slowed every side: an engine's idle threads
-    # spin on after a call and take the 2 cores from the next (p50 about halved for every side in blocks).
+    print_setup(args, model_dir, ref, texts, lengths, kept, graphs, left_out)
+    rates = time_files(sides, texts, args.repeats, device)
     few = texts[:args.latency_texts]
-    latency: dict[str, list[float]] = {name: [] for name in names}
-    rounds = min(args.repeats, len(few))
-    for r in range(rounds):
-        block = few[r::rounds]
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            for t in block[:3]:  # untimed: the previous side's threads wind down
-                sides[name].one(t)
-            for t in block:
-                sync(device)
-                start = time.perf_counter()
-                sides[name].one(t)
-                sync(device)
-                latency[name].append(1000 * (time.perf_counter() - start))
-
-    # Agreement with transformers on the workload, accuracy on the labelled splits (untimed runs).
-    probs = {name: side.file(texts) for name, side in sides.items()}
-    acc = {split: {name: 100 * float(np.mean(side.file(split_texts).argmax(1) == gold))
-                   for name, side in sides.items()} for split, (split_texts, gold) in scored.items()}
-    print(f"\ntexts/s over the file: median (min-max) of {args.repeats}; latency over {len(few)} single texts; "
-          f"accuracy (%) on {' and '.join(f'{k} ({len(v[1])} texts)' for k, v in scored.items()) or 'no split'}")
-    print(f"{'':28}{'texts/s':>28}{'vs transformers':>17}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'same label as tf':>18}{'max |dp|':>10}" + "".join(f"{'acc ' + split:>11}" for split in acc))
-    for name in names:
-        same = 100 * float(np.mean(probs[name].argmax(1) == probs["transformers"].argmax(1)))
-        dp = float(np.abs(probs[name] - probs["transformers"]).max())
-        print(f"{name:28}{spread(rates[name]):>28}{ratio(rates[name], rates['transformers']):16.2f}x"
-              f"{np.percentile(latency[name], 50):9.2f}{np.percentile(latency[name], 99):9.2f}"
-              f"{same:17.2f}%{dp:10.1e}" + "".join(f"{a[name]:11.2f}" for a in acc.values()))
-    for split, a in acc.items():
-        costs = [f"{name} {a[name] - a[base]:+.2f}" for name, base in NARROW_BASE.items() if name in a]
-        if costs:
-            print(f"accuracy on {split} against the same engine's fp32 (points): {', '.join(costs)}")
+    latency = time_single(sides, few, args.repeats, device)
+    print_table(sides, texts, scored, rates, latency, args.repeats, len(few))
     if "onnxruntime fp32" in rates:
-        p50 = {k: statistics.median(v) for k, v in latency.items()}
-        against = []
-        for name, peer in ORT_PEER.items():
-            if name not in rates:
-                continue
-            single = peer  # one text at a time both setups are the same: one batch on all the threads
-            if statistics.median(rates.get(f"{peer}, 2 streams", [0.0])) > statistics.median(rates[peer]):
-                peer = f"{peer}, 2 streams"  # its faster setup for a file
-            against.append(f"{name} {ratio(rates[name], rates[peer]):.2f}x {peer} "
-                           f"(p50 latency {p50[single] / p50[name]:.2f}x)")
-        print("against ONNX Runtime (ratios of medians, texts/s; latency above 1: ours answers sooner): "
-              + "; ".join(against))
+        print_against_ort(rates, latency)
     if args.profile:
         _profile({name: side for name, side in sides.items() if name.startswith("ours")},
                  HFSide(ref_tok, torch_forward(ref, device), args.batch_size), texts)

@@ -1,7 +1,7 @@
 """The int8 model's attention over short sequences in fp32 (the fused kernel) against bf16 (the explicit kernel,
-`bertforge.infer._bf16_attention`, on CPUs with native bf16): the model's time over a file and its accuracy. Both
-run on PyTorch's operators, as int8 does where bertforge's CPU kernels are not available (here they are switched
-off: bench/int8_kernels.py compares the two engines).
+`bertforge.infer.transforms._bf16_attention`, on CPUs with native bf16): the model's time over a file and its
+accuracy. Both run on PyTorch's operators, as int8 does where bertforge's CPU kernels are not available (here they
+are switched off: bench/int8_kernels.py compares the two engines).
 
 Both sides are `Predictor(quantize="int8")` on bench/inference.py's fine-tuned MiniLM; on the fp32 side every
 query/key/value product is told to write fp32 (`bf16_max_positions = 0`). Time is the model's alone (no

@@ -4,7 +4,7 @@ the model's time over a file and its accuracy.
 
 Every side is `Predictor(quantize="int8")` on bench/inference.py's fine-tuned MiniLM:
 - "operators": built with the kernels switched off, as on a machine without them (the attention of up to 64
-  tokens in bf16 on a CPU with native bf16, `bertforge.infer._bf16_attention`);
+  tokens in bf16 on a CPU with native bf16, `bertforge.infer.transforms._bf16_attention`);
 - "kernels": as `bertforge predict --quantize int8` runs where the kernels are available (query/key/value fp32);
 - "kernels, bf16 query/key/value": the same, the query/key/value products writing bf16 (which the attention kernel
   also reads), the variant the kernels' default was chosen against.

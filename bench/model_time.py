@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from inference import DATA, MAX_LENGTH, finetuned_model, uniform_texts
 
+from bertforge.batching import length_batches
 from bertforge.data.padding import pad_ids
-from bertforge.infer import Predictor, length_batches
+from bertforge.infer import Predictor
 from bertforge.tasks import get_task
 from bertforge.train.memory import keep_freed_memory
 

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from bertforge import BertConfig, BertModel
+from bertforge.batching import length_batches
 from bertforge.cli import main
-from bertforge.export import run_session, session, write_onnx
+from bertforge.export import write_onnx
 from bertforge.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from bertforge.infer import length_batches
+from bertforge.ort import run_session, session
 from bertforge.tokenizer import Tokenizer
 
 EXPORT_TEXTS = int(os.environ.get("BERTFORGE_EXPORT_TEXTS", "96"))

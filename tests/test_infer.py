@@ -13,23 +13,16 @@ import torch
 from torch import nn
 
 import bertforge.cpu
-import bertforge.infer
+import bertforge.infer.engines
+import bertforge.infer.transforms
 import bertforge.kernels
 import bertforge.tasks.runner
 from bertforge import BertConfig, BertforgeError, BertForMaskedLM, BertModel
 from bertforge.cli import main
+from bertforge.commands.inputs import read_input_records
 from bertforge.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from bertforge.infer import (
-    Encoder,
-    Int8Linear,
-    MaskFiller,
-    Predictor,
-    _has_onednn_ops,
-    length_batches,
-    predict_records,
-    quantize_int8,
-    read_input_records,
-)
+from bertforge.infer import Encoder, Int8Linear, MaskFiller, Predictor, predict_records, quantize_int8
+from bertforge.infer.transforms import _has_onednn_ops
 from bertforge.tokenizer import Tokenizer
 
 WORDS = ["the", "a", "of", "and", "to", "in", "is", "was", "it", "that", "film", "movie", "good", "bad", "great",
@@ -83,21 +76,6 @@ def unpadded_states(model: BertModel, tokenizer: Tokenizer, text: str) -> torch.
     ids = torch.tensor([tokenizer.encode(text).ids])
     with torch.no_grad():
         return model(ids).sequence_output[0]  # (T, H), no mask, no padding
-
-
-# --- batching ------------------------------------------------------------------------------------------
-
-
-def test_length_batches_cover_every_index_once_within_the_token_budget():
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 100, size=500)
-    batches = list(length_batches(lengths, max_tokens=400, max_batch=16))
-    assert sorted(np.concatenate(batches).tolist()) == list(range(500))
-    for b in batches:
-        assert len(b) <= 16 and (len(b) == 1 or len(b) * lengths[b].max() <= 400)
-    widths = [lengths[b].max() for b in batches]
-    assert widths == sorted(widths, reverse=True)  # longest first: padding only within a batch's own range
-    assert [len(b) for b in length_batches([500, 3], max_tokens=100)] == [1, 1]  # too long for the budget: alone
 
 
 # --- fill-mask -----------------------------------------------------------------------------------------
@@ -251,11 +229,11 @@ def test_int8_activation_codes(one_pass, monkeypatch):
     """Both ways of quantizing activations (torch's one-pass quantizer, and the passes used without it) give the
     codes worked out by hand, a code off by one at most where the value sits on a rounding boundary, and the
     range's ends at codes 0 and 255."""
-    monkeypatch.setattr(bertforge.infer, "_one_pass_quantizer", lambda: one_pass)
+    monkeypatch.setattr(bertforge.infer.transforms, "_one_pass_quantizer", lambda: one_pass)
     torch.manual_seed(0)
     for x in (torch.randn(64, 37, 48) * 3 - 1, torch.rand(300, 20) + 2, -torch.rand(10, 9), torch.zeros(4, 5)):
         expected, scale, zero = _activation_codes(x)
-        codes = bertforge.infer._u8_codes(x, scale, zero)
+        codes = bertforge.infer.transforms._u8_codes(x, scale, zero)
         assert codes.dtype == torch.uint8 and codes.shape == x.shape
         off = (codes.double() - expected).abs()
         assert off.max() <= 1 and (off > 0).double().mean() < 1e-3
@@ -309,7 +287,7 @@ def test_int8_attention_runs_in_bf16_on_short_sequences_where_the_cpu_has_bf16(m
     monkeypatch.setattr(bertforge.kernels, "available", lambda: False)
     encoder = Encoder(mlm_dir, quantize="int8")
     qkv = encoder.model.encoder.layer[0].attention.qkv
-    limit = bertforge.infer.INT8_BF16_ATTENTION_MAX_T
+    limit = bertforge.infer.transforms.INT8_BF16_ATTENTION_MAX_T
     with torch.no_grad():
         short, long = (qkv(torch.randn(2, t, qkv.in_features)) for t in (limit, limit + 1))
     assert short.dtype == (torch.bfloat16 if native_bf16 else torch.float32)
@@ -401,19 +379,19 @@ def test_predict_embed_and_fill_hold_off_the_cyclic_gc_and_restore_it(clf_dir, m
     import gc
 
     seen = []
-    real = bertforge.infer._padded_batch
+    real = bertforge.infer.engines._padded_batch
 
     def padded(*args):
         seen.append(gc.isenabled())
         return real(*args)
 
-    monkeypatch.setattr(bertforge.infer, "_padded_batch", padded)
+    monkeypatch.setattr(bertforge.infer.engines, "_padded_batch", padded)
     texts = [t for t in TEXTS if t]
     assert gc.isenabled()
     Encoder(mlm_dir).embed(texts)
     MaskFiller(mlm_dir).fill(MASKED)
     assert seen and not any(seen) and gc.isenabled()
-    monkeypatch.setattr(bertforge.infer, "run_model", lambda *a, **k: seen.append(gc.isenabled()) or 1 / 0)
+    monkeypatch.setattr(bertforge.infer.engines, "run_model", lambda *a, **k: seen.append(gc.isenabled()) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         Predictor(clf_dir).predict([{"text": t} for t in texts])
     assert seen[-1] is False and gc.isenabled()

@@ -16,17 +16,12 @@ from torch import nn
 
 import bertforge.cpu
 from bertforge import BertforgeError
+from bertforge.batching import length_batches
 from bertforge.cli import main
 from bertforge.heads import BertForSequenceClassification
-from bertforge.infer import (
-    Encoder,
-    Int8Linear,
-    PackedLinear,
-    Predictor,
-    _has_onednn_ops,
-    inference_dtype,
-    length_batches,
-)
+from bertforge.infer import Encoder, Int8Linear, PackedLinear, Predictor
+from bertforge.infer.checks import inference_dtype
+from bertforge.infer.transforms import _has_onednn_ops
 from bertforge.tokenizer import Tokenizer
 
 LABELS = ["negative", "positive"]
@@ -164,12 +159,16 @@ def test_int8_linear_error_within_the_quantization_steps():
 def test_precision_options_resolve_and_unsupported_combinations_are_refused(sentiment, monkeypatch):
     path = sentiment[0]
     cpu_device = torch.device("cpu")
-    assert inference_dtype("fp32", cpu_device) == torch.float32
-    assert inference_dtype("bf16", cpu_device) == torch.bfloat16
-    assert inference_dtype("auto", cpu_device, quantize="int8") == torch.float32  # int8 keeps the rest fp32
     for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):
         monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda native=native: native)
-        assert inference_dtype("auto", cpu_device) == dtype
+        assert inference_dtype("fp32", cpu_device) == torch.float32
+        assert inference_dtype("auto", cpu_device, quantize="int8") == torch.float32  # int8 keeps the rest fp32
+        assert inference_dtype("auto", cpu_device) == dtype  # unlike training's auto (fp32 on every CPU)
+    monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: True)
+    assert inference_dtype("bf16", cpu_device) == torch.bfloat16
+    monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: False)
+    with pytest.raises(BertforgeError, match="no bf16 dot products.*--precision fp32"):
+        inference_dtype("bf16", cpu_device)  # the one resolver refuses an emulated bf16 wherever it is asked
     with pytest.raises(BertforgeError, match="no bf16 dot products.*--precision fp32"):
         Predictor(path, precision="bf16", device="cpu")  # this CPU said to lack bf16: refused before loading
     monkeypatch.undo()

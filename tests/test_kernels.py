@@ -10,10 +10,11 @@ import torch.nn.functional as F
 import torch.utils.cpp_extension
 
 import bertforge.cpu
-import bertforge.infer
+import bertforge.infer.transforms
 from bertforge import BertConfig, kernels
 from bertforge.heads import BertForSequenceClassification
-from bertforge.infer import FusedInt8Encoder, _fused_int8_layer, _has_onednn_ops, quantize_int8
+from bertforge.infer import FusedInt8Encoder, quantize_int8
+from bertforge.infer.transforms import _fused_int8_layer, _has_onednn_ops
 from bertforge.model import BertEncoder, attention_mask_for_sdpa
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="bertforge's CPU kernels need AVX512 and a C++ "
@@ -170,7 +171,7 @@ def test_int8_encoder_runs_longer_batches_on_its_layers(monkeypatch):
     plain.layer = fused.layer
     ids, mask = batch(T=19)
     calls = []
-    monkeypatch.setattr(bertforge.infer, "_fused_int8_layer", lambda *args: calls.append(args))
+    monkeypatch.setattr(bertforge.infer.transforms, "_fused_int8_layer", lambda *args: calls.append(args))
     with torch.no_grad():
         longer = model(ids, attention_mask=mask).logits
         model.bert.encoder = plain

@@ -225,11 +225,16 @@ def _summarise(names: list[str]) -> str:
     return ", ".join(r + ".*" for r in roots)
 
 
-def load_pretrained(cls, path, *, config: BertConfig | None = None, verbose: bool = True, **overrides):
-    """Build `cls` from a model directory's config.json (or the given config) and load its weights."""
+def load_model(cls, path, *, config: BertConfig | None = None, verbose: bool = True,
+               **overrides) -> tuple[nn.Module, list[str]]:
+    """Build `cls` from a model directory's config.json (or the given config, with `overrides`) and load its
+    weights, read once: (model, the names of the weights the checkpoint lacked and the model initialised fresh,
+    heads only: `load_state`). `verbose` says on stderr what was initialised or dropped. The one model loader:
+    `load_pretrained` (`from_pretrained`) and the inference engines both come here."""
     path = Path(path)
     if not path.exists():
-        raise BertforgeError(f"model path {path} does not exist")
+        raise BertforgeError(f"model path {path} does not exist: pass a model directory (the --out directory of "
+                             "`bertforge pretrain` or `bertforge finetune`, or a Hugging Face BERT directory)")
     if config is None:
         config = BertConfig.from_json(path if path.is_dir() else path.parent)
     if overrides:
@@ -238,8 +243,14 @@ def load_pretrained(cls, path, *, config: BertConfig | None = None, verbose: boo
             overrides["id2label"] = None
         config = config.replace(**overrides)
     model = cls(config)
-    load_state(model, read_weights(path), source=str(path), verbose=verbose)
-    return model
+    fresh = load_state(model, read_weights(path), source=str(path), verbose=verbose)
+    return model, fresh
+
+
+def load_pretrained(cls, path, *, config: BertConfig | None = None, verbose: bool = True, **overrides):
+    """`load_model`'s model alone: build `cls` from a model directory's config.json (or the given config) and
+    load its weights."""
+    return load_model(cls, path, config=config, verbose=verbose, **overrides)[0]
 
 
 def save_pretrained(model: nn.Module, path: str | os.PathLike) -> None:

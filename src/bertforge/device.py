@@ -40,13 +40,34 @@ def pick_device(requested: str | None = None) -> torch.device:
     raise BertforgeError(f"--device {requested!r} is not a device: use one of {_choices()}")
 
 
-def refuse_emulated_cpu_bf16(precision: str, device: torch.device) -> None:
-    """An explicit bf16 on a CPU without bf16 instructions is refused, for training and inference alike: torch
-    would emulate it, many times slower than fp32 (a BERT-mini training step at 32 x 64 on an AVX2-only AMD
-    EPYC: 10.3 s against 0.45 s in fp32)."""
+def pick_precision(precision: str, device: torch.device, *, auto_bf16_on_cpu: bool) -> str:
+    """The number format a model runs in on `device`, "fp32" or "bf16", for `precision` "auto", "fp32" or "bf16"
+    (each caller checks its option's value first, with its own message): what training
+    (`train.loop.resolve_precision`) and inference (`infer.checks`) both run.
+
+    "auto" is bf16 where the device multiplies bf16 natively: a CUDA GPU with native bf16 (compute capability 8.0
+    and newer) and, where `auto_bf16_on_cpu`, a CPU with bf16 instructions (AVX512-BF16 or AMX); fp32 elsewhere.
+    The two uses differ on the CPU on purpose: inference passes True, as its bf16 only rounds a forward pass (on
+    bench/inference.py's classifier within 0.3 points of fp32's accuracy, about twice as fast); training passes
+    False and keeps fp32 on every CPU unless asked (bf16 autocast changes what the optimizer sees, so there it
+    is opt-in, as in other training tools).
+
+    An explicit bf16 where torch would only emulate it, slower than fp32, is refused, for training and inference
+    alike: on a CPU without bf16 instructions (a BERT-mini training step at 32 x 64 on an AVX2-only AMD EPYC:
+    10.3 s against 0.45 s in fp32) and on a CUDA GPU without native bf16 (a T4, a V100). There is no fp16 path.
+    `torch.cuda.is_bf16_supported` asks the current device, which `distributed.setup` sets to the rank's."""
+    native_cuda = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    if precision == "auto":
+        native_cpu = auto_bf16_on_cpu and device.type == "cpu" and cpu.has_native_bf16()
+        return "bf16" if native_cuda or native_cpu else "fp32"
     if precision == "bf16" and device.type == "cpu" and not cpu.has_native_bf16():
         raise BertforgeError("--precision bf16: this CPU has no bf16 dot products (AVX512-BF16 or AMX), so bf16 "
                              "would run slower than fp32; use --precision fp32, or auto to choose by the CPU")
+    if precision == "bf16" and device.type == "cuda" and not native_cuda:
+        name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "no CUDA device is available"
+        raise BertforgeError(f"--precision bf16: {device} ({name}) has no native bf16 support; "
+                             "use --precision fp32")
+    return precision
 
 
 def to_device(batch: dict, device: torch.device) -> dict:

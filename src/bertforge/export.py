@@ -28,18 +28,16 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.infer import load_encoder
 from bertforge.io import atomic_dir, atomic_path
-from bertforge.tasks.runner import TASK_FILE, load_task_model
+from bertforge.tasks.runner import MODEL_INPUTS, TASK_FILE, load_encoder, load_task_model
 
-INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 OPSET = 17  # the first opset with a LayerNormalization operator
 # Files of a model directory copied next to model.onnx, so the exported directory carries its tokenizer.
 SIDE_FILES = ("config.json", "task.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
 
 def require(module: str) -> ModuleType:
-    """Import onnx or onnxruntime, or say how to install them."""
+    """Import onnx or onnxruntime, or say how to install them (for `bertforge.ort` too)."""
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -91,7 +89,7 @@ def write_onnx(model: nn.Module, kind: str, path: str | Path, *, opset: int = OP
     onnx = require("onnx")
     model = model.eval().cpu()
     names = output_names(model, kind)
-    axes = {name: {0: "batch", 1: "tokens"} for name in INPUTS}
+    axes = {name: {0: "batch", 1: "tokens"} for name in MODEL_INPUTS}
     axes.update({name: {0: "batch"} if name == "pooler_output" or (kind == "classification" and name == "logits")
                  else {0: "batch", 1: "tokens"} for name in names})
     with atomic_path(path) as tmp, torch.no_grad(), warnings.catch_warnings():
@@ -101,7 +99,7 @@ def write_onnx(model: nn.Module, kind: str, path: str | Path, *, opset: int = OP
         # An eval-mode wrapper: the exporter restores the wrapper's mode afterwards, and a new module is in
         # training mode, which would switch dropout on in the caller's model.
         torch.onnx.export(_Traceable(model, kind).eval(), example_inputs(model.config), str(tmp), dynamo=False,
-                          input_names=list(INPUTS), output_names=names, dynamic_axes=axes, opset_version=opset)
+                          input_names=list(MODEL_INPUTS), output_names=names, dynamic_axes=axes, opset_version=opset)
         onnx.checker.check_model(str(tmp))
     return Path(path)
 
@@ -136,26 +134,6 @@ def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = OPSET) -
         for name in SIDE_FILES:
             if (model_dir / name).is_file():
                 shutil.copyfile(model_dir / name, tmp / name)
-        (tmp / "onnx.json").write_text(json.dumps({"kind": kind, "inputs": list(INPUTS),
+        (tmp / "onnx.json").write_text(json.dumps({"kind": kind, "inputs": list(MODEL_INPUTS),
                                                    "outputs": output_names(model, kind), "opset": opset}) + "\n")
     return out / "model.onnx"
-
-
-def session(path: str | Path, *, threads: int | None = None):
-    """An onnxruntime InferenceSession on the CPU for an exported model."""
-    ort = require("onnxruntime")
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def run_session(sess, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                attention_mask: torch.Tensor) -> dict[str, object]:
-    """Run an exported model on one batch; {output name: numpy array}."""
-    if token_type_ids is None:
-        token_type_ids = torch.zeros_like(input_ids)
-    feed = {"input_ids": input_ids.cpu().numpy(), "token_type_ids": token_type_ids.cpu().numpy(),
-            "attention_mask": attention_mask.cpu().numpy()}
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feed), strict=True))

@@ -1,4 +1,5 @@
-"""ONNX Runtime as the engine behind `Predictor` and `Encoder`: `bertforge predict/embed --backend onnx`.
+"""ONNX Runtime as the engine behind `Predictor` and `Encoder` (`bertforge predict/embed --backend onnx`), and the
+sessions of exported graphs (`session`, `run_session`), which tests and bench/inference.py run too.
 
     bertforge export --format onnx --model runs/sst2 --out runs/sst2-onnx
     bertforge predict --model runs/sst2-onnx --backend onnx --input texts.jsonl
@@ -26,9 +27,31 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.export import export_onnx, require, run_session, session, write_onnx
+from bertforge.export import export_onnx, require, write_onnx
+from bertforge.tasks.runner import MODEL_INPUTS, load_encoder
 
 ONNX_FILE = "model.onnx"
+
+
+def session(path: str | Path, *, threads: int | None = None):
+    """An onnxruntime InferenceSession on the CPU for an exported model (`threads`: its intra-op threads;
+    default onnxruntime's choice)."""
+    ort = require("onnxruntime")
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run_session(sess, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                attention_mask: torch.Tensor) -> dict[str, object]:
+    """Run an exported model on one batch; {output name: numpy array}."""
+    if token_type_ids is None:
+        token_type_ids = torch.zeros_like(input_ids)
+    inputs = (input_ids, token_type_ids, attention_mask)
+    feed = {name: tensor.cpu().numpy() for name, tensor in zip(MODEL_INPUTS, inputs, strict=True)}
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feed), strict=True))
 
 
 class OrtModel(nn.Module):
@@ -88,8 +111,6 @@ def load_ort_model(path: Path, quantize: str | None, *, encoder: bool = False) -
     """The session of an exported directory `path` (model.onnx) or of a model directory exported here (its task
     model, or with `encoder` its encoder), int8-quantized by ONNX Runtime if `quantize` is "int8". The session
     holds the graph in memory, so the temporary files are gone when this returns."""
-    from bertforge.infer import load_encoder
-
     require("onnxruntime")
     with tempfile.TemporaryDirectory(prefix="bertforge-onnx-") as tmp:
         graph = path / ONNX_FILE

@@ -1,10 +1,9 @@
-"""`bertforge finetune`, `bertforge evaluate` and `bertforge predict`.
+"""`bertforge finetune` and `bertforge evaluate` (`bertforge predict` is in commands/infer.py).
 
     bertforge finetune --task sst2 --data glue/SST-2 --init runs/mini --out runs/sst2
     bertforge finetune --task csv --data reviews/ --text-column text --label-column label --init runs/mini \\
         --out runs/reviews --seeds 3
     bertforge evaluate --model runs/sst2 --data glue/SST-2 --split dev
-    bertforge predict  --model runs/sst2 --text "a gorgeous, witty film"
 """
 
 from __future__ import annotations
@@ -12,16 +11,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, check_output_file, command_args, emit_jsonl, options_from
-from bertforge.errors import BertforgeError
-from bertforge.options import (
-    FinetuneOptions,
-    at_least,
-    backend_option,
-    inference_precision_option,
-    option,
-    quantize_option,
-)
+from bertforge.commands.base import Command, check_output_file, command_args, options_from
+from bertforge.options import FinetuneOptions, at_least, option
 
 
 @command_args(FinetuneOptions)
@@ -119,40 +110,9 @@ def run_evaluate(args: EvaluateArgs) -> int:
     return 0
 
 
-@dataclass
-class PredictArgs:
-    model: str = option(help="fine-tuned model directory (from `bertforge finetune`)")
-    text: list[str] = option([], help="text(s) to predict on; for QA the question")
-    text_pair: str | None = option(None, help="second text of a pair; for QA the context")
-    input: str | None = option(None, help="JSONL file of inputs: {\"text\", \"text_pair\"} per line (QA: "
-                                          "{\"question\", \"context\"}; multiple choice: {\"context\", \"choices\"})")
-    out: str | None = option(None, help="write JSONL predictions here instead of standard output")
-    batch_size: int = option(64, help="sequences per forward pass", bound=at_least(1))
-    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    quantize: str | None = quantize_option()
-    precision: str = inference_precision_option()
-    backend: str = backend_option()
-
-
-def run_predict(args: PredictArgs) -> int:
-    from bertforge.infer import predict_records, read_input_records
-
-    if bool(args.text) == bool(args.input):
-        raise BertforgeError("give either --text (one or more) or --input FILE.jsonl")
-    check_output_file(args.out)
-    records = read_input_records(args.input) if args.input else [
-        {"text": t, "text_pair": args.text_pair} for t in args.text]
-    results = predict_records(args.model, records, batch_size=args.batch_size, device=args.device,
-                              quantize=args.quantize, precision=args.precision, backend=args.backend)
-    emit_jsonl(results, args.out, "predictions")
-    return 0
-
-
 COMMANDS = [
     Command("finetune", FinetuneArgs, run_finetune, help="fine-tune a pretrained model on a task",
             description=__doc__, keeps_freed_memory=True),
     Command("evaluate", EvaluateArgs, run_evaluate, help="score a fine-tuned model on a split",
-            description=__doc__, keeps_freed_memory=True),
-    Command("predict", PredictArgs, run_predict, help="predict with a fine-tuned model on new text",
             description=__doc__, keeps_freed_memory=True),
 ]

@@ -1,12 +1,15 @@
-"""`bertforge fill-mask` and `bertforge embed`.
+"""`bertforge predict`, `bertforge fill-mask` and `bertforge embed`.
 
+    bertforge predict --model runs/sst2 --text "a gorgeous, witty film"
+    bertforge predict --model runs/sst2 --input texts.jsonl --out predictions.jsonl --quantize int8
     bertforge fill-mask --model runs/mini "the quick brown [MASK] jumps over the lazy dog"
     bertforge fill-mask --model runs/mini --input texts.txt --top-k 3 --json --quantize int8
     bertforge embed --model runs/mini --text "a first text" "a second one" --pooling mean
     bertforge embed --model runs/mini --input texts.txt --out vectors.npy --pooling mean --normalize
     bertforge embed --model runs/mini --input texts.txt --out vectors.npy --backend onnx   # ONNX Runtime
 
---input takes a text file (one text per line) or JSONL ({"text": ...} per line). Inputs are batched by
+--input takes a text file (one text per line) or JSONL ({"text": ...} per line; for predict the task's fields:
+{"text", "text_pair"}, QA {"question", "context"}, multiple choice {"context", "choices"}). Inputs are batched by
 length, so no time goes into padding; --precision bf16 (CPUs with AVX512-BF16 or AMX)
 runs the model in bfloat16 and --quantize int8 (CPU) makes the Linear layers int8: bf16 about twice as fast
 as fp32, int8 1.4-2x by CPU, for a small change in the outputs (see bench/inference.py).
@@ -23,10 +26,39 @@ from bertforge.errors import BertforgeError
 from bertforge.options import at_least, backend_option, inference_precision_option, option, quantize_option
 
 
+@dataclass
+class PredictArgs:
+    model: str = option(help="fine-tuned model directory (from `bertforge finetune`)")
+    text: list[str] = option([], help="text(s) to predict on; for QA the question")
+    text_pair: str | None = option(None, help="second text of a pair; for QA the context")
+    input: str | None = option(None, help="JSONL file of inputs: {\"text\", \"text_pair\"} per line (QA: "
+                                          "{\"question\", \"context\"}; multiple choice: {\"context\", \"choices\"})")
+    out: str | None = option(None, help="write JSONL predictions here instead of standard output")
+    batch_size: int = option(64, help="sequences per forward pass", bound=at_least(1))
+    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    quantize: str | None = quantize_option()
+    precision: str = inference_precision_option()
+    backend: str = backend_option()
+
+
+def run_predict(args: PredictArgs) -> int:
+    from bertforge.commands.inputs import read_input_records
+    from bertforge.infer import predict_records
+
+    if bool(args.text) == bool(args.input):
+        raise BertforgeError("give either --text (one or more) or --input FILE.jsonl")
+    check_output_file(args.out)
+    records = read_input_records(args.input) if args.input else [
+        {"text": t, "text_pair": args.text_pair} for t in args.text]
+    results = predict_records(args.model, records, batch_size=args.batch_size, device=args.device,
+                              quantize=args.quantize, precision=args.precision, backend=args.backend)
+    emit_jsonl(results, args.out, "predictions")
+    return 0
+
+
 def _texts(texts: list[str], input_file: str | None) -> list[str]:
     """--text arguments, then the texts of --input FILE."""
-    from bertforge.infer import _texts as record_texts
-    from bertforge.infer import read_input_records
+    from bertforge.commands.inputs import read_input_records, record_texts
 
     out = list(texts)
     if input_file:
@@ -110,6 +142,8 @@ def run_embed(args: EmbedArgs) -> int:
 
 
 COMMANDS = [
+    Command("predict", PredictArgs, run_predict, help="predict with a fine-tuned model on new text",
+            description=__doc__, keeps_freed_memory=True),
     Command("fill-mask", FillMaskArgs, run_fill_mask, help="predict the words behind [MASK]", description=__doc__,
             keeps_freed_memory=True),
     Command("embed", EmbedArgs, run_embed, help="sentence embeddings (CLS or mean pooling)", description=__doc__,

@@ -1,5 +1,6 @@
 """A fine-tuned task model, loaded from its directory and run in batches: what `evaluate`, `predict`,
-`export` and the fine-tuning loop's dev evaluation share.
+`export` and the fine-tuning loop's dev evaluation share; and any model directory's encoder, loaded for
+`embed` and `export`.
 
 A fine-tuned model directory holds the model (config.json with the label map, model.safetensors), the
 tokenizer and `task.json` (task name, options, labels, sequence length); `bertforge.train.finetune` writes it.
@@ -17,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertforge.batching import length_batches, run_batches
+from bertforge.checkpoint import load_model
 from bertforge.device import pick_device, to_device
 from bertforge.errors import BertforgeError
 from bertforge.heads import (
@@ -25,7 +28,7 @@ from bertforge.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bertforge.streams import run_batches
+from bertforge.model import BertModel
 from bertforge.tasks.base import QAExample, TaggedExample, Task
 from bertforge.tasks.features import collate
 from bertforge.tasks.registry import get_task
@@ -38,6 +41,7 @@ MODEL_FOR_KIND = {
     "question_answering": BertForQuestionAnswering,
     "multiple_choice": BertForMultipleChoice,
 }
+# The inputs of every model, in their forward's order: what a batch feeds it and what an exported graph takes.
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 TASK_FILE = "task.json"
 
@@ -53,7 +57,7 @@ def run_model(model: nn.Module, features: Sequence[dict], pad_id: int, *, batch_
     """The head's outputs for every feature, in feature order, with no work on padding beyond each
     length-sorted batch's longest: (N, L) logits, (N, C) for multiple choice, a list of (T_i, L) arrays for
     tagging, and (start list, end list) of (T_i,) arrays for QA. `streams`: batches run at once
-    (`bertforge.streams`)."""
+    (`bertforge.batching`)."""
     return assemble_outputs(per_feature_outputs(model, features, pad_id, batch_size=batch_size, device=device,
                                                 streams=streams))
 
@@ -66,7 +70,6 @@ def per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int,
         model.eval()
     device = device or next(model.parameters()).device
     lengths = np.array([feature_length(f) for f in features])
-    order = np.argsort(-lengths, kind="stable")
     results: list[Any] = [None] * len(features)
 
     def run(idx: np.ndarray) -> None:
@@ -87,7 +90,7 @@ def per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int,
             for row, j in enumerate(idx):
                 results[j] = logits[row]
 
-    run_batches(run, [order[i:i + batch_size] for i in range(0, len(order), batch_size)], streams)
+    run_batches(run, list(length_batches(lengths, max_tokens=None, max_batch=batch_size)), streams)
     return results
 
 
@@ -120,6 +123,15 @@ def load_task_model(path: str | Path, *, device: str | None = None) -> TaskModel
     tokenizer = Tokenizer.from_pretrained(path)
     tokenizer.check_compatible(model.config)
     return TaskModel(task, model, tokenizer, int(spec.get("max_length", task.max_length)), spec)
+
+
+def load_encoder(path: str | Path) -> BertModel:
+    """The encoder of any model directory (pretrained or fine-tuned; heads ignored), in eval mode, without a
+    pooler where the directory has no pooler weights: a randomly initialised one is never used or exported."""
+    model, fresh = load_model(BertModel, path, verbose=False)
+    if any(k.startswith("pooler.") for k in fresh):
+        model.pooler = None
+    return model.eval()
 
 
 def load_task(path: Path) -> tuple[Task, dict]:

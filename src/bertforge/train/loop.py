@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from bertforge.checkpoint import load_state, read_weights, unwrap
-from bertforge.device import pick_device, refuse_emulated_cpu_bf16, to_device
+from bertforge.device import pick_device, pick_precision, to_device
 from bertforge.errors import BertforgeError
 from bertforge.io import MetricsLog, atomic_dir, progress_reporter, read_jsonl, write_json, write_text
 from bertforge.options import PRECISIONS, LoopConfig
@@ -85,23 +85,12 @@ class _StopFlag:
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """The precision a run uses, "fp32" or "bf16": "auto" is bf16 on a CUDA device with native bf16 (compute
-    capability 8.0 and newer) and fp32 elsewhere, the CPU included (bf16 there is opt-in, as in other training
-    tools: worth it only where the CPU has bf16 instructions, see `bertforge.cpu`). An explicit "bf16" on a CUDA
-    device without native bf16, or on a CPU without bf16 instructions (`device.refuse_emulated_cpu_bf16`, as for
-    inference), is refused: torch would emulate it, slower than fp32 (there is no fp16 path).
-    `torch.cuda.is_bf16_supported` asks the current device, which `distributed.setup` sets to the rank's."""
+    """The precision a training run uses, "fp32" or "bf16": `device.pick_precision` for training, where "auto"
+    is bf16 on a CUDA device with native bf16 and fp32 elsewhere, the CPU included (bf16 there is opt-in; see
+    `pick_precision` for why inference differs). An explicit "bf16" torch would only emulate is refused."""
     if precision not in PRECISIONS:
         raise BertforgeError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    native = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
-    if precision == "auto":
-        return "bf16" if native else "fp32"
-    refuse_emulated_cpu_bf16(precision, device)
-    if precision == "bf16" and device.type == "cuda" and not native:
-        name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "no CUDA device is available"
-        raise BertforgeError(f"--precision bf16: {device} ({name}) has no native bf16 support; "
-                             "use --precision fp32")
-    return precision
+    return pick_precision(precision, device, auto_bf16_on_cpu=False)
 
 
 def autocast(device: torch.device, precision: str):

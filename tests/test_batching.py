@@ -1,13 +1,40 @@
-"""Inference batches two at a time on a CPU (`bertforge.streams`): every batch once, the caller's settings kept."""
+"""Inference batches (`bertforge.batching`): grouped by length within their budgets, and run two at a time on a
+CPU, every batch once, the caller's settings kept."""
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
-from bertforge.streams import cpu_streams, run_batches
+from bertforge.batching import cpu_streams, length_batches, run_batches
+from bertforge.errors import BertforgeError
+
+
+def test_length_batches_cover_every_index_once_within_the_token_budget():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 100, size=500)
+    batches = list(length_batches(lengths, max_tokens=400, max_batch=16))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(500))
+    for b in batches:
+        assert len(b) <= 16 and (len(b) == 1 or len(b) * lengths[b].max() <= 400)
+    widths = [lengths[b].max() for b in batches]
+    assert widths == sorted(widths, reverse=True)  # longest first: padding only within a batch's own range
+    assert [len(b) for b in length_batches([500, 3], max_tokens=100)] == [1, 1]  # too long for the budget: alone
+
+
+def test_length_batches_without_a_token_budget_are_fixed_size_in_length_order():
+    """What predict and evaluate run (`run_model`'s batch size): stable length order, longest first, cut every
+    max_batch indices whatever the lengths."""
+    lengths = [3, 9, 3, 500, 9, 1, 3]
+    batches = [b.tolist() for b in length_batches(lengths, max_tokens=None, max_batch=3)]
+    assert batches == [[3, 1, 4], [0, 2, 6], [5]]
+    assert list(length_batches([], max_tokens=None, max_batch=3)) == []
+    for bad in ({"max_tokens": 0}, {"max_batch": 0}, {"max_tokens": None, "max_batch": 0}):
+        with pytest.raises(BertforgeError, match="must be at least 1"):
+            list(length_batches(lengths, **bad))
 
 
 @pytest.fixture

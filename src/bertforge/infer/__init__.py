@@ -1,0 +1,36 @@
+"""Inference on new text: fill-mask, task predictions (classification, regression, NER, QA, multiple choice)
+and embeddings, from Python and the command line.
+
+Speed on CPU comes from five choices, each measured by bench/inference.py (the kernels by bench/int8_kernels.py):
+- no computing on padding beyond what a batch needs: inputs are sorted by length and batched by a token
+  budget, so each batch is padded only to its own longest sequence, and results are put back in input order;
+- every Linear layer's weight laid out once for oneDNN's matrix kernels (`pack_linears`): the matrix products
+  are most of the time on short texts, and torch's nn.Linear hands fp32 ones to MKL, which packs the weight
+  anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight);
+- a narrower number format where the CPU multiplies it natively: `precision="bf16"` (the whole model in
+  bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers on oneDNN, the rest
+  fp32: 8-bit weights with VNNI's int32 sums, 7-bit weights on AVX2, whose int16 pair sums would saturate;
+  attention over short texts in bf16 where the CPU has it, which is faster there than fp32's fused kernel);
+- for int8 on an AVX512 CPU, bertforge's own kernels between the products (`bertforge.kernels`, built on first
+  use): each layer's attention in one pass per sequence, each residual add + LayerNorm in one pass per row, and
+  the activation ranges handed to the next product (`FusedInt8Encoder`);
+- two batches at a time, each on half the threads, where there are 2 or more threads and 4 or more batches
+  (`bertforge.batching`): small products use a CPU's threads better side by side than split.
+
+The package by job: `engines` (Encoder, MaskFiller, Predictor), `transforms` (the model rewritten for the CPU:
+packed and int8 Linear layers, the fused int8 encoder), `checks` (the options checked together, and the device
+and dtype they give). Reading the command line's input files is the CLI's (`bertforge.commands.inputs`).
+"""
+
+from bertforge.infer.engines import Encoder, MaskFiller, Predictor, predict_records
+from bertforge.infer.transforms import (
+    INT8_BF16_ATTENTION_MAX_T,
+    FusedInt8Encoder,
+    Int8Linear,
+    PackedLinear,
+    pack_linears,
+    quantize_int8,
+)
+
+__all__ = ["INT8_BF16_ATTENTION_MAX_T", "Encoder", "FusedInt8Encoder", "Int8Linear", "MaskFiller", "PackedLinear",
+           "Predictor", "pack_linears", "predict_records", "quantize_int8"]

@@ -1,0 +1,304 @@
+"""A model rewritten for fast inference on the CPU, in place, same weights: every Linear layer's weight packed once
+for oneDNN's matrix kernels (`pack_linears`), or made int8 (`quantize_int8`): oneDNN's int8 products, the
+feed-forward GELU inside them, short texts' attention in bf16 where the CPU multiplies it natively, and on an
+AVX512 CPU bertforge's own kernels between the products (`FusedInt8Encoder`). `prepare` picks among them for an
+engine's options. Why each, with its measurements: `bertforge.infer`.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+from bertforge import cpu, kernels
+from bertforge.infer.checks import inference_dtype
+from bertforge.model import BertEncoder, BertLayer, BertSelfAttention
+
+
+@functools.cache
+def _has_onednn_ops() -> bool:
+    """Does this torch build have the oneDNN operators `PackedLinear` and `Int8Linear` call (torch's own
+    compiler calls them for CPU code; they are not a public API, so their absence means plain nn.Linear)?"""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.onednn, "qlinear_pointwise"))
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear for CPU inference: its weight reordered once, in fp32 or bf16, into the blocked layout of
+    oneDNN's matrix kernels, which then read it as it is on every call. The product is nn.Linear's in the
+    weight's dtype (fp32: the same to rounding, max |difference| ~1e-6 on unit-scale inputs)."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        # a oneDNN tensor (layout torch._mkldnn), not a Parameter: state_dict and .to() do not apply to it
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype))
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+class Int8Linear(nn.Module):
+    """A dynamically quantized Linear on oneDNN's int8 kernels. The weight is int8, symmetric per output
+    channel with `weight_bits` bits (8: codes within +-127; 7: within +-63), reordered once; activations are
+    quantized per call to all 8 bits (u8, per tensor, the zero point placed by the batch's min and max, a
+    range that always holds 0); the output is fp32. With VNNI the products are summed in int32; on AVX2 the
+    kernel first sums pairs of u8 x s8 products in int16, which 7-bit weights keep from saturating
+    (`bertforge.cpu.int8_weight_bits`). `activation="gelu"` applies the exact (erf) GELU inside the kernel.
+    `bf16_max_positions`: the output is bf16 instead, for inputs (..., T, in) of at most this many positions T
+    (0: never), for the attention's explicit bf16 kernel (`quantize_int8`). `kernels`: fp32 inputs' range and
+    codes come from bertforge's kernels (`FusedInt8Encoder` sets it): the same codes up to a code off by one at a
+    rounding boundary, faster (on 6,912 x 1,536, one thread: the range 1.3x torch.aminmax's speed, the codes 1.2x
+    torch.quantize_per_tensor's)."""
+
+    def __init__(self, linear: nn.Linear, weight_bits: int = 8):
+        super().__init__()
+        if weight_bits not in (7, 8):
+            raise ValueError(f"weight_bits must be 7 or 8, not {weight_bits}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        top = 2 ** (weight_bits - 1) - 1
+        self.weight_scale = w.abs().amax(1).clamp(min=1e-12) / top  # (out,)
+        self.weight_zero = torch.zeros(self.out_features, dtype=torch.long)
+        q = (w / self.weight_scale[:, None]).round().clamp(-top, top).to(torch.int8)
+        self.weight = torch.ops.onednn.qlinear_prepack(q, None)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self.activation = "none"
+        self.bf16_max_positions = 0
+        self.kernels = False
+
+    def forward(self, x: torch.Tensor, bounds: torch.Tensor | None = None) -> torch.Tensor:
+        """bounds: x's (min, max) where the caller already has them (the fused kernels give them)."""
+        if bounds is None:
+            bounds = torch.ops.bertforge.value_range(x) if self.kernels else torch.aminmax(x)
+        lo, hi = min(float(bounds[0]), 0.0), max(float(bounds[1]), 0.0)
+        scale = (hi - lo) / 255 or 1.0
+        zero = round(-lo / scale)
+        codes = torch.ops.bertforge.quantize_u8(x, scale, zero) if self.kernels else _u8_codes(x.float(), scale, zero)
+        out = torch.bfloat16 if x.dim() > 2 and x.shape[-2] <= self.bf16_max_positions else torch.float32
+        return torch.ops.onednn.qlinear_pointwise(codes, scale, zero, self.weight, self.weight_scale,
+                                                  self.weight_zero, self.bias, 1.0, 0, out,
+                                                  self.activation, [], "none")
+
+
+@functools.cache
+def _one_pass_quantizer() -> bool:
+    """Does torch have `quantize_per_tensor` (deprecated in favour of torchao, but in every torch bertforge
+    supports)? Its one deprecation warning is taken here, once, so that predict does not print it."""
+    if not hasattr(torch, "quantize_per_tensor"):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.quantize_per_tensor(torch.zeros(1), 1.0, 0, torch.quint8)
+    return True
+
+
+def _u8_codes(x: torch.Tensor, scale: float, zero: int) -> torch.Tensor:
+    """round(x / scale) + zero within [0, 255], as uint8 (x fp32). torch's quantize_per_tensor does it in one
+    vectorized pass, and its codes are read where it wrote them: `int_repr()` would copy them, which took 4x
+    the quantizing itself. On the bench's MiniLM (AVX512-VNNI EPYC, 2 threads) int8 predict ran
+    1.10-1.14x faster than with the three passes below, which remain for a torch without it."""
+    if _one_pass_quantizer():
+        q = torch.quantize_per_tensor(x, scale, zero, torch.quint8)
+        return torch.empty(0, dtype=torch.uint8).set_(q.untyped_storage(), q.storage_offset(), q.shape, q.stride())
+    # x / scale + zero rounded half up by the truncating cast, through int16 (torch casts float to uint8 one value
+    # at a time, 3x slower than both casts); 0.5 code of headroom at the top, clamped
+    shifted = torch.add(torch.tensor(zero + 0.5), x, alpha=1 / scale).clamp_(0, 255.5)
+    return shifted.to(torch.int16).to(torch.uint8)
+
+
+def _fuse_gelu(model: nn.Module) -> None:
+    """The feed-forward GELU of every BertLayer moved into its int8 `intermediate` product (oneDNN applies it
+    as the product is written, instead of a pass over the (B, T, I) output), where the layer's activation
+    is the exact GELU: about 1.1x on the whole int8 model (bench/inference.py's MiniLM, 2 threads)."""
+    for layer in model.modules():
+        if isinstance(layer, BertLayer) and layer.act is F.gelu and isinstance(layer.intermediate, Int8Linear):
+            layer.intermediate.activation = "gelu"
+            layer.act = nn.Identity()
+
+
+# The longest sequences whose int8 attention runs in bf16 (`_bf16_attention`). Heads of 32, 4,096 tokens a call,
+# one thread, AMD EPYC with AVX512-BF16: the explicit bf16 kernel took 4.7 against fp32's fused 6.1 ms at 16 keys,
+# 7.0 against 9.8 at 40 and 8.9 against 9.0 at 64, but 11.3 against 11.1 at 80 and 17.0 against 15.1 at 128
+# (`OMP_NUM_THREADS=1 bench/attention.py --int8 --heads 12 --head-size 32 --tokens 4096`). End to end, on 16-128-token
+# texts, a threshold of 128 did no better than 64 (1.008x over fp32 attention both; bench/int8_attention.py).
+INT8_BF16_ATTENTION_MAX_T = 64
+
+
+def _bf16_attention(model: nn.Module) -> None:
+    """On a CPU that multiplies bf16 natively, every int8 attention's query/key/value product written in bf16
+    for sequences of up to `INT8_BF16_ATTENTION_MAX_T` positions: the attention then runs on the model's
+    explicit bf16 kernel rather than fp32's fused one, whose cost on short sequences is mostly fixed per
+    (sequence, head) pair. On fine-tuned MiniLM (AMD EPYC, one thread) the int8 model ran 1.05-1.08x faster over
+    Rotten Tomatoes test and 1.01x over 16-128-token texts, accuracy within 0.1 points of the fp32 model's on dev
+    and test (bench/int8_attention.py)."""
+    if not cpu.has_native_bf16():
+        return
+    for attention in model.modules():
+        if isinstance(attention, BertSelfAttention) and isinstance(attention.qkv, Int8Linear):
+            attention.qkv.bf16_max_positions = INT8_BF16_ATTENTION_MAX_T
+
+
+class FusedInt8Encoder(nn.Module):
+    """A `BertEncoder` of int8 layers (its own modules, same weights) run on bertforge's CPU kernels
+    (`bertforge.kernels`): each layer's attention in one pass per sequence, each residual add + LayerNorm in one
+    pass per row, and the activation range each of them gives handed to the int8 product that follows, which
+    then skips its own pass to find it. Post-LN and pre-LN layers alike. Batches longer than `max_positions` run
+    the layers as they are."""
+
+    def __init__(self, encoder: BertEncoder, max_positions: int):
+        super().__init__()
+        self.plain = encoder  # the same layers, run as they are past max_positions
+        self.max_positions = max_positions
+
+    @property
+    def layer(self) -> nn.ModuleList:
+        return self.plain.layer
+
+    @property
+    def final_norm(self) -> nn.LayerNorm | None:
+        """Pre-LN layers: the LayerNorm after the last."""
+        return self.plain.final_norm
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """As `BertEncoder.forward`: x (B, T, H), mask (B, 1, 1, T) bool or None, positions (B, P) or None."""
+        if x.shape[1] > self.max_positions:
+            return self.plain(x, mask, positions)
+        keys = None if mask is None else mask[:, 0, 0, :]
+        if self.final_norm is not None:
+            return self._pre_ln(x, keys, positions)
+        last = len(self.layer) - 1
+        bounds = None
+        for i, layer in enumerate(self.layer):
+            x, bounds = _fused_int8_layer(layer, x, keys, positions if i == last else None, bounds)
+        return x
+
+    def _pre_ln(self, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None) -> torch.Tensor:
+        """Pre-LN layers, x = x + Attn(LN(x)); x = x + FFN(LN(x)), then the final LayerNorm: each LayerNorm fused
+        with the residual add before it, keeping the sum as the residual stream."""
+        ops = torch.ops.bertforge
+        norm = self.layer[0].attention_norm
+        x, normed, bounds = ops.residual_layer_norm(x, None, norm.weight, norm.bias, norm.eps)
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            attention = layer.attention
+            y, y_bounds = ops.attention(attention.qkv(normed, bounds), attention.num_heads, keys,
+                                        positions if i == last else None)
+            if i == last and positions is not None:
+                x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[2]))
+            norm = layer.output_norm
+            x, normed, bounds = ops.residual_layer_norm(layer.attention_out(y, y_bounds), x, norm.weight, norm.bias,
+                                                        norm.eps)
+            out = layer.output(layer.intermediate(normed, bounds))
+            norm = self.final_norm if i == last else self.layer[i + 1].attention_norm
+            x, normed, bounds = ops.residual_layer_norm(out, x, norm.weight, norm.bias, norm.eps)
+        return normed
+
+
+def _fused_int8_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None,
+                      bounds: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`BertLayer.forward` (post-LN, eval) on the kernels: (output, its (min, max))."""
+    ops = torch.ops.bertforge
+    attention = layer.attention
+    y, y_bounds = ops.attention(attention.qkv(x, bounds), attention.num_heads, keys, positions)
+    if positions is not None:
+        x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[2]))
+    norm = layer.attention_norm
+    x, x_bounds = ops.add_layer_norm(layer.attention_out(y, y_bounds), x, norm.weight, norm.bias, norm.eps)
+    norm = layer.output_norm
+    return ops.add_layer_norm(layer.output(layer.intermediate(x, x_bounds)), x, norm.weight, norm.bias, norm.eps)
+
+
+# The longest batches the fused int8 encoder runs; longer ones run PyTorch's operators.
+FUSED_INT8_MAX_T = 512
+
+
+def _fuse_int8_encoders(model: nn.Module) -> None:
+    """Every BertEncoder of int8 layers with the feed-forward GELU inside the product (`_fuse_gelu`) and heads of
+    a multiple of 16 replaced by a `FusedInt8Encoder`, where bertforge's CPU kernels are available. Their
+    query/key/value products write fp32: the attention kernel takes bf16 too, 1.02-1.03x faster on the bench's
+    MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev accuracy in four measurements (fp32: +0.0 to +0.2;
+    bench/int8_kernels.py)."""
+
+    def fusable(encoder: BertEncoder) -> bool:
+        return all(
+            isinstance(layer.intermediate, Int8Linear) and layer.intermediate.activation == "gelu"
+            and isinstance(layer.act, nn.Identity) and all(
+                isinstance(m, Int8Linear) for m in (layer.attention.qkv, layer.attention_out, layer.output))
+            and layer.attention.head_size % 16 == 0  # so the hidden size too
+            and layer.pre_ln == (encoder.final_norm is not None)
+            for layer in encoder.layer)
+
+    encoders = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+                if isinstance(child, BertEncoder) and fusable(child)]
+    if not encoders or not kernels.available():
+        return
+    for parent, name, encoder in encoders:
+        for layer in encoder.layer:
+            layer.attention.qkv.bf16_max_positions = 0
+            for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
+                product.kernels = True
+        setattr(parent, name, FusedInt8Encoder(encoder, FUSED_INT8_MAX_T))
+
+
+def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """Every nn.Linear of `model` replaced by `make(linear)`, in place."""
+    for name, child in model.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(model, name, make(child))
+        else:
+            _swap_linears(child, make)
+    return model
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """Every nn.Linear of a CPU model replaced by a `PackedLinear` in the model's dtype, in place (unchanged
+    where torch lacks the oneDNN operators). For inference: the packed weights take no gradient."""
+    if not _has_onednn_ops():
+        return model
+    return _swap_linears(model, lambda lin: PackedLinear(lin, lin.weight.dtype))
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Dynamic int8 quantization of every nn.Linear, in place: weights int8 per output channel, once;
+    activations quantized per batch, per tensor; CPU only. Embeddings, LayerNorm and the MLM decoder (tied
+    to the word embeddings, a plain matrix product) stay fp32, and so does attention, except over short
+    sequences on a CPU that multiplies bf16 natively (`_bf16_attention`).
+
+    Per-channel weights, not per-tensor: on fine-tuned MiniLM (rotten-tomatoes test) they kept 95.9% of
+    fp32's predicted labels instead of 93.3%, at the same speed. On x86 the layers are `Int8Linear`, on
+    oneDNN, with 8-bit activations and 8-bit weights where the CPU has int8 dot products into int32, 7-bit
+    weights with AVX2 alone (`bertforge.cpu.int8_weight_bits`). On an AVX2 AMD EPYC without VNNI that kept
+    fine-tuned MiniLM within 0.3 points of fp32 on Rotten Tomatoes dev and test (torch's fbgemm layers, which
+    take 7-bit activations instead: -0.9 on dev) at about their speed (1.04x). Elsewhere (no oneDNN
+    operators or no x86 flags) torch's fbgemm/qnnpack layers, 7-bit activations."""
+    bits = cpu.int8_weight_bits()
+    if bits is not None and _has_onednn_ops():
+        _swap_linears(model, functools.partial(Int8Linear, weight_bits=bits))
+        _fuse_gelu(model)
+        _bf16_attention(model)
+        _fuse_int8_encoders(model)
+        _one_pass_quantizer()  # here, once, not first in two batch streams at once (it swaps warning filters)
+        return model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
+        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
+                                mapping={nn.Linear: DynamicLinear}, inplace=True)
+
+
+def prepare(model: nn.Module, quantize: str | None, device: torch.device, precision: str) -> nn.Module:
+    """The model in its inference form: on `device` in the dtype of `precision`, its Linear layers int8
+    (`quantize`, CPU) or, on the CPU, packed for oneDNN."""
+    model = model.to(device=device, dtype=inference_dtype(precision, device, quantize))
+    if quantize == "int8":
+        return quantize_int8(model)
+    return pack_linears(model) if device.type == "cpu" else model
