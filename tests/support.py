@@ -1,9 +1,11 @@
-"""Shared helpers for the tests/test_data_*.py files: a small synthetic corpus, a tokenizer trained on it
-(once per session), and prepared data. No tests here."""
+"""Helpers that several test files share (no tests, no fixtures: those are in conftest.py): a small synthetic
+corpus, a tokenizer trained on it and data prepared with it (once per session), a bound for sampled proportions,
+and the digests of a tree of files (to show that a command left its inputs alone)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import tempfile
 from pathlib import Path
 
@@ -79,3 +81,13 @@ def prepared_dir(n_docs: int = 80, max_seq_len: int = 64, val_fraction: float = 
 def binomial_bound(n: int, p: float, sigmas: float = 5.0) -> float:
     """Half-width of a `sigmas`-sigma interval for a proportion estimated from n Bernoulli(p) draws."""
     return sigmas * float(np.sqrt(p * (1 - p) / n))
+
+
+def file_digests(*paths: Path) -> dict[str, str]:
+    """Every file under `paths` and its SHA-256 (a run directory's .lock holds the last pid: not content)."""
+    found = {}
+    for top in paths:
+        for p in sorted([top] if top.is_file() else top.rglob("*")):
+            if p.is_file() and p.name != ".lock":
+                found[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return found
