@@ -729,6 +729,7 @@ def test_shards_written_to_a_full_disk_raise_enospc(tmp_path):
     assert os_error_message(e.value) == "no space left on device writing the output: free space or choose another --out"
 
 
+@pytest.mark.slow  # a fresh process
 def test_embeddings_past_the_file_size_limit_are_not_written_short(toy, tmp_path):
     """np.save into the file wrote the header and what fitted of the array, and the command exited 0 (the array
     went through ndarray.tofile, which lost the failed write). 2 x 128 float32 values do not fit in 300 bytes."""
@@ -751,6 +752,7 @@ def _file_size_limit(limit: int):
     return limited
 
 
+@pytest.mark.slow  # a fresh process
 def test_prepare_past_the_file_size_limit_keeps_the_data_it_would_replace(toy, tmp_path):
     """The real thing, in a process of its own: the kernel refuses to grow a file past `ulimit -f` (EFBIG). The token
     shard (about 3 kB) does not fit in 2,000 bytes; the data prepared before stays as it was."""

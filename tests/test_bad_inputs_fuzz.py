@@ -95,6 +95,7 @@ def options(command: str) -> list[str]:
     return sorted(parser._option_string_actions)
 
 
+@pytest.mark.slow
 @FEW
 @given(command=st.sampled_from(sorted(BASE)), data=st.data())
 def test_random_options(inputs, tmp_path, monkeypatch, capsys, command, data):

@@ -173,6 +173,7 @@ def test_every_command_refuses_each_numeric_option_below_its_range(capsys, nothi
         assert_one_error_line(code, err, f"argument {flag}")
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(option=st.sampled_from(sorted(ALLOWED)), data=st.data())
 def test_the_parser_accepts_exactly_the_allowed_values(option, data):

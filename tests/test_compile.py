@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
@@ -21,6 +22,7 @@ def _losses(prepared: Path, config: str, out: Path, *, compile: bool) -> list[fl
     return [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
 
 
+@pytest.mark.slow  # torch.compile takes seconds
 def test_compiled_pretraining_matches_eager_without_recompiling(prepared, tiny_config_file, tmp_path):
     # no dropout: compiled dropout draws other random numbers
     config = tiny_config_file(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -23,6 +23,8 @@ from safetensors.torch import load_file
 
 from bertforge.io import read_jsonl
 
+pytestmark = pytest.mark.slow  # each test launches torchrun
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 HERE = Path(__file__).resolve()
 DECLARED = torch.device("meta")  # the device the checked run believes it is on

@@ -9,8 +9,9 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None,
-                                reason="the setting is for glibc on Linux")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None,
+                                 reason="the setting is for glibc on Linux"),
+              pytest.mark.slow]  # each test starts Python processes that import torch
 
 # Counts the heap's mmapped blocks (glibc's mallinfo2().hblks) while a 64 MB tensor is alive.
 SCRIPT = textwrap.dedent("""
