@@ -11,6 +11,7 @@ import of a package is an edge to its `__init__`.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,11 @@ MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 LONG_FILES_ALLOWED = {"kernels/cpu_int8.cpp"}  # the C++ kernels: one translation unit, kept whole
 MERGING = pytest.mark.xfail(strict=True, reason="removed by the #46 branches being merged")
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
 
 
 def module_files(package: Path = PACKAGE) -> dict[str, Path]:
@@ -46,7 +52,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The package's modules that `name` (the module in `path`) imports, anywhere in its source."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             found.update(_target(alias.name, modules) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -168,7 +174,7 @@ def long_files(package: Path = PACKAGE) -> list[str]:
 def long_functions(package: Path = PACKAGE) -> list[str]:
     found = []
     for path in sorted(package.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_FUNCTION_LINES:
