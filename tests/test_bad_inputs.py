@@ -371,6 +371,7 @@ def _labelled_csv(data: Path) -> Path:
     return data
 
 
+@pytest.mark.slow  # a pretraining run and two fine-tuning runs
 def test_training_progress_into_a_log_file_has_no_carriage_returns(toy, tmp_path, capsys):
     """Under pytest stderr is not a terminal: pretrain and finetune report plain lines (here the one at the
     end), and finetune's --no-progress reports none."""

@@ -359,6 +359,7 @@ def test_a_second_process_is_refused_at_once_and_a_killed_holder_frees_the_direc
         claim_run_dir(out, resume=True)
 
 
+@pytest.mark.slow  # three pretraining runs
 def test_a_run_is_refused_without_resume_and_continues_with_it(prepared, tiny_config_file, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", tiny_config_file(num_hidden_layers=1),
