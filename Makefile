@@ -1,4 +1,5 @@
-# Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test`; `make test-fast` is the edit
+# loop's (the tests not marked slow, under a minute) and `make coverage` measures the suite's line coverage.
 # Each creates .venv on first use, installs torch==2.13.0 first (a CPU wheel; an unpinned torch would pull a
 # multi-GB CUDA build), then the package; later runs find the stamp file and skip straight to the work.
 PYTHON ?= python3
@@ -7,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint setup bench clean
+.PHONY: demo test test-fast coverage lint setup bench clean
 
 setup: $(STAMP)
 
@@ -31,5 +32,18 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(ARGS)
 
+test-fast: $(STAMP) lint
+	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+# Every process the tests start writes its own data file (pyproject's [tool.coverage.run]); COVERAGE_FILE, an
+# absolute path, brings them all here whatever directory a test runs its process in.
+COVERAGE_DIR := build/coverage
+coverage: $(STAMP)
+	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
+	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage run -m pytest -q $(ARGS)
+	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage combine -q
+	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage report
+	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage html -q -d $(COVERAGE_DIR)/html
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build/coverage

@@ -1,18 +1,37 @@
 """Shared fixtures. Tests never touch the network: they use data they write, the repository's sibling
-`shared/data` (present in development and CI), or files that a registry package ships."""
+`shared/data` (present in development and CI), or files that a registry package ships.
+
+One of each thing many tests need: `prepared` (a real corpus, its vocabulary and data prepared from it),
+`tiny_config` and `tiny_config_file` (a 2-layer BERT small enough to train in a second), `tiny_model_dir`
+(that BERT, randomly initialised with its pretraining heads, saved with `prepared`'s vocabulary: what `--init`
+and `--model` take), `int8_kernels` (bertforge's C++ kernels, built on first use rather than when tests are
+collected). See docs/development.md.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from bertforge.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+# vocab_size: that of `prepared`'s vocabulary
+TINY = {"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 64, "max_position_embeddings": 64}
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under `pytest -n N` each worker gets its share of the cores, so N workers do not oversubscribe them;
+    # subprocesses a test starts set their own threads, and the tests that need two threads set them.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +62,50 @@ def prepared(tmp_path_factory, shared_data) -> Path:
     assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(root / "tok"), "--out", str(root / "data"),
                  "--max-seq-len", "64", "--val-fraction", "0.2", "--workers", "1", "--no-progress"]) == 0
     return root / "data"
+
+
+@pytest.fixture
+def tiny_config():
+    """A fresh 2-layer BERT config (each test may change its copy)."""
+    from bertforge import BertConfig
+
+    return BertConfig(**TINY)
+
+
+@pytest.fixture
+def tiny_config_file(tmp_path) -> Callable[..., str]:
+    """Writes the tiny config, with any field overridden, as a JSON file for `--model`; returns its path."""
+    written = iter(range(1_000_000))
+
+    def write(**overrides) -> str:
+        path = tmp_path / f"tiny-{next(written)}.json"
+        path.write_text(json.dumps({**TINY, **overrides}))
+        return str(path)
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, prepared) -> Path:
+    """The tiny BERT with its pretraining heads, randomly initialised (seed 0), saved as a model directory with
+    `prepared`'s vocabulary. Session-wide: copy it before changing anything in it."""
+    from bertforge import BertConfig, BertForPreTraining
+
+    path = tmp_path_factory.mktemp("tiny_model")
+    with torch.random.fork_rng():  # leaves the tests' random numbers as they would be without this fixture
+        torch.manual_seed(0)
+        BertForPreTraining(BertConfig(**TINY)).save_pretrained(path)
+    for f in (prepared / "tokenizer").iterdir():
+        shutil.copy(f, path / f.name)
+    return path
+
+
+@pytest.fixture(scope="session")
+def int8_kernels() -> None:
+    """bertforge's C++ int8 kernels, built (about 10 s, then cached) by the first test that needs them; that test
+    and the rest are skipped where they cannot be (no AVX512, no compiler)."""
+    from bertforge import kernels
+
+    if not kernels.available():
+        pytest.skip("bertforge's CPU kernels need AVX512 and a C++ compiler; without them int8 runs on PyTorch's "
+                    "operators (tested elsewhere)")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import io
 import json
 import os
@@ -28,6 +27,7 @@ import safetensors.torch
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import file_digests
 
 from bertforge.checkpoint import read_weights
 from bertforge.cli import _commands, main
@@ -93,28 +93,18 @@ def toy(tmp_path_factory) -> dict[str, Path]:
     return {"root": root, "corpus": corpus, "data_a": root / "data_a", "data_b": root / "data_b", "run": run}
 
 
-def _snapshot(*paths: Path) -> dict[str, str]:
-    """Every file under `paths` and its SHA-256 (the run directory's .lock holds the last pid: not content)."""
-    found = {}
-    for top in paths:
-        for p in sorted([top] if top.is_file() else top.rglob("*")):
-            if p.is_file() and p.name != ".lock":
-                found[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return found
-
-
 def refused(capsys, argv: list[str], *untouched: Path) -> str:
     """Run the CLI; assert exit 2, exactly one `error:` line on stderr, no traceback, `untouched` unchanged.
     Returns the message."""
     capsys.readouterr()
-    before = _snapshot(*untouched)
+    before = file_digests(*untouched)
     status = main(argv)
     err = capsys.readouterr().err
     assert status == 2, err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, err
     assert "Traceback" not in err
-    assert _snapshot(*untouched) == before
+    assert file_digests(*untouched) == before
     return lines[0]
 
 
@@ -338,13 +328,13 @@ def test_arbitrary_bytes_as_a_csv_task_file(toy, tmp_path_factory, capsys, conte
     (data / "train.csv").write_bytes(b"text,label\n" + content)
     (data / "dev.csv").write_bytes(b"text,label\nsome words,1\n")
     capsys.readouterr()
-    before = _snapshot(data)
+    before = file_digests(data)
     status = main(["finetune", "--task", "csv", "--data", str(data), "--init", _model_dir(toy), "--out",
                    str(data / "ft"), "--epochs", "0.01", "--batch-size", "2"])
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert status == 0 or (status == 2 and len([x for x in err.splitlines() if x.startswith("error:")]) == 1)
-    assert {k: v for k, v in _snapshot(data).items() if "/ft/" not in k} == before
+    assert {k: v for k, v in file_digests(data).items() if "/ft/" not in k} == before
 
 
 # -- progress -------------------------------------------------------------------------------------------------
@@ -381,6 +371,7 @@ def _labelled_csv(data: Path) -> Path:
     return data
 
 
+@pytest.mark.slow  # a pretraining run and two fine-tuning runs
 def test_training_progress_into_a_log_file_has_no_carriage_returns(toy, tmp_path, capsys):
     """Under pytest stderr is not a terminal: pretrain and finetune report plain lines (here the one at the
     end), and finetune's --no-progress reports none."""
@@ -739,6 +730,7 @@ def test_shards_written_to_a_full_disk_raise_enospc(tmp_path):
     assert os_error_message(e.value) == "no space left on device writing the output: free space or choose another --out"
 
 
+@pytest.mark.slow  # a fresh process
 def test_embeddings_past_the_file_size_limit_are_not_written_short(toy, tmp_path):
     """np.save into the file wrote the header and what fitted of the array, and the command exited 0 (the array
     went through ndarray.tofile, which lost the failed write). 2 x 128 float32 values do not fit in 300 bytes."""
@@ -761,12 +753,13 @@ def _file_size_limit(limit: int):
     return limited
 
 
+@pytest.mark.slow  # a fresh process
 def test_prepare_past_the_file_size_limit_keeps_the_data_it_would_replace(toy, tmp_path):
     """The real thing, in a process of its own: the kernel refuses to grow a file past `ulimit -f` (EFBIG). The token
     shard (about 3 kB) does not fit in 2,000 bytes; the data prepared before stays as it was."""
     data = tmp_path / "data"
     shutil.copytree(toy["data_a"], data)
-    before = _snapshot(data, toy["corpus"])
+    before = file_digests(data, toy["corpus"])
     r = subprocess.run([sys.executable, "-m", "bertforge", "prepare", "--corpus", str(toy["corpus"]), "--tokenizer",
                         str(toy["data_a"] / "tokenizer"), "--out", str(data), "--overwrite", "--max-seq-len", "32",
                         "--workers", "1", "--no-progress"],
@@ -774,5 +767,5 @@ def test_prepare_past_the_file_size_limit_keeps_the_data_it_would_replace(toy, t
     assert r.returncode == 2, r.stderr
     assert r.stderr == f"error: file too large writing {data}: raise the file-size limit (ulimit -f) or choose " \
                        f"another --out on a file system without one\n"
-    assert _snapshot(data, toy["corpus"]) == before
+    assert file_digests(data, toy["corpus"]) == before
     assert [p.name for p in tmp_path.iterdir()] == ["data"]

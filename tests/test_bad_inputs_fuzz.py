@@ -9,30 +9,19 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_bad_inputs import _snapshot
-from test_data_support import prepared_dir, tokenizer_dir
+from support import file_digests
 
-from bertforge import BertConfig, BertForPreTraining
 from bertforge.cli import build_parser, main
-from bertforge.tokenizer import Tokenizer
 
 FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict[str, str]:
+def inputs(prepared, tiny_model_dir) -> dict[str, str]:
     """A tokenizer, data prepared with it, and an untrained tiny BERT with its pretraining heads."""
-    tok = Tokenizer.from_pretrained(tokenizer_dir())
-    torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
-                                          num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))
-    path = tmp_path_factory.mktemp("model")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return {"model": str(path), "tokenizer": str(tokenizer_dir()), "data": str(prepared_dir())}
+    return {"model": str(tiny_model_dir), "tokenizer": str(prepared / "tokenizer"), "data": str(prepared)}
 
 
 def ends_well(capsys, argv: list[str]) -> int:
@@ -83,9 +72,9 @@ def test_random_bytes_as_an_input_file(inputs, tmp_path_factory, capsys, command
     file = work / name
     file.write_bytes(content)
     places = {**inputs, "file": str(file), "out": str(work / "out"), "work": str(work)}
-    before = _snapshot(file, *map(Path, inputs.values()))
+    before = file_digests(file, *map(Path, inputs.values()))
     ends_well(capsys, [a.format(**places) for a in argv])
-    assert _snapshot(file, *map(Path, inputs.values())) == before
+    assert file_digests(file, *map(Path, inputs.values())) == before
 
 
 # -- random options -------------------------------------------------------------------------------------------
@@ -106,13 +95,14 @@ def options(command: str) -> list[str]:
     return sorted(parser._option_string_actions)
 
 
+@pytest.mark.slow
 @FEW
 @given(command=st.sampled_from(sorted(BASE)), data=st.data())
 def test_random_options(inputs, tmp_path, monkeypatch, capsys, command, data):
     """Options drawn from the command's own, values of every kind; outputs land in a scratch directory."""
     monkeypatch.chdir(tmp_path)  # a relative --out writes here
     drawn = data.draw(st.lists(st.sampled_from(options(command)) | VALUES, max_size=6))
-    before = _snapshot(*map(Path, inputs.values()))
+    before = file_digests(*map(Path, inputs.values()))
     ends_well(capsys, [a.replace("{model}", inputs["model"]).replace("{data}", inputs["data"])
                        for a in BASE[command] + drawn])
-    assert _snapshot(*map(Path, inputs.values())) == before
+    assert file_digests(*map(Path, inputs.values())) == before

@@ -64,6 +64,7 @@ def test_round_trip_through_our_format_is_exact(tmp_path):
         assert torch.equal(a, b), n
 
 
+@pytest.mark.slow  # a real 6-layer checkpoint
 def test_minilm_real_checkpoint_matches_transformers(minilm_dir):
     from tokenizers import Tokenizer as RustTokenizer
 
@@ -88,6 +89,7 @@ def test_minilm_real_checkpoint_matches_transformers(minilm_dir):
     close(out.pooled_output, ref.pooler_output)
 
 
+@pytest.mark.slow
 def test_encoder_into_task_model_initialises_heads_and_says_so(minilm_dir, capsys):
     model = BertForSequenceClassification.from_pretrained(minilm_dir, num_labels=2)
     assert "initialised 2 weights" in capsys.readouterr().err

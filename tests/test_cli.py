@@ -33,6 +33,7 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, capsys):
     assert err.startswith("error: no config.json") and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_smoke_trains_and_reloads(tmp_path, capsys):
     assert main(["model", "smoke", "--model", "tiny", "--steps", "15", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -173,6 +173,7 @@ def test_every_command_refuses_each_numeric_option_below_its_range(capsys, nothi
         assert_one_error_line(code, err, f"argument {flag}")
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(option=st.sampled_from(sorted(ALLOWED)), data=st.data())
 def test_the_parser_accepts_exactly_the_allowed_values(option, data):
@@ -358,17 +359,11 @@ def test_a_second_process_is_refused_at_once_and_a_killed_holder_frees_the_direc
         claim_run_dir(out, resume=True)
 
 
-def tiny_config(tmp_path: Path) -> str:
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps({"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 1,
-                                "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}))
-    return str(path)
-
-
-def test_a_run_is_refused_without_resume_and_continues_with_it(prepared, tmp_path, capsys):
+@pytest.mark.slow  # three pretraining runs
+def test_a_run_is_refused_without_resume_and_continues_with_it(prepared, tiny_config_file, tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", tiny_config(tmp_path), "--steps",
-            "4", "--batch-size", "4", "--warmup-steps", "1", "--save-every", "2", "--log-every", "1",
+    argv = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", tiny_config_file(num_hidden_layers=1),
+            "--steps", "4", "--batch-size", "4", "--warmup-steps", "1", "--save-every", "2", "--log-every", "1",
             "--eval-batches", "0", "--no-progress"]
     code, out_text, err = cli(argv, capsys)
     assert code == 0, err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
@@ -14,23 +15,22 @@ from bertforge.train.loop import LoopConfig
 from bertforge.train.pretrain import DataOptions, pretrain
 
 
-def _losses(prepared: Path, out: Path, *, compile: bool) -> list[float]:
-    config = out.parent / f"{out.name}.json"
-    config.write_text('{"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, '
-                      '"intermediate_size": 64, "max_position_embeddings": 64, "hidden_dropout_prob": 0.0, '
-                      '"attention_probs_dropout_prob": 0.0}')  # compiled dropout draws other random numbers
+def _losses(prepared: Path, config: str, out: Path, *, compile: bool) -> list[float]:
     loop = LoopConfig(steps=6, batch_size=4, lr=1e-3, warmup_steps=2, log_every=1, progress=False, seed=3,
                       compile=compile, precision="fp32")
-    pretrain(prepared, out, model=str(config), loop=loop, data_options=DataOptions(eval_batches=0))
+    pretrain(prepared, out, model=config, loop=loop, data_options=DataOptions(eval_batches=0))
     return [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
 
 
-def test_compiled_pretraining_matches_eager_without_recompiling(prepared, tmp_path):
+@pytest.mark.slow  # torch.compile takes seconds
+def test_compiled_pretraining_matches_eager_without_recompiling(prepared, tiny_config_file, tmp_path):
+    # no dropout: compiled dropout draws other random numbers
+    config = tiny_config_file(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch._dynamo.reset()
     counters.clear()
-    eager = _losses(prepared, tmp_path / "eager", compile=False)
+    eager = _losses(prepared, config, tmp_path / "eager", compile=False)
     assert not counters["stats"], "eager run compiled something"
-    compiled = _losses(prepared, tmp_path / "compiled", compile=True)
+    compiled = _losses(prepared, config, tmp_path / "compiled", compile=True)
     # one graph for batches with padding; at most one more for a batch without (the mask is then None)
     assert 1 <= counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
     assert len(compiled) == len(eager) == 6

@@ -25,7 +25,6 @@ import torch
 import bertforge.cpu
 from bertforge import BertForPreTraining
 from bertforge.cli import main
-from bertforge.config import BertConfig
 from bertforge.device import to_device
 from bertforge.errors import BertforgeError
 from bertforge.io import read_jsonl
@@ -34,8 +33,6 @@ from bertforge.train.loop import autocast, resolve_precision
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 HERE = Path(__file__).resolve()
-TINY = {"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 64, "max_position_embeddings": 64}
 
 
 def gpu(test):
@@ -49,12 +46,6 @@ def _stand_in_gpu(monkeypatch, *, bf16: bool, name: str = "Tesla T4") -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16 or including_emulation)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-
-
-def _tiny_config(tmp_path: Path, **overrides) -> str:
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps({**TINY, **overrides}))
-    return str(path)
 
 
 # --- precision: bf16 only where the GPU has it (CPU) --------------------------------------------------------
@@ -80,10 +71,10 @@ def test_explicit_bf16_on_a_gpu_without_it_is_refused_naming_the_device(monkeypa
         resolve_precision("bf16", torch.device("cuda"))
 
 
-def test_explicit_bf16_on_a_gpu_without_it_is_an_error_line(monkeypatch, prepared, tmp_path, capsys):
+def test_explicit_bf16_on_a_gpu_without_it_is_an_error_line(monkeypatch, prepared, tiny_config_file, tmp_path, capsys):
     """Through the command line: one `error:` line and exit 2, before a tensor goes to the (stand-in) GPU."""
     _stand_in_gpu(monkeypatch, bf16=False)
-    code = main(["pretrain", "--data", str(prepared), "--model", _tiny_config(tmp_path), "--out",
+    code = main(["pretrain", "--data", str(prepared), "--model", tiny_config_file(), "--out",
                  str(tmp_path / "run"), "--steps", "2", "--batch-size", "2", "--warmup-steps", "0", "--device", "cuda",
                  "--precision", "bf16", "--no-progress"])
     err = capsys.readouterr().err
@@ -146,9 +137,9 @@ def test_a_mask_without_padding_is_dropped_and_never_read_on_the_device():
     assert batch["attention_mask"].device == meta
 
 
-def test_a_host_mask_without_padding_gives_the_unmasked_outputs():
+def test_a_host_mask_without_padding_gives_the_unmasked_outputs(tiny_config):
     torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig(**TINY)).eval()
+    model = BertForPreTraining(tiny_config).eval()
     ids = torch.randint(5, 2000, (2, 6))
     with torch.no_grad():
         a = model(ids, attention_mask=torch.ones(2, 6, dtype=torch.long)).mlm_logits
@@ -160,8 +151,8 @@ def test_a_host_mask_without_padding_gives_the_unmasked_outputs():
 
 
 @gpu
-def test_one_gpu_torchrun_pretraining_through_an_nccl_group(prepared, tmp_path):
-    job = {"data": str(prepared), "out": str(tmp_path / "run"), "model": _tiny_config(tmp_path), "backend": "nccl"}
+def test_one_gpu_torchrun_pretraining_through_an_nccl_group(prepared, tiny_config_file, tmp_path):
+    job = {"data": str(prepared), "out": str(tmp_path / "run"), "model": tiny_config_file(), "backend": "nccl"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", str(HERE),
            json.dumps(job)]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
@@ -176,13 +167,13 @@ def test_one_gpu_torchrun_pretraining_through_an_nccl_group(prepared, tmp_path):
 
 
 @gpu
-def test_bf16_autocast_matches_fp32():
+def test_bf16_autocast_matches_fp32(tiny_config):
     device = torch.device("cuda")
     if not torch.cuda.is_bf16_supported(including_emulation=False):
         pytest.skip(f"{torch.cuda.get_device_name(device)} has no native bf16")
     torch.manual_seed(0)
-    config = BertConfig(**{**TINY, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 512,
-                           "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    config = tiny_config.replace(hidden_size=128, num_attention_heads=4, intermediate_size=512,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = BertForPreTraining(config).to(device).eval()
     B, T = 8, 48
     ids = torch.randint(5, config.vocab_size, (B, T), device=device)
@@ -209,9 +200,9 @@ def test_bf16_autocast_matches_fp32():
 
 
 @gpu
-def test_model_files_written_on_the_gpu_load_on_the_cpu_and_back(tmp_path):
+def test_model_files_written_on_the_gpu_load_on_the_cpu_and_back(tiny_config, tmp_path):
     torch.manual_seed(0)
-    on_gpu = BertForPreTraining(BertConfig(**TINY)).to("cuda")
+    on_gpu = BertForPreTraining(tiny_config).to("cuda")
     on_gpu.save_pretrained(tmp_path / "gpu")
     loaded = BertForPreTraining.from_pretrained(tmp_path / "gpu", verbose=False)
     assert all(p.device.type == "cpu" for p in loaded.parameters())
@@ -226,12 +217,12 @@ def test_model_files_written_on_the_gpu_load_on_the_cpu_and_back(tmp_path):
 
 @gpu
 @pytest.mark.parametrize(("first", "then"), [("cuda", "cpu"), ("cpu", "cuda")])
-def test_a_checkpoint_resumes_on_the_other_device(prepared, tmp_path, first, then):
+def test_a_checkpoint_resumes_on_the_other_device(prepared, tiny_config_file, tmp_path, first, then):
     """Four steps on one device with a checkpoint at step 2; a copy of what a run killed after that checkpoint
     leaves resumes on the other device: the weights, optimizer state and RNG states written on one load on the
     other, and (without dropout, so no device's random stream matters) the last two losses match the
     uninterrupted run's to the devices' float differences."""
-    cfg = _tiny_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = tiny_config_file(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     full, cut = tmp_path / "full", tmp_path / "cut"
     args = ["pretrain", "--data", str(prepared), "--model", cfg, "--batch-size", "4", "--steps", "4",
             "--warmup-steps", "1", "--save-every", "2", "--eval-batches", "1", "--log-every", "1",

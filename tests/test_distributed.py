@@ -23,11 +23,11 @@ from safetensors.torch import load_file
 
 from bertforge.io import read_jsonl
 
+pytestmark = pytest.mark.slow  # each test launches torchrun
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 HERE = Path(__file__).resolve()
 DECLARED = torch.device("meta")  # the device the checked run believes it is on
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-        "max_position_embeddings": 64}
 
 
 def _env() -> dict[str, str]:
@@ -48,99 +48,28 @@ def _one(*args: str) -> subprocess.CompletedProcess:
                           timeout=240)
 
 
-def _tiny_config(tmp_path: Path, **overrides) -> str:
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps({"vocab_size": 2000, **TINY, **overrides}))
-    return str(path)
-
-
 def _weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "model.safetensors")
 
 
-# --- the README's command ---------------------------------------------------------------------------------
+# --- the README's command, and its resume: per-rank random number generators ---------------------------------
 
 
-def test_the_readme_torchrun_command_with_evaluation_and_checkpoints_completes(prepared, tmp_path):
-    out = tmp_path / "run"
-    run = _torchrun("-m", "bertforge", "pretrain", "--data", str(prepared), "--model", "tiny", "--out", str(out),
-                    "--steps", "6", "--batch-size", "8", "--warmup-steps", "2", "--eval-every", "3",
-                    "--eval-batches", "2", "--save-every", "3", "--no-progress")
+def test_the_readme_command_completes_and_its_resume_is_bitwise_equal_to_an_uninterrupted_run(prepared, tmp_path):
+    """The README's command with evaluation and checkpoints on completes. Resumed from its step-3 checkpoint, it
+    ends bitwise where it ended: dropout is on (the preset's), so each rank draws its own masks, and the resumed
+    ranks must continue their own streams."""
+    args = ["pretrain", "--data", str(prepared), "--model", "tiny", "--steps", "6", "--batch-size", "8",
+            "--warmup-steps", "2", "--eval-every", "3", "--eval-batches", "2", "--save-every", "3", "--log-every",
+            "1", "--no-progress"]
+    full = tmp_path / "full"
+    run = _torchrun("-m", "bertforge", *args, "--out", str(full))
     assert run.returncode == 0, run.stderr[-3000:]
-    assert {"config.json", "model.safetensors", "vocab.txt"} <= {p.name for p in out.iterdir()}
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6"]
-    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "eval"]
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= {p.name for p in full.iterdir()}
+    assert sorted(p.name for p in (full / "checkpoints").iterdir()) == ["step-3", "step-6"]
+    evals = [r for r in read_jsonl(full / "metrics.jsonl") if r["split"] == "eval"]
     assert [r["step"] for r in evals] == [3, 6]
     assert all(0 <= r["mlm_accuracy"] <= 1 and r["mlm_loss"] > 0 for r in evals)
-
-
-# --- evaluation: sharded over the ranks, the figures of one process ----------------------------------------
-
-
-def test_two_process_evaluation_equals_one_process(prepared, tmp_path):
-    cfg = _tiny_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    args = ["pretrain", "--data", str(prepared), "--model", cfg, "--steps", "4", "--batch-size", "8", "--lr",
-            "1e-3", "--warmup-steps", "1", "--eval-every", "2", "--eval-batches", "3", "--no-progress"]
-    one = _one(*args, "--out", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr[-2000:]
-    two = _torchrun("-m", "bertforge", *args, "--out", str(tmp_path / "two"))
-    assert two.returncode == 0, two.stderr[-3000:]
-    ea, eb = ([r for r in read_jsonl(tmp_path / run / "metrics.jsonl") if r["split"] == "eval"]
-              for run in ("one", "two"))
-    assert [r["step"] for r in ea] == [r["step"] for r in eb] == [2, 4]
-    for a, b in zip(ea, eb, strict=True):
-        assert a.keys() == b.keys()
-        # the same 3 x 8 validation sequences; the weights agree to float summation order (1e-5, see
-        # test_train.py), so the figures do too, a masked-token count of 3 x 8 x ~9 leaves accuracy exact
-        assert a["mlm_accuracy"] == b["mlm_accuracy"] and a["nsp_accuracy"] == b["nsp_accuracy"]
-        assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], rel=1e-4)
-
-
-def test_two_process_finetuning_evaluates_and_ends(prepared, tmp_path):
-    """Fine-tuning evaluates every epoch on sharded dev features gathered back in order; it must end, and its
-    best dev scores must be what one process scores the kept model at."""
-    from bertforge import BertForPreTraining
-    from bertforge.config import BertConfig
-    from bertforge.tasks.runner import evaluate_examples, load_task_model
-
-    init = tmp_path / "init"
-    torch.manual_seed(0)
-    BertForPreTraining(BertConfig(vocab_size=2000, **TINY)).save_pretrained(init)
-    for f in (prepared / "tokenizer").iterdir():
-        shutil.copy(f, init / f.name)
-    data = tmp_path / "data"
-    data.mkdir()
-    words = {0: "dull boring slow", 1: "bright lovely great"}
-    for split, n in (("train", 24), ("dev", 11)):  # 11: the ranks' shares differ in size
-        rows = ["text,label"] + [f"the {words[i % 2]} speech number {i},{'pos' if i % 2 else 'neg'}"
-                                 for i in range(n)]
-        (data / f"{split}.csv").write_text("\n".join(rows) + "\n")
-    args = ["finetune", "--task", "csv", "--data", str(data), "--init", str(init), "--text-column", "text",
-            "--label-column", "label", "--batch-size", "8", "--epochs", "2", "--lr", "1e-3", "--max-length", "32"]
-    out = tmp_path / "run"
-    run = _torchrun("-m", "bertforge", *args, "--out", str(out))
-    assert run.returncode == 0, run.stderr[-3000:]
-    reported = json.loads((out / "metrics.json").read_text())
-    assert len(reported["history"]) == 2
-    assert len(json.loads((out / "predictions_dev.json").read_text())) == 11
-    tm = load_task_model(out, device="cpu")
-    scores, _ = evaluate_examples(tm, tm.task.read(data, "dev"))
-    assert scores.keys() == reported["metrics"].keys()
-    for k, v in scores.items():
-        assert v == pytest.approx(reported["metrics"][k], abs=1e-9), k
-
-
-# --- resume: per-rank random number generators ------------------------------------------------------------
-
-
-def test_two_process_resume_is_bitwise_equal_to_an_uninterrupted_run(prepared, tmp_path):
-    """Dropout on, so each rank draws its own masks; the resumed ranks must continue their own streams."""
-    args = ["pretrain", "--data", str(prepared), "--model", _tiny_config(tmp_path), "--batch-size", "8",
-            "--lr", "1e-3", "--warmup-steps", "1", "--eval-every", "3", "--eval-batches", "2", "--save-every",
-            "3", "--log-every", "1", "--no-progress"]
-    full = tmp_path / "full"
-    run = _torchrun("-m", "bertforge", *args, "--steps", "6", "--out", str(full))
-    assert run.returncode == 0, run.stderr[-3000:]
     # What a run killed after its step-3 checkpoint leaves behind, taken from the uninterrupted run
     cut = tmp_path / "cut"
     shutil.copytree(full / "checkpoints" / "step-3", cut / "checkpoints" / "step-3")
@@ -149,7 +78,7 @@ def test_two_process_resume_is_bitwise_equal_to_an_uninterrupted_run(prepared, t
                                                if r["step"] <= 3))
     rng = torch.load(cut / "checkpoints" / "step-3" / "trainer_state.pt", weights_only=True)["rng"]
     assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
-    resumed = _torchrun("-m", "bertforge", *args, "--steps", "6", "--out", str(cut), "--resume")
+    resumed = _torchrun("-m", "bertforge", *args, "--out", str(cut), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = _weights(full), _weights(cut)
     assert a.keys() == b.keys()
@@ -161,22 +90,79 @@ def test_two_process_resume_is_bitwise_equal_to_an_uninterrupted_run(prepared, t
     assert la == lb  # losses and evaluations, step by step
 
 
-# --- every collective on the group's device ---------------------------------------------------------------
+# --- two processes: one process's training and evaluation, every collective on the group's device ----------
 
 
-def test_every_collective_gets_tensors_on_the_group_device(prepared, tmp_path):
+def test_two_processes_match_one_with_every_collective_on_the_group_device(prepared, tiny_config_file, tmp_path):
+    """The same run in one process and in two: the same global batches with exact loss weighting give the same
+    losses and weights up to float summation order, and evaluation sharded over the ranks gives one process's
+    figures. The two processes run as the checked worker (see `_worker`), so the same run also shows that every
+    collective, the loop's and evaluation's and the checkpoints', gets its tensors on the group's device."""
+    cfg = tiny_config_file(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    args = ["pretrain", "--data", str(prepared), "--model", cfg, "--steps", "4", "--batch-size", "8", "--lr",
+            "1e-3", "--warmup-steps", "1", "--eval-every", "2", "--eval-batches", "3", "--save-every", "2",
+            "--log-every", "1", "--precision", "fp32", "--no-progress"]
+    one = _one(*args, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-2000:]
     log = tmp_path / "collectives"
     log.mkdir()
-    job = {"data": str(prepared), "out": str(tmp_path / "run"), "model": _tiny_config(tmp_path), "log": str(log)}
-    run = _torchrun(str(HERE), json.dumps(job))
-    assert run.returncode == 0, run.stderr[-3000:]
+    job = {"argv": [*args, "--out", str(tmp_path / "two"), "--device", str(DECLARED)], "log": str(log)}
+    two = _torchrun(str(HERE), json.dumps(job))
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    records = {run: read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("one", "two")}
+    la, lb = ([r["loss"] for r in records[run] if r["split"] == "train"] for run in ("one", "two"))
+    assert len(la) == len(lb) == 4
+    assert la == pytest.approx(lb, abs=1e-4)
+    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+    ea, eb = ([r for r in records[run] if r["split"] == "eval"] for run in ("one", "two"))
+    assert [r["step"] for r in ea] == [r["step"] for r in eb] == [2, 4]
+    for x, y in zip(ea, eb, strict=True):
+        assert x.keys() == y.keys()
+        # the same 3 x 8 validation sequences; the weights agree to float summation order (1e-5, above), so
+        # the figures do too, a masked-token count of 3 x 8 x ~9 leaves accuracy exact
+        assert x["mlm_accuracy"] == y["mlm_accuracy"] and x["nsp_accuracy"] == y["nsp_accuracy"]
+        assert x["mlm_loss"] == pytest.approx(y["mlm_loss"], rel=1e-4)
+
     for rank in (0, 1):
         seen = json.loads((log / f"rank{rank}.json").read_text())
         tensors = [c for c in seen if c["device"] != "none"]
         assert {c["op"] for c in tensors} >= {"all_reduce"}, seen  # the check did see the loop's collectives
         assert {c["device"] for c in tensors} == {str(DECLARED)}, seen
         assert "all_gather_object" in {c["op"] for c in seen}, seen  # per-rank RNG states for checkpoints
-    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+# --- fine-tuning: sharded dev features gathered back in order ---------------------------------------------
+
+
+def test_two_process_finetuning_evaluates_and_ends(tiny_model_dir, tmp_path):
+    """Fine-tuning evaluates every epoch on sharded dev features gathered back in order; it must end, and its
+    best dev scores must be what one process scores the kept model at."""
+    from bertforge.tasks.runner import evaluate_examples, load_task_model
+
+    data = tmp_path / "data"
+    data.mkdir()
+    words = {0: "dull boring slow", 1: "bright lovely great"}
+    for split, n in (("train", 24), ("dev", 11)):  # 11: the ranks' shares differ in size
+        rows = ["text,label"] + [f"the {words[i % 2]} speech number {i},{'pos' if i % 2 else 'neg'}"
+                                 for i in range(n)]
+        (data / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    args = ["finetune", "--task", "csv", "--data", str(data), "--init", str(tiny_model_dir), "--text-column",
+            "text", "--label-column", "label", "--batch-size", "8", "--epochs", "2", "--lr", "1e-3",
+            "--max-length", "32"]
+    out = tmp_path / "run"
+    run = _torchrun("-m", "bertforge", *args, "--out", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    reported = json.loads((out / "metrics.json").read_text())
+    assert len(reported["history"]) == 2
+    assert len(json.loads((out / "predictions_dev.json").read_text())) == 11
+    tm = load_task_model(out, device="cpu")
+    scores, _ = evaluate_examples(tm, tm.task.read(data, "dev"))
+    assert scores.keys() == reported["metrics"].keys()
+    for k, v in scores.items():
+        assert v == pytest.approx(reported["metrics"][k], abs=1e-9), k
 
 
 TENSOR_COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
@@ -240,19 +226,17 @@ def _check_collectives(declared: torch.device, seen: list[dict]) -> None:
 
 
 def _worker(job: dict) -> None:
-    """One rank of the checked run: pretraining with evaluation and checkpoints, on the declared device."""
-    from bertforge.train.loop import LoopConfig
-    from bertforge.train.pretrain import DataOptions, pretrain
-
+    """One rank of the checked run: the command line's `job["argv"]`, on the declared device."""
     seen: list[dict] = []
     _declare_device(DECLARED)
     _check_collectives(DECLARED, seen)
-    loop = LoopConfig(steps=4, batch_size=8, lr=1e-3, warmup_steps=1, eval_every=2, save_every=2, log_every=1,
-                      progress=False, device=str(DECLARED), precision="fp32")
+    from bertforge.cli import main
+
     try:
-        pretrain(job["data"], job["out"], model=job["model"], loop=loop, data_options=DataOptions(eval_batches=2))
+        code = main(job["argv"])
     finally:
         Path(job["log"], f"rank{os.environ['RANK']}.json").write_text(json.dumps(seen))
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,16 @@
 process-wide."""
 
 import ctypes.util
+import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None,
-                                reason="the setting is for glibc on Linux")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None,
+                                 reason="the setting is for glibc on Linux"),
+              pytest.mark.slow]  # each test starts Python processes that import torch
 
 # Counts the heap's mmapped blocks (glibc's mallinfo2().hblks) while a 64 MB tensor is alive.
 SCRIPT = textwrap.dedent("""
@@ -49,21 +51,25 @@ def test_the_setting_can_be_turned_off():
 
 
 def test_the_cli_applies_it_before_training_and_batch_inference_only():
+    # One fresh process runs the three commands; between them the module forgets that it applied the setting,
+    # so each command shows whether it applies it (applying twice is harmless, checked above).
     script = textwrap.dedent("""
-        import sys
+        import json, sys
         from bertforge import cli
         from bertforge.train import memory
-        cli.main(sys.argv[1:])
-        print(memory._applied)
+        for argv in json.loads(sys.argv[1]):
+            memory._applied = None
+            cli.main(argv)
+            print("applied:", memory._applied)
     """)
-
-    def applied(*argv: str) -> str:
-        out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True)
-        return out.stdout.split()[-1]
-
-    assert applied("model", "info", "--model", "mini") == "None"  # runs no model over data: left alone
-    # a training command applies it before it starts, here before refusing a missing data directory
-    assert applied("finetune", "--task", "csv", "--data", "/nonexistent", "--init", "/nonexistent",
-                   "--out", "/nonexistent/out") == "True"
-    # so does a command that runs a model over a file of texts (its batches' activations are as big)
-    assert applied("predict", "--model", "/nonexistent", "--input", "/nonexistent.jsonl") == "True"
+    commands = [
+        ["model", "info", "--model", "mini"],  # runs no model over data: left alone
+        # a training command applies it before it starts, here before refusing a missing data directory
+        ["finetune", "--task", "csv", "--data", "/nonexistent", "--init", "/nonexistent", "--out", "/nonexistent/out"],
+        # so does a command that runs a model over a file of texts (its batches' activations are as big)
+        ["predict", "--model", "/nonexistent", "--input", "/nonexistent.jsonl"],
+    ]
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(commands)], capture_output=True, text=True,
+                         check=True)
+    assert [line for line in out.stdout.splitlines() if line.startswith("applied:")] == [
+        "applied: None", "applied: True", "applied: True"]

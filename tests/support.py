@@ -1,0 +1,93 @@
+"""Helpers that several test files share (no tests, no fixtures: those are in conftest.py): a small synthetic
+corpus, a tokenizer trained on it and data prepared with it (once per session), a bound for sampled proportions,
+and the digests of a tree of files (to show that a command left its inputs alone)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+_WORDS_TEXT = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have "
+         "an they you were her she there been one all we their has would when if so no will more can some "
+         "government congress nation people states united year country public treaty commerce revenue "
+         "territory legislation department secretary treasury navy army expenditure appropriation "
+         "constitution president citizens peace war law duty important measures subject attention")
+WORDS = _WORDS_TEXT.split(" ")
+
+
+def make_documents(n_docs: int, seed: int = 0, *, min_sents: int = 3, max_sents: int = 40) -> list[list[str]]:
+    """Documents as lists of sentences: random words, capitalised, ending with a period."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for _ in range(n_docs):
+        sents = []
+        for _ in range(int(rng.integers(min_sents, max_sents + 1))):
+            words = [WORDS[i] for i in rng.integers(0, len(WORDS), int(rng.integers(3, 25)))]
+            sents.append(" ".join(words).capitalize() + ".")
+        docs.append(sents)
+    return docs
+
+
+def write_doc_corpus(directory: Path, docs: list[list[str]]) -> Path:
+    """One document per file, paragraphs of up to 4 sentences separated by blank lines."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, doc in enumerate(docs):
+        paras = [" ".join(doc[j:j + 4]) for j in range(0, len(doc), 4)]
+        (directory / f"doc-{i:04d}.txt").write_text("\n\n".join(paras) + "\n")
+    return directory
+
+
+def write_lines_corpus(path: Path, docs: list[list[str]]) -> Path:
+    """BERT's format: one sentence per line, a blank line between documents."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    return path
+
+
+@functools.cache
+def tokenizer_dir() -> Path:
+    """A tokenizer (vocab 400, so many words are split into ## pieces) trained on a synthetic corpus."""
+    from bertforge.tokenizer import Tokenizer
+
+    root = Path(tempfile.mkdtemp(prefix="bertforge-test-data-"))
+    corpus = write_lines_corpus(root / "train.txt", make_documents(60, seed=99))
+    tok = Tokenizer.train([corpus], vocab_size=400, min_frequency=1, show_progress=False)
+    tok.save_pretrained(root / "tok")
+    return root / "tok"
+
+
+def tokenizer():
+    from bertforge.tokenizer import Tokenizer
+
+    return Tokenizer.from_pretrained(tokenizer_dir())
+
+
+@functools.cache
+def prepared_dir(n_docs: int = 80, max_seq_len: int = 64, val_fraction: float = 0.1) -> Path:
+    """Prepared data of a synthetic doc-per-file corpus (made once per session and argument set)."""
+    from bertforge.data.prepare import prepare
+
+    root = Path(tempfile.mkdtemp(prefix="bertforge-test-prepared-"))
+    corpus = write_doc_corpus(root / "corpus", make_documents(n_docs, seed=1))
+    prepare([str(corpus)], str(tokenizer_dir()), root / "data", max_seq_len=max_seq_len, workers=1,
+            val_fraction=val_fraction, progress=False)
+    return root / "data"
+
+
+def binomial_bound(n: int, p: float, sigmas: float = 5.0) -> float:
+    """Half-width of a `sigmas`-sigma interval for a proportion estimated from n Bernoulli(p) draws."""
+    return sigmas * float(np.sqrt(p * (1 - p) / n))
+
+
+def file_digests(*paths: Path) -> dict[str, str]:
+    """Every file under `paths` and its SHA-256 (a run directory's .lock holds the last pid: not content)."""
+    found = {}
+    for top in paths:
+        for p in sorted([top] if top.is_file() else top.rglob("*")):
+            if p.is_file() and p.name != ".lock":
+                found[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return found
