@@ -15,7 +15,7 @@ import pytest
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer import SPECIAL_TOKENS, Tokenizer, count_alphabet
-from bertforge.tokenizer.training import word_pieces
+from bertforge.tokenizer.coverage import word_pieces
 
 # Letters with many equal counts (so the trainer meets ties among characters and among pairs), some of them
 # outside ASCII (the normalizer's path) and some only ever first in a word (no ## form).

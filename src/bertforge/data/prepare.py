@@ -1,6 +1,6 @@
 """`bertforge prepare`: corpus -> tokenized, sharded, memory-mapped pretraining data (format in shards.py).
 
-Pipeline: the corpus is planned into units (files, or byte ranges of big files; corpus.py); worker processes
+Pipeline: the corpus is planned into units (files, or byte ranges of big files; `bertforge.corpus`); worker processes
 read, sentence-split and tokenize units in batches and append each unit's tokens to temporary part files;
 the main process appends finished parts, in unit order, to the train/val shards and deletes them. Memory is
 bounded by the batch size, not the corpus; the output depends only on the inputs and the seed (not on the
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.data.corpus import ReadStats, Unit, expand_inputs, plan_units, read_unit
+from bertforge.corpus import ReadStats, Unit, expand_inputs, plan_units, read_unit
 from bertforge.data.shards import FORMAT, SPLITS, Shard, ShardWriter, read_manifest, token_dtype
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_dir, progress_reporter, write_json
