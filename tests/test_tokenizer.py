@@ -112,7 +112,7 @@ def _a_words(n: int) -> str:
 
 
 @pytest.mark.parametrize(("len_a", "len_b", "max_length", "kept_a", "kept_b"), [
-    (91, 148, 64, 31, 30),   # DESIGN.md's case: cut B to 91, then 121 more: 60 from A, 61 from B
+    (91, 148, 64, 31, 30),   # cut B to 91, then 121 more: 60 from A, 61 from B (the Rust engine: A 30, B 31)
     (148, 91, 64, 31, 30),   # A longer: the odd token still comes from B
     (10, 10, 15, 6, 6),      # tie, even excess 8: 4 and 4
     (10, 10, 14, 6, 5),      # tie, odd excess 9: A loses 4, B loses 5 (the Rust engine would cut A)
