@@ -368,6 +368,14 @@ def test_load_errors(tmp_path):
         Tokenizer.from_pretrained(tmp_path / "empty.txt")
     (tmp_path / "crlf.txt").write_bytes("\r\n".join(VOCAB).encode())
     assert Tokenizer.from_pretrained(tmp_path / "crlf.txt").vocab == VOCAB
+    d = tmp_path / "broken"  # a tokenizer_config.json cut short: one line naming the file, not a traceback
+    d.mkdir()
+    _write_vocab(d / "vocab.txt", VOCAB)
+    (d / "tokenizer_config.json").write_text('{"do_lower_case": tr')
+    with pytest.raises(BertforgeError, match=r"tokenizer_config\.json is not valid JSON .*: restore") as e:
+        Tokenizer.from_pretrained(d)
+    assert "\n" not in str(e.value)
+    assert Tokenizer.from_pretrained(d, lowercase=True).vocab == VOCAB  # the fingerprint check skips the file
 
 
 # -- corpus reading, training, summary, CLI ------------------------------------------------------------
