@@ -106,6 +106,39 @@ def run_ours(data: Path, init: Path, args: argparse.Namespace, seed: int) -> dic
 # --- transformers, a plain PyTorch loop -------------------------------------------------------------------
 
 
+def _reference_features(tok, data: Path, args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dict]]:
+    """Train, dev and test features, tokenized once by the reference and not padded; label ids are the positions
+    of the sorted training label names, as bertforge numbers them."""
+    train_texts, train_labels = read_split(data, "train")
+    if args.max_train_examples:
+        train_texts, train_labels = train_texts[:args.max_train_examples], train_labels[:args.max_train_examples]
+    labels = sorted(set(train_labels))
+
+    def encode(split_texts, split_labels) -> list[dict]:
+        enc = tok(split_texts, truncation=True, max_length=args.max_length)
+        return [{"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels.index(y)}
+                for ids, types, mask, y in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
+                                               split_labels, strict=True)]
+
+    return encode(train_texts, train_labels), encode(*read_split(data, "dev")), encode(*read_split(data, "test"))
+
+
+def _to(device: torch.device, batch: dict) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def _reference_accuracy(model, collator, features: list[dict], device: torch.device) -> float:
+    model.eval()
+    order = np.argsort([-len(f["input_ids"]) for f in features], kind="stable")  # length-sorted, as ours
+    right = 0
+    for i in range(0, len(order), EVAL_BATCH):
+        batch = _to(device, collator([features[j] for j in order[i:i + EVAL_BATCH]]))
+        y = batch.pop("labels")
+        right += int((model(**batch).logits.argmax(-1) == y).sum())
+    return 100.0 * right / len(features)
+
+
 def run_reference(data: Path, init: Path, args: argparse.Namespace, seed: int) -> dict:
     import transformers
     from transformers.utils import logging as hf_logging
@@ -115,26 +148,13 @@ def run_reference(data: Path, init: Path, args: argparse.Namespace, seed: int) -
     device = torch.device(args.device)
     tok = transformers.AutoTokenizer.from_pretrained(init)
     collator = transformers.DataCollatorWithPadding(tok)  # pads each batch to its longest
-    train_texts, train_labels = read_split(data, "train")
-    if args.max_train_examples:
-        train_texts, train_labels = train_texts[:args.max_train_examples], train_labels[:args.max_train_examples]
-    labels = sorted(set(train_labels))  # the same label ids as bertforge's (sorted names)
-
-    def encode(split_texts, split_labels) -> list[dict]:  # tokenized once, not padded
-        enc = tok(split_texts, truncation=True, max_length=args.max_length)
-        return [{"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels.index(y)}
-                for ids, types, mask, y in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"],
-                                               split_labels, strict=True)]
-
-    train = encode(train_texts, train_labels)
-    dev = encode(*read_split(data, "dev"))
-    test = encode(*read_split(data, "test"))
+    train, dev, test = _reference_features(tok, data, args)
     # bertforge's sampler over the reference's own token lengths: the same batches of texts as bertforge's
     sampler = FeatureBatches([{"input_ids": f["input_ids"]} for f in train], tok.pad_token_id, seed=seed)
 
     torch.manual_seed(seed)
     model = transformers.BertForSequenceClassification.from_pretrained(
-        init, num_labels=len(labels), attn_implementation="sdpa").to(device)
+        init, num_labels=len({f["labels"] for f in train}), attn_implementation="sdpa").to(device)
     no_decay = ("bias", "LayerNorm.weight")
     groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": 0.01},
               {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0}]
@@ -143,19 +163,8 @@ def run_reference(data: Path, init: Path, args: argparse.Namespace, seed: int) -
     total = round(args.epochs * steps_per_epoch)
     scheduler = transformers.get_linear_schedule_with_warmup(optimizer, round(0.1 * total), total)
 
-    def to_device(batch: dict) -> dict:
-        return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-    @torch.no_grad()
     def accuracy(features: list[dict]) -> float:
-        model.eval()
-        order = np.argsort([-len(f["input_ids"]) for f in features], kind="stable")  # length-sorted, as ours
-        right = 0
-        for i in range(0, len(order), EVAL_BATCH):
-            batch = to_device(collator([features[j] for j in order[i:i + EVAL_BATCH]]))
-            y = batch.pop("labels")
-            right += int((model(**batch).logits.argmax(-1) == y).sum())
-        return 100.0 * right / len(features)
+        return _reference_accuracy(model, collator, features, device)
 
     seconds, step, epoch, best = 0.0, 0, 0, (-1.0, None)
     while step < total:
@@ -165,7 +174,7 @@ def run_reference(data: Path, init: Path, args: argparse.Namespace, seed: int) -
             sync(device)
             start = time.perf_counter()
             model.train()
-            batch = to_device(collator([train[j] for j in idx]))
+            batch = _to(device, collator([train[j] for j in idx]))
             loss = model(**batch).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -168,7 +168,7 @@ def finetune_sides(sides: dict[str, tuple[Path, bool, Path]], task_dir: Path, a:
     return out
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="pretraining budget (wall time)")
     p.add_argument("--recipe", default="budget", help="pretraining recipe: budget or bert")
@@ -193,6 +193,25 @@ def main() -> None:
     p.add_argument("--max-train-examples", type=int, default=None, help="fine-tune on the first N examples")
     p.add_argument("--jobs", type=int, default=2, help="fine-tuning runs at a time (threads shared out)")
     p.add_argument("--work", default="runs/pays", help="working directory (reused between runs)")
+    return p
+
+
+def _print_summary(a: argparse.Namespace, labels: str, result: dict) -> None:
+    pre, rnd, baseline = result["pretrained"], result["random"], result["bag_of_words"]
+    print(f"\n{a.minutes:g}-minute {a.recipe} pretraining of {a.model}"
+          + (f" [{a.tag}: {a.pretrain_args}]" if a.tag else "") + f", test accuracy over {a.seeds} seeds, {labels}:")
+    for name, side in (("pretrained", pre), ("random weights", rnd)):
+        print(f"  {name:<15} {side['test_mean']:.2f} ± {side['test_std']:.2f}  (lr {side['best_lr']:g}; "
+              f"dev {side['dev_mean']:.2f}; seeds {', '.join(f'{t:.1f}' for t in [r['test'] for r in side['runs']])})")
+    print(f"  {'bag of words':<15} {baseline['test']:.2f}          (TF-IDF logistic regression, C {baseline['c']:g}; "
+          f"dev {baseline['dev']:.2f}; no language model)")
+    t = f"; Welch's t = {result['welch_t']:.2f} (p = {result['welch_p']:.3g})" if result["welch_t"] is not None else ""
+    print(f"  difference      {result['difference']:+.2f} points{t}; every pretrained seed above every random one: "
+          f"{result['every_pretrained_above_every_random']}")
+
+
+def main() -> None:
+    p = _parser()
     a = p.parse_args()
     a.max_seq_len = a.max_seq_len or get_recipe(a.recipe).seq_len
     if not 1 <= a.select_seeds <= a.seeds:
@@ -227,16 +246,7 @@ def main() -> None:
               "wall_minutes": round((time.time() - started) / 60, 1)}
     with open(work / "pays.jsonl", "a") as f:
         f.write(json.dumps(result) + "\n")
-    print(f"\n{a.minutes:g}-minute {a.recipe} pretraining of {a.model}"
-          + (f" [{a.tag}: {a.pretrain_args}]" if a.tag else "") + f", test accuracy over {a.seeds} seeds, {labels}:")
-    for name, side in (("pretrained", pre), ("random weights", rnd)):
-        print(f"  {name:<15} {side['test_mean']:.2f} ± {side['test_std']:.2f}  (lr {side['best_lr']:g}; "
-              f"dev {side['dev_mean']:.2f}; seeds {', '.join(f'{t:.1f}' for t in [r['test'] for r in side['runs']])})")
-    print(f"  {'bag of words':<15} {baseline['test']:.2f}          (TF-IDF logistic regression, C {baseline['c']:g}; "
-          f"dev {baseline['dev']:.2f}; no language model)")
-    t = f"; Welch's t = {result['welch_t']:.2f} (p = {result['welch_p']:.3g})" if welch else ""
-    print(f"  difference      {result['difference']:+.2f} points{t}; every pretrained seed above every random one: "
-          f"{result['every_pretrained_above_every_random']}")
+    _print_summary(a, labels, result)
 
 
 if __name__ == "__main__":

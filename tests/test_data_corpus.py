@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from bertforge.data.corpus import (
+from bertforge.corpus import (
     ReadStats,
     Unit,
     detect_txt_format,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bertforge.data.sentences import split_sentences
+from bertforge.corpus.sentences import split_sentences
 
 GOLD: list[list[str]] = [
     # abbreviations and titles

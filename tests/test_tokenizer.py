@@ -1,12 +1,10 @@
-"""The tokenizer's rules on a toy vocabulary written here, its API, files, CLI and corpus reader.
-
-Expected tokens are written out by hand from BERT's rules (google-research/bert tokenization_test.py style);
-parity with the reference on real vocabularies is in test_tokenizer_parity.py.
-"""
+"""The tokenizer's rules on a toy vocabulary written here, its API and its files. Expected tokens are written
+out by hand from BERT's rules (google-research/bert tokenization_test.py style). Elsewhere: parity with the
+reference on real vocabularies (test_tokenizer_parity.py), training and `vocab train` (test_vocab_train.py),
+the engine's fast path and character classes (test_tokenizer_engine.py)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import multiprocessing
 import pickle
@@ -16,9 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bertforge.cli import main
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import Tokenizer, corpus_summary, engine, fingerprint, unicode
+from bertforge.tokenizer import Tokenizer, corpus_summary, engine, fingerprint
 from bertforge.tokenizer import wordpiece as wordpiece_module
 
 # What keeps an ASCII text off the tokenizer's fast path, written out as a regex (the code uses a byte set):
@@ -112,7 +109,7 @@ def _a_words(n: int) -> str:
 
 
 @pytest.mark.parametrize(("len_a", "len_b", "max_length", "kept_a", "kept_b"), [
-    (91, 148, 64, 31, 30),   # DESIGN.md's case: cut B to 91, then 121 more: 60 from A, 61 from B
+    (91, 148, 64, 31, 30),   # cut B to 91, then 121 more: 60 from A, 61 from B (the Rust engine: A 30, B 31)
     (148, 91, 64, 31, 30),   # A longer: the odd token still comes from B
     (10, 10, 15, 6, 6),      # tie, even excess 8: 4 and 4
     (10, 10, 14, 6, 5),      # tie, odd excess 9: A loses 4, B loses 5 (the Rust engine would cut A)
@@ -368,37 +365,14 @@ def test_load_errors(tmp_path):
         Tokenizer.from_pretrained(tmp_path / "empty.txt")
     (tmp_path / "crlf.txt").write_bytes("\r\n".join(VOCAB).encode())
     assert Tokenizer.from_pretrained(tmp_path / "crlf.txt").vocab == VOCAB
-
-
-# -- corpus reading, training, summary, CLI ------------------------------------------------------------
-
-SENTENCES = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the quick fox runs!",
-             "Dogs and foxes: quick, lazy, brown."]
-
-
-def _corpus(tmp_path):
-    root = tmp_path / "corpus"
-    (root / "sub").mkdir(parents=True)
-    (root / "a.txt").write_text("\n".join(SENTENCES * 20) + "\n\n", encoding="utf-8")
-    with gzip.open(root / "sub" / "b.jsonl.gz", "wt", encoding="utf-8") as f:
-        for s in SENTENCES * 20:
-            f.write(json.dumps({"text": s, "id": 1}) + "\n")
-    (root / "notes.md").write_text("ignored")
-    return root
-
-
-def test_train(tmp_path):
-    root = _corpus(tmp_path)
-    tok = Tokenizer.train(root, vocab_size=200, min_frequency=1, show_progress=False)
-    assert tok.vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    assert tok.lowercase and tok.vocab_size <= 200 and len(set(tok.vocab)) == tok.vocab_size
-    assert "quick" in tok.vocab and "The" not in tok.vocab and "the" in tok.vocab
-    assert toks(tok, "The QUICK fox.") == ["the", "quick", "fox", "."]
-    cased = Tokenizer.train([root / "a.txt"], vocab_size=200, lowercase=False, min_frequency=1,
-                            show_progress=False)
-    assert "The" in cased.vocab and not cased.lowercase
-    with pytest.raises(BertforgeError, match="too small"):
-        Tokenizer.train(root, vocab_size=5)
+    d = tmp_path / "broken"  # a tokenizer_config.json cut short: one line naming the file, not a traceback
+    d.mkdir()
+    _write_vocab(d / "vocab.txt", VOCAB)
+    (d / "tokenizer_config.json").write_text('{"do_lower_case": tr')
+    with pytest.raises(BertforgeError, match=r"tokenizer_config\.json is not valid JSON .*: restore") as e:
+        Tokenizer.from_pretrained(d)
+    assert "\n" not in str(e.value)
+    assert Tokenizer.from_pretrained(d, lowercase=True).vocab == VOCAB  # the fingerprint check skips the file
 
 
 def test_corpus_summary(uncased):
@@ -409,63 +383,6 @@ def test_corpus_summary(uncased):
     assert s["tokens_per_word"] == pytest.approx(7 / 5)
     assert s["unk_rate"] == pytest.approx(1 / 7)
     assert corpus_summary(uncased, ["low low low"], max_words=1)["words"] == 3  # stops after the batch
-
-
-def test_vocab_train_command(tmp_path, capsys):
-    root = _corpus(tmp_path)
-    out = tmp_path / "tok"
-    assert main(["vocab", "train", "--corpus", str(root / "a.txt"), str(root / "sub"), "--vocab-size", "100",
-                 "--min-frequency", "1", "--out", str(out), "--no-progress"]) == 0
-    printed = capsys.readouterr().out
-    assert "corpus: 2 files" in printed and "single-token words:" in printed and "[UNK] rate:" in printed
-    summary = json.loads((out / "vocab_summary.json").read_text())
-    assert summary["words"] == 40 * (10 + 10 + 10)  # each sentence is 10 words, punctuation included
-    assert summary["args"]["vocab_size"] == 100 and summary["vocab_size"] == len(
-        (out / "vocab.txt").read_text().splitlines())
-    tok = Tokenizer.from_pretrained(out)
-    assert tok.lowercase and tok.fingerprint == summary["fingerprint"]
-    assert (out / "tokenizer.json").is_file()
-
-
-def test_vocab_train_command_errors(tmp_path, capsys):
-    assert main(["vocab", "train", "--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: corpus path '{tmp_path / 'none'}' matches no file") and err.count("\n") == 1
-
-
-@pytest.mark.parametrize("lowercase", [True, False])
-def test_ascii_fast_path_equals_full_pipeline(lowercase):
-    """Most ASCII texts skip the normalizer (Python lowercases them); that must give the same ids, offsets
-    and word ids as the full pipeline on every two-character ASCII string and on random ASCII text."""
-    ascii_chars = [chr(c) for c in range(128)]
-    printable = ascii_chars[33:127]
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *printable, *("##" + c for c in printable)]
-    tok = Tokenizer(vocab, lowercase=lowercase)
-    rng = np.random.default_rng(0)
-    texts = [a + b for a in ascii_chars for b in ascii_chars]
-    texts += ["".join(rng.choice(ascii_chars, size=40)) for _ in range(1000)]
-    texts += ["".join(rng.choice(ascii_chars[9:14] + printable, size=40)) for _ in range(1000)]
-    texts += ["Hello [MASK] World\tX\r\nY", "[MASK]"]
-    routed = tok._segments(texts)
-    full = tok._tk.encode_batch(texts, add_special_tokens=False)
-    fast_share = sum(t.isascii() and NOT_FAST.search(t) is None for t in texts) / len(texts)
-    assert fast_share > 0.5  # the comparison mostly exercises the fast path
-    for text, f, g in zip(texts, routed, full, strict=True):
-        assert (f.ids, f.offsets, f.word_ids) == (g.ids, g.offsets, g.word_ids), repr(text)
-
-
-def test_unicode_classes_are_cached_on_disk_and_a_bad_cache_is_rebuilt(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    built = unicode.build_unicode_classes()
-    assert unicode.unicode_classes.__wrapped__() == built
-    (path,) = (tmp_path / "bertforge").glob("unicode-classes-*.json")
-    assert json.loads(path.read_text()) == built
-    path.write_text('{"control": "[')  # truncated: ignored, rebuilt and rewritten
-    assert unicode.unicode_classes.__wrapped__() == built
-    assert json.loads(path.read_text()) == built
-    planted = {name: "[a]" for name in built}  # a well-formed cache is believed, not rebuilt
-    path.write_text(json.dumps(planted))
-    assert unicode.unicode_classes.__wrapped__() == planted
 
 
 def test_fingerprint_is_vocabulary_order_and_casing(tmp_path):
@@ -480,24 +397,3 @@ def test_fingerprint_is_vocabulary_order_and_casing(tmp_path):
     with pytest.raises(BertforgeError, match=f"{fingerprint(moved, True)}.*records {tok.fingerprint}"):
         Tokenizer.from_pretrained(tmp_path)
     assert Tokenizer.from_pretrained(tmp_path / "vocab.txt").vocab == moved  # a bare vocab.txt records nothing
-
-
-@pytest.mark.parametrize(("name", "what"), [("config.json", "a model"), ("model.safetensors", "a model"),
-                                            ("manifest.json", "prepared data")])
-def test_vocab_train_refuses_a_directory_with_a_model_or_data(tmp_path, capsys, name, what):
-    root = _corpus(tmp_path)
-    out = tmp_path / "holder"
-    out.mkdir()
-    (out / name).write_bytes(b"{}")
-    (out / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nkeep\n")
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    capsys.readouterr()
-    assert main(["vocab", "train", "--corpus", str(root / "a.txt"), "--vocab-size", "100", "--min-frequency", "1",
-                 "--out", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: --out {out} holds {what} ({name})") and err.count("\n") == 1
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    tok = tmp_path / "tok"  # a tokenizer directory alone may be trained again
-    for _ in range(2):
-        assert main(["vocab", "train", "--corpus", str(root / "a.txt"), "--vocab-size", "100", "--min-frequency",
-                     "1", "--out", str(tok), "--no-progress"]) == 0

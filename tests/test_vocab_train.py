@@ -3,6 +3,7 @@ repeated paths skipped and counted, a huge line in bounded memory), and vocabula
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
@@ -15,7 +16,7 @@ import pytest
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer import SPECIAL_TOKENS, Tokenizer, count_alphabet
-from bertforge.tokenizer.training import word_pieces
+from bertforge.tokenizer.coverage import word_pieces
 
 # Letters with many equal counts (so the trainer meets ties among characters and among pairs), some of them
 # outside ASCII (the normalizer's path) and some only ever first in a word (no ## form).
@@ -199,3 +200,77 @@ def test_the_summary_encodes_long_texts_in_pieces_cut_at_spaces():
     assert "".join(pieces[1:-1]) == text
     assert all(len(p) <= 100 for p in pieces)
     assert all(p.startswith(" ") for p in pieces[2:-1])  # every cut is at a space: no word is split
+
+
+# -- training from files, and the command --------------------------------------------------------------
+
+SENTENCES = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps; the quick fox runs!",
+             "Dogs and foxes: quick, lazy, brown."]
+
+
+def _corpus(tmp_path):
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("\n".join(SENTENCES * 20) + "\n\n", encoding="utf-8")
+    with gzip.open(root / "sub" / "b.jsonl.gz", "wt", encoding="utf-8") as f:
+        for s in SENTENCES * 20:
+            f.write(json.dumps({"text": s, "id": 1}) + "\n")
+    (root / "notes.md").write_text("ignored")
+    return root
+
+
+def test_train(tmp_path):
+    root = _corpus(tmp_path)
+    tok = Tokenizer.train(root, vocab_size=200, min_frequency=1, show_progress=False)
+    assert tok.vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert tok.lowercase and tok.vocab_size <= 200 and len(set(tok.vocab)) == tok.vocab_size
+    assert "quick" in tok.vocab and "The" not in tok.vocab and "the" in tok.vocab
+    assert tok.encode("The QUICK fox.", add_special_tokens=False).tokens == ["the", "quick", "fox", "."]
+    cased = Tokenizer.train([root / "a.txt"], vocab_size=200, lowercase=False, min_frequency=1,
+                            show_progress=False)
+    assert "The" in cased.vocab and not cased.lowercase
+    with pytest.raises(BertforgeError, match="too small"):
+        Tokenizer.train(root, vocab_size=5)
+
+
+def test_vocab_train_command(tmp_path, capsys):
+    root = _corpus(tmp_path)
+    out = tmp_path / "tok"
+    assert main(["vocab", "train", "--corpus", str(root / "a.txt"), str(root / "sub"), "--vocab-size", "100",
+                 "--min-frequency", "1", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "corpus: 2 files" in printed and "single-token words:" in printed and "[UNK] rate:" in printed
+    summary = json.loads((out / "vocab_summary.json").read_text())
+    assert summary["words"] == 40 * (10 + 10 + 10)  # each sentence is 10 words, punctuation included
+    assert summary["args"]["vocab_size"] == 100 and summary["vocab_size"] == len(
+        (out / "vocab.txt").read_text().splitlines())
+    tok = Tokenizer.from_pretrained(out)
+    assert tok.lowercase and tok.fingerprint == summary["fingerprint"]
+    assert (out / "tokenizer.json").is_file()
+
+
+def test_vocab_train_command_errors(tmp_path, capsys):
+    assert main(["vocab", "train", "--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: corpus path '{tmp_path / 'none'}' matches no file") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("name", "what"), [("config.json", "a model"), ("model.safetensors", "a model"),
+                                            ("manifest.json", "prepared data")])
+def test_vocab_train_refuses_a_directory_with_a_model_or_data(tmp_path, capsys, name, what):
+    root = _corpus(tmp_path)
+    out = tmp_path / "holder"
+    out.mkdir()
+    (out / name).write_bytes(b"{}")
+    (out / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nkeep\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(["vocab", "train", "--corpus", str(root / "a.txt"), "--vocab-size", "100", "--min-frequency", "1",
+                 "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out} holds {what} ({name})") and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    tok = tmp_path / "tok"  # a tokenizer directory alone may be trained again
+    for _ in range(2):
+        assert main(["vocab", "train", "--corpus", str(root / "a.txt"), "--vocab-size", "100", "--min-frequency",
+                     "1", "--out", str(tok), "--no-progress"]) == 0

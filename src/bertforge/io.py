@@ -63,6 +63,28 @@ def not_utf8_message(path: Path) -> str:
     return f"{path} is not UTF-8 text: convert the file to UTF-8"
 
 
+def read_json_object(path: str | os.PathLike, *, what: str, fix: str, missing: str | None = None,
+                     error: type[BertforgeError] = BertforgeError) -> dict:
+    """The JSON object in the UTF-8 file `path` (a leading byte-order mark skipped). A file that is missing,
+    unreadable, not UTF-8, not JSON or not an object raises `error`, one line naming the file and ending in `fix`
+    (`missing`, when given, is the whole message for a missing file; `what` says what the object holds)."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise error(missing or f"{path} is missing: {fix}") from None
+    except UnicodeDecodeError:  # before ValueError, which it is
+        raise error(not_utf8_message(path)) from None
+    except OSError as e:  # a directory in its place, no permission
+        raise error(f"cannot read {path} ({e.strerror}): {fix}") from None
+    except ValueError as e:  # json.JSONDecodeError
+        raise error(f"{path} is not valid JSON ({e}): {fix}") from None
+    if not isinstance(value, dict):
+        raise error(f"{path} must hold a JSON object of {what}: {fix}")
+    return value
+
+
 # The errors that mean an output does not fit where it is written. EFBIG: past the file system's largest file,
 # or the process's file-size limit (`ulimit -f`; Python ignores its SIGXFSZ, so the write fails instead).
 DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",

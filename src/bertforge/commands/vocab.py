@@ -41,7 +41,7 @@ class VocabTrainArgs:
 
 
 def vocab_train(args: VocabTrainArgs) -> None:
-    from bertforge.data.corpus import ReadStats, expand_inputs, read_sentences
+    from bertforge.corpus import ReadStats, expand_inputs, read_sentences
     from bertforge.io import write_json
     from bertforge.tokenizer import Tokenizer, corpus_summary
 

@@ -1,6 +1,6 @@
 """`bertforge prepare`: corpus -> tokenized, sharded, memory-mapped pretraining data (format in shards.py).
 
-Pipeline: the corpus is planned into units (files, or byte ranges of big files; corpus.py); worker processes
+Pipeline: the corpus is planned into units (files, or byte ranges of big files; `bertforge.corpus`); worker processes
 read, sentence-split and tokenize units in batches and append each unit's tokens to temporary part files;
 the main process appends finished parts, in unit order, to the train/val shards and deletes them. Memory is
 bounded by the batch size, not the corpus; the output depends only on the inputs and the seed (not on the
@@ -10,15 +10,17 @@ an RNG keyed on (seed, unit).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bertforge.data.corpus import ReadStats, Unit, expand_inputs, plan_units, read_unit
+from bertforge.corpus import ReadStats, Unit, expand_inputs, plan_units, read_unit
 from bertforge.data.shards import FORMAT, SPLITS, Shard, ShardWriter, read_manifest, token_dtype
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_dir, progress_reporter, write_json
@@ -59,41 +61,46 @@ class _Part:
             f.close()
 
 
-def _process_unit(task: tuple[int, Unit, str, int, float, int]) -> tuple[int, ReadStats]:
-    """Worker: stream one unit into part files `{tmp}/{index}-{split}.*`; return its read statistics."""
-    index, unit, tmp, seed, val_fraction, max_doc_tokens = task
-    tok = _WORKER_TOKENIZER
-    stats = ReadStats()
-    dtype = token_dtype(tok.vocab_size)
-    parts = {s: _Part(Path(tmp) / f"{index:08d}-{s}", dtype) for s in SPLITS}
-    rng = np.random.default_rng([seed, index])
-    specials = np.array(sorted(tok.special_ids - {tok.unk_id}))  # [UNK] stays: it stands for a real word
-    current = ["train"]  # split of the open document
+class _UnitWriter:
+    """A worker's output for one unit: each document drawn to a split, its tokens and sentence lengths appended
+    to that split's part files batch by batch, a document over `max_doc_tokens` cut into pieces."""
 
-    def draw_split() -> str:
-        return "val" if rng.random() < val_fraction else "train"
+    def __init__(self, tok: Any, stats: ReadStats, index: int, tmp: str, seed: int, val_fraction: float,
+                 max_doc_tokens: int):
+        self.tok, self.stats, self.val_fraction, self.max_doc_tokens = tok, stats, val_fraction, max_doc_tokens
+        dtype = token_dtype(tok.vocab_size)
+        self.parts = {s: _Part(Path(tmp) / f"{index:08d}-{s}", dtype) for s in SPLITS}
+        self.rng = np.random.default_rng([seed, index])
+        self.specials = np.array(sorted(tok.special_ids - {tok.unk_id}))  # [UNK] stays: it stands for a real word
+        self.current = self._draw_split()  # split of the open document
 
-    def close_doc(part: _Part) -> None:
+    def _draw_split(self) -> str:
+        return "val" if self.rng.random() < self.val_fraction else "train"
+
+    @staticmethod
+    def _close_doc(part: _Part) -> None:
         if part.doc_sentences:
             part.files[2].write(np.array([part.doc_sentences], "<i4"))
         part.doc_sentences = part.doc_tokens = 0
         part.cut = False
 
-    def flush(batch: list[str | None]) -> None:
+    def flush(self, batch: list[str | None]) -> None:
+        """Tokenize a batch of sentences and document ends (None) and append it to the part files."""
+        stats = self.stats
         texts = [s for s in batch if s is not None]
-        ids, lengths = _without_special(*tok.tokenize_flat(texts), specials, stats)
+        ids, lengths = _without_special(*self.tok.tokenize_flat(texts), self.specials, stats)
         run_start = pos = 0  # the sentences not yet written are ids[run_start:pos]
         run_lengths: list[int] = []
         j = 0  # index of the next sentence in ids/lengths
         for item in batch:
-            part = parts[current[0]]
+            part = self.parts[self.current]
             if item is None:
                 _write(part, ids[run_start:pos], run_lengths)
                 run_start, run_lengths = pos, []
                 if part.doc_sentences == 0 and not part.cut:
                     stats.counts["documents_without_tokens"] += 1
-                close_doc(part)
-                current[0] = draw_split()
+                self._close_doc(part)
+                self.current = self._draw_split()
                 continue
             n = int(lengths[j])
             j += 1
@@ -105,15 +112,26 @@ def _process_unit(task: tuple[int, Unit, str, int, float, int]) -> tuple[int, Re
             part.doc_sentences += 1
             part.doc_tokens += n
             part.cut = False
-            if part.doc_tokens >= max_doc_tokens:
+            if part.doc_tokens >= self.max_doc_tokens:
                 _write(part, ids[run_start:pos], run_lengths)
                 run_start, run_lengths = pos, []
                 stats.counts["long_documents_cut"] += 1
-                close_doc(part)
+                self._close_doc(part)
                 part.cut = True
-        _write(parts[current[0]], ids[run_start:pos], run_lengths)
+        _write(self.parts[self.current], ids[run_start:pos], run_lengths)
 
-    current[0] = draw_split()
+    def close(self) -> None:
+        for part in self.parts.values():
+            if part.doc_sentences:  # a unit ends with END after every document; this is defensive
+                self._close_doc(part)
+            part.close()
+
+
+def _process_unit(task: tuple[int, Unit, str, int, float, int]) -> tuple[int, ReadStats]:
+    """Worker: stream one unit into part files `{tmp}/{index}-{split}.*`; return its read statistics."""
+    index, unit, tmp, seed, val_fraction, max_doc_tokens = task
+    stats = ReadStats()
+    writer = _UnitWriter(_WORKER_TOKENIZER, stats, index, tmp, seed, val_fraction, max_doc_tokens)
     batch: list[str | None] = []
     size = 0
     for item in read_unit(unit, stats):
@@ -122,13 +140,10 @@ def _process_unit(task: tuple[int, Unit, str, int, float, int]) -> tuple[int, Re
             size += len(item)
             stats.counts["characters"] += len(item)
         if size >= BATCH_CHARS:
-            flush(batch)
+            writer.flush(batch)
             batch, size = [], 0
-    flush(batch)
-    for part in parts.values():
-        if part.doc_sentences:  # a unit ends with END after every document; this is defensive
-            close_doc(part)
-        part.close()
+    writer.flush(batch)
+    writer.close()
     return index, stats
 
 
@@ -196,26 +211,16 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
                    for s in SPLITS}
         tasks = [(i, u, str(parts_dir), seed, val_fraction, max_doc_tokens) for i, u in enumerate(units)]
         bar = progress_reporter(sum(unit_bytes), desc="prepare", unit="B", enabled=progress)
-        if workers == 1 or len(units) == 1:
-            _init_worker(tok)
-            results = map(_process_unit, tasks)
-            pool = None
-        else:
-            ctx = multiprocessing.get_context("spawn" if os.name == "nt" else "fork")
-            pool = ctx.Pool(min(workers, len(units)), initializer=_init_worker, initargs=(tok,))
-            results = pool.imap(_process_unit, tasks, chunksize=1)
         try:
-            for index, unit_stats in results:
-                stats.add(unit_stats)
-                for split in SPLITS:
-                    _merge_part(parts_dir / f"{index:08d}-{split}", writers[split], dtype)
-                bar.update(unit_bytes[index])
-                bar.set_postfix(docs=stats.counts["documents"], refresh=False)
+            with _unit_results(tasks, tok, workers) as results:
+                for index, unit_stats in results:
+                    stats.add(unit_stats)
+                    for split in SPLITS:
+                        _merge_part(parts_dir / f"{index:08d}-{split}", writers[split], dtype)
+                    bar.update(unit_bytes[index])
+                    bar.set_postfix(docs=stats.counts["documents"], refresh=False)
         finally:
             bar.close()
-            if pool is not None:
-                pool.terminate()
-                pool.join()
         shutil.rmtree(parts_dir)
         manifest = _manifest(tok, dtype, max_seq_len, seed, val_fraction, fmt, paths,
                              {s: w.finish() for s, w in writers.items()}, stats)
@@ -225,6 +230,22 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
         tok.save_pretrained(tmp_out / "tokenizer")
         write_json(tmp_out / "manifest.json", manifest)
     return manifest
+
+
+@contextlib.contextmanager
+def _unit_results(tasks: list[tuple], tok: Any, workers: int) -> Iterator[Iterator[tuple[int, ReadStats]]]:
+    """`_process_unit`'s results in unit order: run here with one worker (or one unit), else in a pool."""
+    if workers == 1 or len(tasks) == 1:
+        _init_worker(tok)
+        yield map(_process_unit, tasks)
+        return
+    ctx = multiprocessing.get_context("spawn" if os.name == "nt" else "fork")
+    pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tok,))
+    try:
+        yield pool.imap(_process_unit, tasks, chunksize=1)
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def _merge_part(stem: Path, writer: ShardWriter, dtype: np.dtype) -> None:
@@ -283,8 +304,6 @@ def _check_out_apart(out: Path, corpus: list[str], paths: list[Path]) -> None:
         d = Path(c).expanduser().resolve()
         if d.is_dir() and (d == target or d in target.parents):
             raise BertforgeError(f"--out {out} is inside the corpus directory {c}: choose an --out outside it")
-
-
 
 
 def _manifest(tok: Any, dtype: np.dtype, max_seq_len: int, seed: int, val_fraction: float, fmt: str,

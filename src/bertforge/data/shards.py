@@ -23,6 +23,7 @@ from typing import BinaryIO
 import numpy as np
 
 from bertforge.errors import BertforgeError
+from bertforge.io import read_json_object
 
 FORMAT = "bertforge-pretraining-data/1"
 # what readers of a manifest look up, besides its format
@@ -181,15 +182,7 @@ def read_manifest(data_dir: str | Path) -> dict:
 
 def _json_object(path: Path) -> dict:
     """The JSON object `prepare` wrote to `path`; a file gone, cut short or altered is a BertforgeError."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BertforgeError(f"{path} is missing: prepare the data again") from None
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-        raise BertforgeError(f"{path} is not valid JSON ({e}): prepare the data again") from None
-    if not isinstance(value, dict):
-        raise BertforgeError(f"{path} does not hold a JSON object: prepare the data again")
-    return value
+    return read_json_object(path, what="what `prepare` recorded", fix="prepare the data again")
 
 
 def open_split(data_dir: str | Path, split: str, manifest: dict | None = None) -> list[Shard]:

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import BertforgeError
-from bertforge.tasks import metrics as M
 from bertforge.tasks.base import Feature, Task, TextExample
 from bertforge.tasks.features import sequence_features
+from bertforge.tasks.metrics import accuracy, binary_f1, macro_f1, matthews, pearson, spearman
 
 
 def as_array(outputs: Any) -> Any:
@@ -107,17 +107,17 @@ class SequenceTask(Task):
         scores = {}
         for name in self.metrics:
             if name == "accuracy":
-                scores[name] = M.accuracy(preds, refs)
+                scores[name] = accuracy(preds, refs)
             elif name == "f1":
-                scores[name] = M.binary_f1(preds, refs, self.positive_label)
+                scores[name] = binary_f1(preds, refs, self.positive_label)
             elif name == "macro_f1":
-                scores[name] = M.macro_f1(preds, refs)
+                scores[name] = macro_f1(preds, refs)
             elif name == "mcc":
-                scores[name] = M.matthews(preds, refs)
+                scores[name] = matthews(preds, refs)
             elif name == "pearson":
-                scores[name] = M.pearson(preds, refs)
+                scores[name] = pearson(preds, refs)
             elif name == "spearman":
-                scores[name] = M.spearman(preds, refs)
+                scores[name] = spearman(preds, refs)
         return scores
 
     def _names(self, values: Sequence) -> list[str]:

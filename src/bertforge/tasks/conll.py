@@ -19,10 +19,10 @@ from typing import Any
 
 from bertforge.errors import BertforgeError
 from bertforge.io import open_text
-from bertforge.tasks import metrics as M
 from bertforge.tasks.base import Feature, TaggedExample, Task, split_file, where
 from bertforge.tasks.classification import as_array
 from bertforge.tasks.features import tagging_features
+from bertforge.tasks.metrics import chunks, conll_scores, split_tag
 
 _FILES = {"train": ["train.txt", "eng.train"], "dev": ["valid.txt", "dev.txt", "eng.testa"],
           "test": ["test.txt", "eng.testb"]}
@@ -74,7 +74,7 @@ def read_conll(path: Path) -> list[TaggedExample]:
 
 
 def _order(tag: str) -> tuple[int, str, str]:
-    prefix, kind = M.split_tag(tag)
+    prefix, kind = split_tag(tag)
     return (0 if tag == "O" else 1, kind, prefix)
 
 
@@ -131,12 +131,12 @@ class ConllTask(Task):
         return [list(ex.tags) for ex in examples]
 
     def metric(self, predictions: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
-        return M.conll_scores(predictions, references)
+        return conll_scores(predictions, references)
 
     def entities(self, example: TaggedExample, tags: Sequence[str]) -> list[dict[str, Any]]:
         """Entities of one example as {"type", "start", "end", "text"}, character offsets into its text."""
         found = []
-        for kind, first, last in M.chunks(tags):
+        for kind, first, last in chunks(tags):
             start, end = example.spans[first][0], example.spans[last][1]
             found.append({"type": kind, "start": start, "end": end, "text": example.text[start:end]})
         return found

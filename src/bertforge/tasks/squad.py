@@ -30,9 +30,9 @@ import numpy as np
 
 from bertforge.errors import BertforgeError
 from bertforge.io import open_text
-from bertforge.tasks import metrics as M
 from bertforge.tasks.base import Feature, QAExample, Task, split_file
 from bertforge.tasks.features import encode_plain
+from bertforge.tasks.metrics import squad_scores
 
 _FILES = {"train": ["train-v1.1.json"], "dev": ["dev-v1.1.json"], "test": ["test-v1.1.json"]}
 
@@ -274,7 +274,7 @@ class SquadTask(Task):
         return {ex.id: list(ex.answers) for ex in examples}
 
     def metric(self, predictions: dict[str, str], references: dict[str, Sequence[str]]) -> dict[str, float]:
-        return M.squad_scores(predictions, references)
+        return squad_scores(predictions, references)
 
 
 def _logits(values: Any, n: int) -> Any:

@@ -15,10 +15,10 @@ from typing import Any
 
 from bertforge.errors import BertforgeError
 from bertforge.io import open_text
-from bertforge.tasks import metrics as M
 from bertforge.tasks.base import ChoiceExample, Feature, Task, split_file, where
 from bertforge.tasks.classification import as_array
 from bertforge.tasks.features import choice_features
+from bertforge.tasks.metrics import accuracy
 
 NUM_CHOICES = 4
 _FILES = {"train": ["train.csv"], "dev": ["val.csv", "dev.csv"], "test": ["test.csv"]}
@@ -81,7 +81,7 @@ class SwagTask(Task):
         return [int(ex.label) for ex in examples]
 
     def metric(self, predictions: Sequence[int], references: Sequence[int]) -> dict[str, float]:
-        return {"accuracy": M.accuracy([int(p) for p in predictions], [int(r) for r in references])}
+        return {"accuracy": accuracy([int(p) for p in predictions], [int(r) for r in references])}
 
 
 def _label(value: str, path: Path, line: int) -> int:

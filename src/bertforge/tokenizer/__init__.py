@@ -32,13 +32,14 @@ Conventions:
 
 Modules: `wordpiece` (the Tokenizer), `engine` (the pipeline assembled from the engine's parts), `unicode` (the
 character classes), `encoding` (result types), `truncation` (the pair rule), `vocab` (vocab.txt, special
-tokens, fingerprints), `training` (learning a vocabulary, measuring its coverage).
+tokens, fingerprints), `training` (learning a vocabulary), `coverage` (how well a vocabulary covers a corpus).
 """
 
 from __future__ import annotations
 
+from bertforge.tokenizer.coverage import corpus_summary
 from bertforge.tokenizer.encoding import BatchEncoding, Encoding
-from bertforge.tokenizer.training import Alphabet, corpus_summary, count_alphabet
+from bertforge.tokenizer.training import Alphabet, count_alphabet
 from bertforge.tokenizer.truncation import longest_first
 from bertforge.tokenizer.vocab import SPECIAL_TOKENS, fingerprint, recorded_fingerprint
 from bertforge.tokenizer.wordpiece import Tokenizer

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 
 @dataclass
@@ -130,6 +129,8 @@ class BatchEncoding:
 
     def to_tensors(self) -> dict[str, Any]:
         """{"input_ids", "token_type_ids", "attention_mask"}: torch LongTensors of shape (B, T)."""
+        import torch  # here only: loading torch takes about 1.5 s, which `vocab train` and `prepare` never need
+
         la, lb, lengths = self._lengths()
         width = self.width if self.width is not None else int(lengths.max(initial=0))
         if (lengths > width).any() or (self.width is None and (lengths != width).any()):

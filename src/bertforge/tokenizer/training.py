@@ -1,4 +1,4 @@
-"""Learning a WordPiece vocabulary from a corpus, the same in every run, and measuring how well one covers a corpus.
+"""Learning a WordPiece vocabulary from a corpus, the same in every run.
 
 The engine's WordPiece trainer counts words and learns merges in Rust on all cores, but left alone its vocabulary
 changed from run to run (three processes, one corpus: three different vocab.txt files, and different token sets,
@@ -21,30 +21,24 @@ vocab.txt is then: the special tokens ([PAD] = 0), the characters, their ## form
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import tokenizers
 from tokenizers import trainers
 
-from bertforge.data.corpus import ReadStats, expand_inputs, read_sentences
+from bertforge.corpus import ReadStats, expand_inputs, read_sentences
 from bertforge.errors import BertforgeError
 from bertforge.io import progress_reporter
 from bertforge.tokenizer.engine import CONTROL_BYTES, SURROGATES, pipeline, wordpiece
 from bertforge.tokenizer.unicode import class_table
 from bertforge.tokenizer.vocab import SPECIAL_TOKENS, SUBWORD_PREFIX
 
-if TYPE_CHECKING:
-    from bertforge.tokenizer.wordpiece import Tokenizer
-
 COUNT_BATCH_CHARS = 1 << 20  # text normalized per call while counting characters
 ENGINE_BATCH_CHARS = 1 << 16  # text per engine input while training: the engine holds 256 inputs at a time
-SUMMARY_TEXT_CHARS = 1 << 13  # the coverage summary encodes texts of at most about this many characters
 _WORD_ENDS = " \t\n\r"  # after normalization only " " is left; the ASCII path sees the others
 
 
@@ -165,54 +159,9 @@ def batches(texts: Iterable[str], max_chars: int) -> Iterator[list[str]]:
         yield batch
 
 
-def word_pieces(texts: Iterable[str], max_chars: int) -> Iterator[str]:
-    """`texts`, each longer than `max_chars` cut at a space into pieces of about that size (the last word of a piece
-    may continue in the next), so that no one text makes the engine build a huge encoding."""
-    for text in texts:
-        while len(text) > max_chars:
-            cut = text.rfind(" ", 0, max_chars)
-            cut = max_chars if cut <= 0 else cut
-            yield text[:cut]
-            text = text[cut:]
-        yield text
-
-
 def engine_inputs(texts: Iterable[str], max_chars: int) -> Iterator[str]:
     """Texts joined by newlines (a space to the normalizer, so no word spans two texts) into engine inputs of
     about `max_chars`, lone surrogates replaced (see engine.SURROGATES)."""
     for batch in batches(texts, max_chars):
         text = "\n".join(batch)
         yield text if text.isascii() else SURROGATES.sub("\ufffd", text)
-
-
-def corpus_summary(tokenizer: Tokenizer, texts: Iterable[str], *, max_words: int | None = 10_000_000) -> dict:
-    """How well the vocabulary covers a corpus, measured on its first `max_words` words (None: all).
-
-    Words are the pre-tokens (a run of letters/digits, or one punctuation character or CJK ideograph).
-    Returns vocab_size, texts, words, tokens, single_token_words (share of words that are one token),
-    tokens_per_word, and unk_rate (share of tokens that are [UNK]; each [UNK] replaces a whole word).
-    """
-    n_texts = n_words = n_tokens = n_single = n_unk = 0
-    for batch in batches(word_pieces(texts, SUMMARY_TEXT_CHARS), COUNT_BATCH_CHARS):
-        encs = tokenizer._segments(batch)
-        lengths = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
-        total = int(lengths.sum())
-        n_texts += len(encs)
-        if total == 0:
-            continue
-        words = np.fromiter(itertools.chain.from_iterable(e.word_ids for e in encs), dtype=np.int64, count=total)
-        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=total)
-        starts = np.zeros(total, dtype=bool)  # a word starts where the word id changes or a new text begins
-        starts[0] = True
-        starts[1:] = words[1:] != words[:-1]
-        starts[np.cumsum(lengths)[:-1][lengths[1:] > 0]] = True
-        run_lengths = np.diff(np.append(np.flatnonzero(starts), total))
-        n_words += len(run_lengths)
-        n_single += int((run_lengths == 1).sum())
-        n_tokens += total
-        n_unk += int((ids == tokenizer.unk_id).sum())
-        if max_words is not None and n_words >= max_words:
-            break
-    return {"vocab_size": tokenizer.vocab_size, "texts": n_texts, "words": n_words, "tokens": n_tokens,
-            "single_token_words": n_single / max(n_words, 1), "tokens_per_word": n_tokens / max(n_words, 1),
-            "unk_rate": n_unk / max(n_tokens, 1)}

@@ -11,14 +11,14 @@ import functools
 import hashlib
 import inspect
 import itertools
-import json
 import re
 import sys
 import unicodedata
 
 import numpy as np
 
-from bertforge.io import cache_dir, write_json
+from bertforge.errors import BertforgeError
+from bertforge.io import cache_dir, read_json_object, write_json
 
 # CJK Unified Ideographs blocks, exactly the reference's list (the engine's own list differs at U+2B820).
 CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
@@ -42,10 +42,9 @@ def unicode_classes() -> dict[str, str]:
         (CJK_RANGES, ASCII_PUNCT_RANGES))
     key = hashlib.sha256(f"{unicodedata.unidata_version} {sys.maxunicode} {source}".encode()).hexdigest()[:16]
     path = cache_dir() / f"unicode-classes-{key}.json"
-    with contextlib.suppress(OSError, ValueError):
-        cached = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(cached, dict) and set(cached) == set(CLASS_NAMES) and all(
-                isinstance(v, str) for v in cached.values()):
+    with contextlib.suppress(BertforgeError):  # no cache yet, or a damaged one: build it again
+        cached = read_json_object(path, what="character classes", fix="it is rebuilt")
+        if set(cached) == set(CLASS_NAMES) and all(isinstance(v, str) for v in cached.values()):
             return cached
     classes = build_unicode_classes()
     with contextlib.suppress(OSError):  # a read-only home only costs the 0.3 s again next time

@@ -6,11 +6,11 @@ ids index the vocabulary (the line number in vocab.txt); [PAD] [UNK] [CLS] [SEP]
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
+from bertforge.io import read_json_object
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)  # the order training gives them: [PAD] = 0
@@ -49,8 +49,8 @@ def recorded_fingerprint(directory: Path) -> str | None:
     if not config.is_file():
         return None
     try:
-        value = json.loads(config.read_text(encoding="utf-8")).get("bertforge_fingerprint")
-    except (ValueError, AttributeError):
+        value = _tokenizer_file(config).get("bertforge_fingerprint")
+    except BertforgeError:
         return None
     return value if isinstance(value, str) else None
 
@@ -74,14 +74,19 @@ def declared_lowercase(directory: Path) -> bool | None:
     """The casing a model directory's tokenizer_config.json or tokenizer.json declares, if any."""
     config = directory / "tokenizer_config.json"
     if config.is_file():
-        value = json.loads(config.read_text(encoding="utf-8")).get("do_lower_case")
+        value = _tokenizer_file(config).get("do_lower_case")
         if isinstance(value, bool):
             return value
     spec = directory / "tokenizer.json"
     if spec.is_file():
-        norm = json.loads(spec.read_text(encoding="utf-8")).get("normalizer") or {}
+        norm = _tokenizer_file(spec).get("normalizer") or {}
         if norm.get("type") == "BertNormalizer":
             return bool(norm.get("lowercase", True))
         if norm.get("type") == "Sequence":
             return any(step.get("type") == "Lowercase" for step in norm.get("normalizers", []))
     return None
+
+
+def _tokenizer_file(path: Path) -> dict:
+    return read_json_object(path, what="tokenizer settings",
+                            fix="restore the directory's tokenizer files, or remove it to use vocab.txt alone")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from bertforge.data.corpus import ReadStats
+from bertforge.corpus import ReadStats
 from bertforge.errors import BertforgeError
 from bertforge.io import write_json, write_text
 from bertforge.tokenizer.encoding import BatchEncoding, Encoding, join_segments
@@ -72,7 +72,7 @@ class Tokenizer:
               lowercase: bool = True, min_frequency: int = 2, limit_alphabet: int = 1000,
               show_progress: bool = True, strict: bool = False, stats: ReadStats | None = None) -> Tokenizer:
         """Learn a WordPiece vocabulary from a corpus: files, directories or globs, read as `prepare` reads
-        them (`bertforge.data.corpus`); `stats` (if given) counts what reading found and skipped.
+        them (`bertforge.corpus`); `stats` (if given) counts what reading found and skipped.
 
         The same corpus and arguments give the same vocabulary, token for token, in every run. The result has
         fewer than `vocab_size` tokens when the corpus has no more pairs seen `min_frequency` times. A
