@@ -201,7 +201,6 @@ def test_inference_never_imports_training(graph):
     assert not wrong, "inference imports training:\n" + "\n".join(wrong)
 
 
-@MERGING
 def test_no_import_cycles(graph):
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
