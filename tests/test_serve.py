@@ -5,7 +5,6 @@ Models are tiny and random (H 32, 2 layers) with an inline vocabulary. Servers r
 except for SIGTERM, which needs a process of its own. Every wait is bounded.
 """
 
-import contextlib
 import json
 import os
 import re
@@ -13,95 +12,28 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install 'bertforge[serve]')")
 httpx = pytest.importorskip("httpx", reason="httpx is not installed (pip install 'bertforge[serve]')")
 
-from bertforge import BertConfig, BertForMaskedLM  # noqa: E402
-from bertforge.cli import main  # noqa: E402
-from bertforge.heads import (  # noqa: E402
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
-from bertforge.infer import Encoder, MaskFiller, predict_records  # noqa: E402
-from bertforge.serve.options import ServeOptions  # noqa: E402
-from bertforge.serve.server import make_server, url_of  # noqa: E402
-from bertforge.tokenizer import Tokenizer  # noqa: E402
+from serve_helpers import LIMIT, Gate, model_dirs, post, running, wait_for  # noqa: E402
 
-WORDS = ["the", "a", "of", "and", "in", "is", "was", "film", "movie", "good", "bad", "great", "plot", "quick", "brown",
-         "fox", "dog", "jumps", "over", "lazy", "john", "smith", "paris", "lives", "where", "does", "who", ",", ".",
-         "?"]
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+from bertforge.cli import main  # noqa: E402
+from bertforge.infer import Encoder, MaskFiller, predict_records  # noqa: E402
+
 TEXTS = ["the film was good .", "bad", "the quick brown fox jumps over the lazy dog , and the dog was lazy .",
          "john smith lives in paris", "", "a great movie , the plot", "é"]
 SENTENCES = [t for t in TEXTS if t]  # predict refuses an empty text, as `bertforge predict` does
 MASKED = ["the [MASK] was good .", "[MASK]", "the quick [MASK] fox jumps over the [MASK] dog .", "a [MASK] movie"]
-LIMIT = 10  # seconds any single wait may take
-
-
-def config(**kw) -> BertConfig:
-    return BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=64, **kw)
-
-
-def save(model, path, task: dict | None = None):
-    model.save_pretrained(path)
-    Tokenizer(VOCAB, lowercase=True).save_pretrained(path)
-    if task is not None:
-        (path / "task.json").write_text(json.dumps(task))
-    return path
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """Directories of each kind: pretrained (masked-LM head), classifier, tagger, reader (QA)."""
-    from bertforge.tasks.conll import STANDARD_LABELS
-
-    root = tmp_path_factory.mktemp("serve")
-    torch.manual_seed(0)
-    mlm = BertForMaskedLM(config())
-    with torch.no_grad():  # a random head is nearly uniform; sharpen it so the top-k order means something
-        mlm.cls.predictions.bias.normal_(0, 3)
-    labels = ["negative", "positive"]
-    clf = BertForSequenceClassification(config(num_labels=2, id2label=dict(enumerate(labels)), task="csv"))
-    ner = BertForTokenClassification(config(num_labels=len(STANDARD_LABELS)))
-    with torch.no_grad():  # every word B-PER, so every word is an entity
-        ner.classifier.weight.zero_()
-        ner.classifier.bias[STANDARD_LABELS.index("B-PER")] = 5.0
-    spec = {"options": {}, "max_length": 32}
-    return {
-        "mlm": save(mlm, root / "mlm"),
-        "clf": save(clf, root / "clf", {**spec, "task": "csv", "kind": "classification", "labels": labels}),
-        "ner": save(ner, root / "ner", {**spec, "task": "conll2003", "kind": "token_classification",
-                                        "labels": list(STANDARD_LABELS)}),
-        "qa": save(BertForQuestionAnswering(config(num_labels=2)), root / "qa",
-                   {**spec, "task": "squad", "kind": "question_answering", "labels": None}),
-    }
-
-
-@contextlib.contextmanager
-def running(model_dir, **options):
-    """A server on a free loopback port, in this process: (its URL, the app's state)."""
-    server, sock = make_server(ServeOptions(model=str(model_dir), port=0, **options))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + LIMIT
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield url_of(sock), server.config.app.state
-    finally:
-        server.should_exit = True
-        thread.join(LIMIT)
-        assert not thread.is_alive()
+    return model_dirs(tmp_path_factory.mktemp("serve"))
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +46,6 @@ def pretrained(models):
 def classifier(models):
     with running(models["clf"]) as served:
         yield served
-
-
-def post(url: str, path: str, body, **kw) -> httpx.Response:
-    return httpx.post(url + path, json=body, timeout=LIMIT, **kw)
 
 
 def close(actual, expected, tol=1e-5) -> None:
@@ -135,38 +63,6 @@ def close(actual, expected, tol=1e-5) -> None:
         assert actual == pytest.approx(expected, abs=tol)
     else:
         assert actual == expected
-
-
-class Gate:
-    """Holds the engine's worker at its next call until `open`: what is sent meanwhile waits in the queue."""
-
-    def __init__(self, state):
-        self.batcher, self.calls = state.batcher, []
-        self.run, self.released, self.entered = self.batcher._run, threading.Event(), threading.Event()
-
-    def __enter__(self):
-        def held(key, items):
-            self.calls.append(len(items))
-            self.entered.set()
-            assert self.released.wait(LIMIT)
-            return self.run(key, items)
-
-        self.batcher._run = held
-        return self
-
-    def open(self):
-        self.released.set()
-
-    def __exit__(self, *exc):
-        self.released.set()
-        self.batcher._run = self.run
-
-
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + LIMIT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def test_pretrained_model_serves_fill_mask_and_embed_as_the_engines_do(pretrained, models):
