@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -230,6 +231,18 @@ def test_a_client_that_goes_away_is_dropped_from_the_queue(classifier):
         assert first.result(LIMIT).status_code == 200
         wait_for(lambda: state.batcher.queued == 0, "the queue to empty")
     assert gate.calls == [1]  # the abandoned request never ran
+
+
+def test_a_kept_alive_connection_answers_without_waiting_for_a_delayed_ack(classifier):
+    """With Nagle's algorithm on, every answer after the first on a connection waited ~40 ms (`server.bind`)."""
+    url, _ = classifier
+    times = []
+    with httpx.Client(timeout=LIMIT) as http:
+        for _ in range(9):
+            start = time.perf_counter()
+            assert http.get(url + "/health").status_code == 200
+            times.append(time.perf_counter() - start)
+    assert statistics.median(times[1:]) < 0.02
 
 
 def test_api_key_guards_every_endpoint_but_the_page_and_health(models):

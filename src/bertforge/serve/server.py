@@ -22,19 +22,30 @@ from bertforge.serve.options import ServeOptions
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (port 0: a free one); a port in use is a BertforgeError naming --port."""
+    """A listening TCP socket on host:port (port 0: a free one); a port in use is a BertforgeError naming --port.
+
+    Made with its protocol named (IPPROTO_TCP), not 0 as `socket.create_server` makes it: asyncio turns Nagle's
+    algorithm off (TCP_NODELAY) only on sockets that say they are TCP, and with it on, every answer after the
+    first on a kept-alive connection waited about 40 ms for the client's delayed ACK (measured here: /health
+    44 ms instead of 1)."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             proto=socket.IPPROTO_TCP)[0]
     except socket.gaierror as e:
         raise BertforgeError(f"--host {host}: not an address of this machine ({e.strerror})") from None
+    sock = socket.socket(family, kind, proto)
     try:
-        return socket.create_server((host, port), family=family, backlog=1024)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait out TIME_WAIT
+        sock.bind(address)
+        sock.listen(1024)
     except OSError as e:
+        sock.close()
         if e.errno == errno.EADDRINUSE:
             raise BertforgeError(f"--port {port} is in use on {host}: pick another (--port 0: any free one)") from None
         if e.errno == errno.EADDRNOTAVAIL:
             raise BertforgeError(f"--host {host}: not an address of this machine") from None
         raise
+    return sock
 
 
 def make_server(options: ServeOptions) -> tuple[uvicorn.Server, socket.socket]:
