@@ -157,7 +157,9 @@ BAD = [  # (body as bytes or JSON, status, the start of the error)
 ]
 
 
-def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(models):
+def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(models, classifier):
+    deep = httpx.post(classifier[0] + "/predict", content=b"[" * 100_000 + b"]" * 100_000, timeout=LIMIT)
+    assert deep.status_code == 400 and deep.json()["error"].startswith("body: not readable as JSON")
     with running(models["clf"], max_inputs=8, max_body_bytes=2048) as (url, _):
         for body, status, error in BAD:
             if isinstance(body, bytes):
@@ -166,6 +168,8 @@ def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(mo
             else:
                 r = post(url, "/predict", body)
             assert (r.status_code, r.json()["error"][:len(error)]) == (status, error), body
+        r = httpx.post(url + "/predict", content=b'{"inputs": "good"}', timeout=LIMIT)  # no content-type: still JSON
+        assert r.status_code == 200 and r.json()["label"] in ("negative", "positive")
         chunked = httpx.post(url + "/predict", content=iter([b'{"inputs": "', b"x" * 3000, b'"}']), timeout=LIMIT)
         assert chunked.status_code == 413  # no Content-Length: refused as the body arrives past the limit
         r = httpx.get(url + "/predict", timeout=LIMIT)

@@ -36,10 +36,9 @@ CLIENT_GONE = 499  # the status nginx logs for a client that closed its connecti
 def create_app(served: ServedModel, options: ServeOptions) -> FastAPI:
     """The app serving `served`; its engine worker starts and stops with the app's lifespan (uvicorn's startup and
     its graceful shutdown, which first lets every accepted request finish)."""
-    batcher = Batcher(served.run, max_tokens=options.max_batch_tokens, max_wait=options.max_wait_ms / 1000,
-                      max_queue=options.max_queue)
     metrics = Metrics(lambda: batcher.queued)
-    batcher._on_batch = metrics.batch
+    batcher = Batcher(served.run, max_tokens=options.max_batch_tokens, max_wait=options.max_wait_ms / 1000,
+                      max_queue=options.max_queue, on_batch=metrics.batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -212,6 +211,8 @@ def _add_errors(app: FastAPI, served: ServedModel) -> None:
         if e.status_code == 405:
             return _error(405, f"{request.method} {request.url.path}: method not allowed; this model serves {has}",
                           getattr(e, "headers", None))
+        if e.status_code == 400:  # FastAPI's: a body that json.loads gave up on (nested too deeply, say)
+            return _error(400, f"body: not readable as JSON ({e.detail})")
         return _error(e.status_code, str(e.detail), getattr(e, "headers", None))
 
 
@@ -260,6 +261,9 @@ class Gate:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        if scope["method"] == "POST":  # every POST body is JSON: read it as JSON whatever the client declared
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         replayed = False
 
         async def replay() -> dict:
