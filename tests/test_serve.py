@@ -260,12 +260,14 @@ def test_api_key_guards_every_endpoint_but_the_page_and_health(models):
         assert httpx.get(url + "/", timeout=LIMIT).status_code == 200
 
 
-def test_command_refuses_a_port_in_use_and_a_missing_extra_in_one_line(models, capsys, monkeypatch):
+def test_command_refuses_a_port_in_use_a_missing_model_and_a_missing_extra_in_one_line(models, capsys, monkeypatch):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         assert main(["serve", "--model", str(models["clf"]), "--port", str(port)]) == 2
     assert capsys.readouterr().err.strip().endswith(f"--port {port} is in use on 127.0.0.1: pick another (--port 0: "
                                                     "any free one)")
+    assert main(["serve", "--model", str(models["clf"] / "nowhere")]) == 2
+    assert "is not a model directory (no config.json)" in capsys.readouterr().err
     import importlib.util
 
     real = importlib.util.find_spec

@@ -101,3 +101,17 @@ def test_page_shows_fill_mask_candidates(browser, models):
         run(page, "no mask here")
         assert page.text_content("#result .error").startswith("inputs: no [MASK] in the text")
     page.close()
+
+
+def test_page_asks_for_the_api_key_when_the_server_wants_one(browser, models):
+    page = browser.new_page()
+    with running(models["clf"], api_key="s3cret") as (url, _):
+        page.goto(url + "/", timeout=MS)
+        page.wait_for_selector("#key", state="visible", timeout=MS)
+        assert "API key" in page.text_content("#model")
+        page.fill("#key", "s3cret")
+        run(page, "the film was good .")
+        expected = post(url, "/predict", {"inputs": "the film was good ."},
+                        headers={"authorization": "Bearer s3cret"}).json()
+        assert page.text_content("#result .label") == f"{expected['label']} ({expected['score']:.3f})"
+    page.close()

@@ -53,8 +53,8 @@ def make_server(options: ServeOptions) -> tuple[uvicorn.Server, socket.socket]:
     served = ServedModel.load(options.model, device=options.device, quantize=options.quantize,
                               precision=options.precision, backend=options.backend)
     sock = bind(options.host, options.port)
-    config = uvicorn.Config(create_app(served, options), log_level="warning", access_log=options.access_log,
-                            lifespan="on", server_header=False)
+    config = uvicorn.Config(create_app(served, options), log_level="info" if options.access_log else "warning",
+                            access_log=options.access_log, lifespan="on", server_header=False)
     return uvicorn.Server(config), sock
 
 
