@@ -119,6 +119,16 @@ def test_tagger_and_reader_predict_spans_as_bertforge_predict_does(models):
         assert r.status_code == 422 and r.json()["error"].startswith("inputs.context: a question answering model")
 
 
+def test_onnx_backend_serves_what_predict_and_embed_give_on_it(models):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'bertforge[onnx]')")
+    with running(models["clf"], backend="onnx") as (url, _):
+        close(post(url, "/predict", {"inputs": SENTENCES}).json(),
+              predict_records(models["clf"], [{"text": t} for t in SENTENCES], backend="onnx"))
+        close(post(url, "/embed", {"inputs": TEXTS, "pooling": "mean"}).json(),
+              Encoder(models["clf"], backend="onnx").embed(TEXTS, pooling="mean").tolist())
+        assert httpx.get(url + "/info", timeout=LIMIT).json()["engine"] == "onnx"
+
+
 def test_service_endpoints_health_ready_metrics_docs_and_page(classifier):
     url, _ = classifier
     assert httpx.get(url + "/health", timeout=LIMIT).json() == {"status": "ok"}
