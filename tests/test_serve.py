@@ -214,7 +214,8 @@ def test_concurrent_requests_run_together_and_get_what_they_get_one_by_one(class
 
 
 def test_past_the_queue_bound_a_request_is_refused_at_once_and_the_accepted_are_answered(models):
-    with running(models["clf"], max_queue=4) as (url, state), Gate(state) as gate, ThreadPoolExecutor(8) as pool:
+    with (running(models["clf"], max_queue=4, max_inputs=4) as (url, state), Gate(state) as gate,
+          ThreadPoolExecutor(8) as pool):
         first = pool.submit(post, url, "/predict", {"inputs": "first"})
         wait_for(gate.entered.is_set, "the engine to take the first request")
         queued = [pool.submit(post, url, "/predict", {"inputs": ["good", "bad"]}) for _ in range(2)]
@@ -276,6 +277,8 @@ def test_command_refuses_a_port_in_use_a_missing_model_and_a_missing_extra_in_on
         assert main(["serve", "--model", str(models["clf"]), "--port", str(port)]) == 2
     assert capsys.readouterr().err.strip().endswith(f"--port {port} is in use on 127.0.0.1: pick another (--port 0: "
                                                     "any free one)")
+    assert main(["serve", "--model", str(models["clf"]), "--max-inputs", "10", "--max-queue", "5"]) == 2
+    assert "--max-inputs 10 is above --max-queue 5" in capsys.readouterr().err
     assert main(["serve", "--model", str(models["clf"] / "nowhere")]) == 2
     assert "is not a model directory (no config.json)" in capsys.readouterr().err
     import importlib.util

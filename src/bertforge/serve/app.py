@@ -33,9 +33,10 @@ PAGE_FILES = {"/page.js": "application/javascript", "/page.css": "text/css"}
 CLIENT_GONE = 499  # the status nginx logs for a client that closed its connection first; it receives nothing
 
 
-def create_app(served: ServedModel, options: ServeOptions) -> FastAPI:
-    """The app serving `served`; its engine worker starts and stops with the app's lifespan (uvicorn's startup and
-    its graceful shutdown, which first lets every accepted request finish)."""
+def create_app(served: ServedModel, options: ServeOptions) -> Gate:
+    """The ASGI app serving `served` (the FastAPI app behind its `Gate`); its engine worker starts and stops with
+    the app's lifespan (uvicorn's startup, and its graceful shutdown, which first lets every accepted request
+    finish)."""
     metrics = Metrics(lambda: batcher.queued)
     batcher = Batcher(served.run, max_tokens=options.max_batch_tokens, max_wait=options.max_wait_ms / 1000,
                       max_queue=options.max_queue, on_batch=metrics.batch)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bertforge.errors import BertforgeError
 from bertforge.options import Bound, at_least, backend_option, inference_precision_option, option, quantize_option
 
 PORT = Bound(lo=0, hi=65535, why="a TCP port (0: any free one, printed at start)")
@@ -38,3 +39,8 @@ class ServeOptions:
     max_body_bytes: int = option(1_000_000, help="request body size at most, in bytes (more: 413)",
                                  bound=at_least(64))
     access_log: bool = option(False, help="log every request on standard error")
+
+    def __post_init__(self) -> None:
+        if self.max_inputs > self.max_queue:
+            raise BertforgeError(f"--max-inputs {self.max_inputs} is above --max-queue {self.max_queue}: a request "
+                                 "that large could never be queued; raise --max-queue or lower --max-inputs")
