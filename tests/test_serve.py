@@ -291,7 +291,7 @@ def test_command_refuses_a_port_in_use_a_missing_model_and_a_missing_extra_in_on
 
 def test_sigterm_finishes_the_accepted_requests_and_exits_0(models):
     proc = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", str(models["clf"]), "--port", "0",
-                             "--max-wait-ms", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             "--max-wait-ms", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         line = proc.stdout.readline()  # blocks until the server is up (or the process died)
@@ -302,7 +302,7 @@ def test_sigterm_finishes_the_accepted_requests_and_exits_0(models):
             in_flight = re.compile(r"^bertforge_requests_in_flight 5$", re.M)  # the four and this one
             wait_for(lambda: in_flight.search(httpx.get(url + "/metrics", timeout=LIMIT).text),
                      "the requests to be accepted")
-            proc.send_signal(signal.SIGTERM)  # within the batcher's 1 s wait: all four are still unanswered
+            proc.send_signal(signal.SIGTERM)  # within the batcher's 2 s wait: all four are still unanswered
             answers = [f.result(LIMIT) for f in futures]
         assert [a.status_code for a in answers] == [200] * 4
         close([a.json() for a in answers], predict_records(models["clf"], [{"text": t} for t in SENTENCES[:4]]))
