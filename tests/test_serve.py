@@ -87,7 +87,8 @@ def test_pretrained_model_serves_fill_mask_and_embed_as_the_engines_do(pretraine
 
 
 def test_classifier_serves_predict_as_bertforge_predict_does(classifier, models, capsys):
-    url, _ = classifier
+    url, state = classifier
+    assert state.served.encoder.model is state.served.predictor.task_model.model.bert  # one copy of the weights
     records = [{"text": t} for t in SENTENCES] + [{"text": "good", "text_pair": "the plot was bad"}]
     r = post(url, "/predict", {"inputs": [*SENTENCES, records[-1]]})
     assert r.status_code == 200

@@ -48,7 +48,11 @@ class ServedModel:
                                            precision="fp32" if backend == "onnx" else precision)
             except BertforgeError as e:
                 served.missing["/fill-mask"] = str(e)
-        served.encoder = Encoder(path, quantize=quantize, device=device, precision=precision, backend=backend)
+        if served.predictor is not None and backend == "torch":  # the task model's encoder, not a second copy
+            task_model = served.predictor.task_model
+            served.encoder = Encoder.sharing(task_model.model.bert, task_model.tokenizer)
+        else:
+            served.encoder = Encoder(path, quantize=quantize, device=device, precision=precision, backend=backend)
         return served
 
     @property
