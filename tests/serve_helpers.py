@@ -11,7 +11,12 @@ import httpx
 import torch
 
 from bertforge import BertConfig, BertForMaskedLM
-from bertforge.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertforge.heads import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from bertforge.serve.options import ServeOptions
 from bertforge.serve.server import make_server, url_of
 from bertforge.tokenizer import Tokenizer
@@ -37,7 +42,8 @@ def save(model, path: Path, task: dict | None = None) -> Path:
 
 
 def model_dirs(root: Path) -> dict[str, Path]:
-    """Directories of each kind under `root`: pretrained (masked-LM head), classifier, tagger, reader (QA)."""
+    """Directories of each kind under `root`: pretrained (masked-LM head), classifier, tagger, reader (QA),
+    regression, multiple choice."""
     from bertforge.tasks.conll import STANDARD_LABELS
 
     torch.manual_seed(0)
@@ -58,6 +64,10 @@ def model_dirs(root: Path) -> dict[str, Path]:
                                         "labels": list(STANDARD_LABELS)}),
         "qa": save(BertForQuestionAnswering(config(num_labels=2)), root / "qa",
                    {**spec, "task": "squad", "kind": "question_answering", "labels": None}),
+        "reg": save(BertForSequenceClassification(config(num_labels=1)), root / "reg",
+                    {**spec, "task": "stsb", "kind": "regression", "labels": None}),
+        "mc": save(BertForMultipleChoice(config(num_labels=1)), root / "mc",
+                   {**spec, "task": "swag", "kind": "multiple_choice", "labels": None}),
     }
 
 

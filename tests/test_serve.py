@@ -120,6 +120,17 @@ def test_tagger_and_reader_predict_spans_as_bertforge_predict_does(models):
         assert r.status_code == 422 and r.json()["error"].startswith("inputs.context: a question answering model")
 
 
+def test_regression_and_multiple_choice_predict_as_bertforge_predict_does(models):
+    pairs = [{"text": "the film was good", "text_pair": "a great movie"}, {"text": "bad", "text_pair": "good"}]
+    with running(models["reg"]) as (url, _):
+        close(post(url, "/predict", {"inputs": pairs}).json(), predict_records(models["reg"], pairs))
+    choices = [{"context": "the dog jumps", "choices": ["over the fox", "in paris", "the plot"]}]
+    with running(models["mc"]) as (url, _):
+        close(post(url, "/predict", {"inputs": choices[0]}).json(), predict_records(models["mc"], choices)[0])
+        r = post(url, "/predict", {"inputs": {"context": "the dog", "choices": []}})
+        assert r.status_code == 422 and r.json()["error"].startswith("inputs.choices: ")
+
+
 def test_onnx_backend_serves_what_predict_and_embed_give_on_it(models):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'bertforge[onnx]')")
     with running(models["clf"], backend="onnx") as (url, _):

@@ -115,3 +115,22 @@ def test_page_asks_for_the_api_key_when_the_server_wants_one(browser, models):
                         headers={"authorization": "Bearer s3cret"}).json()
         assert page.text_content("#result .label") == f"{expected['label']} ({expected['score']:.3f})"
     page.close()
+
+
+def test_page_shows_a_score_and_the_choices_with_their_probabilities(browser, models):
+    page = browser.new_page()
+    with running(models["reg"]) as (url, _):
+        load(page, url)
+        run(page, "the film was good", "a great movie")
+        expected = post(url, "/predict", {"inputs": {"text": "the film was good", "text_pair": "a great movie"}}).json()
+        assert page.text_content("#result .label") == f"score {expected['score']:.4f}"
+    choices = ["over the fox", "in paris", "the plot"]
+    with running(models["mc"]) as (url, _):
+        load(page, url)
+        assert page.text_content("#second-label") == "Choices, one per line"
+        run(page, "the dog jumps", "\n".join(choices))
+        expected = post(url, "/predict", {"inputs": {"context": "the dog jumps", "choices": choices}}).json()
+        assert page.text_content("#result .label") == choices[expected["choice"]]
+        rows = page.locator("#result .row").all_inner_texts()
+        assert [r.rsplit(maxsplit=1)[1] for r in rows] == [f"{p:.3f}" for p in expected["probabilities"]]
+    page.close()
