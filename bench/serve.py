@@ -134,11 +134,12 @@ def report(name: str, run: dict, offline_labels: list[str] | None, texts: list[s
 
 
 def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, list[str]]:
-    """Our `predict` over the requests' texts in one call: texts/s (after a warm-up call), and the labels."""
+    """Our `predict` over the requests' texts (every text at least once) in one call: texts/s (after a warm-up
+    call), and the label of each text."""
     from bertforge.infer import Predictor
 
     predictor = Predictor(args.model, precision=args.precision, quantize=args.quantize)
-    batch = [texts[n % len(texts)] for n in range(args.requests)]
+    batch = [texts[n % len(texts)] for n in range(max(args.requests, len(texts)))]
     predictor.predict([{"text": t} for t in batch[:64]])
     t0 = time.perf_counter()
     results = predictor.predict([{"text": t} for t in batch])
