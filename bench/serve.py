@@ -150,7 +150,8 @@ def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, list[str
 
 def serve_command(args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "bertforge", "serve", "--model", args.model, "--port", "0", "--precision",
-               args.precision, "--max-wait-ms", args.max_wait_ms, "--max-queue", str(args.max_queue)]
+               args.precision, "--max-wait-ms", args.max_wait_ms, "--max-queue", str(args.max_queue),
+               "--max-inputs", str(min(args.max_queue, 256))]
     return command + (["--quantize", args.quantize] if args.quantize else [])
 
 
