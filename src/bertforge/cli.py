@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "bertforge.commands.finetune",
     "bertforge.commands.infer",
     "bertforge.commands.export",
+    "bertforge.commands.serve",
     "bertforge.commands.demo",
     "bertforge.commands.env",
 ]

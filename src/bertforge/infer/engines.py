@@ -84,6 +84,17 @@ class Encoder:
         where = check_options(quantize, device, precision)
         self.model = prepare(load_encoder(path), quantize, where, precision)
 
+    @classmethod
+    def sharing(cls, model: nn.Module, tokenizer: Tokenizer, *, max_length: int = 512) -> Encoder:
+        """An Encoder on a BertModel another engine has loaded and prepared, such as a fine-tuned model's
+        (`Predictor(path).task_model.model.bert`): embeddings without a second copy of the weights (`bertforge
+        serve` does this). The model keeps its pooler, or its lack of one, as the directory's own encoder would."""
+        encoder = cls.__new__(cls)
+        encoder.model, encoder.tokenizer, encoder.backend = model, tokenizer, "torch"
+        encoder.max_length = min(max_length, model.config.max_position_embeddings)
+        encoder.hidden_size = model.config.hidden_size
+        return encoder
+
     @torch.no_grad()
     @_cyclic_gc_paused
     def embed(self, texts: Sequence[str], *, pooling: str = "cls", normalize: bool = False,

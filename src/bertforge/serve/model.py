@@ -1,0 +1,114 @@
+"""The engines one model directory is served with, and which endpoints they give: a fine-tuned directory (with
+task.json) `/predict` (`Predictor`), a pretrained one with its masked-LM head `/fill-mask` (`MaskFiller`), any
+one `/embed` (`Encoder`). They are the engines `bertforge predict`, `fill-mask` and `embed` run, with the same
+options, so the server answers what those commands print."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bertforge.config import BertConfig
+from bertforge.errors import BertforgeError
+from bertforge.infer import Encoder, MaskFiller, Predictor
+from bertforge.tasks.runner import TASK_FILE
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")
+CHARS_PER_TOKEN = 4  # English text averages about 4 characters a WordPiece token; the batcher's budget estimates
+
+
+@dataclass
+class ServedModel:
+    """A model directory loaded for serving. `run` is the batcher's runner: (key, items) -> a result per item."""
+
+    path: Path
+    options: dict[str, Any]  # device, quantize, precision, backend
+    predictor: Predictor | None = None
+    filler: MaskFiller | None = None
+    encoder: Encoder | None = None
+    missing: dict[str, str] = field(default_factory=dict)  # endpoint -> why this model does not serve it
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: str | None = None, quantize: str | None = None,
+             precision: str = "fp32", backend: str = "torch") -> ServedModel:
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise BertforgeError(f"{path} is not a model directory (no config.json): pass the --out directory of "
+                                 "`bertforge pretrain` or `bertforge finetune`")
+        served = cls(path, {"device": device, "quantize": quantize, "precision": precision, "backend": backend})
+        if (path / TASK_FILE).is_file():
+            served.predictor = Predictor(path, quantize=quantize, device=device, precision=precision, backend=backend)
+            served.missing["/fill-mask"] = "a fine-tuned model has no masked-LM head"
+        else:
+            served.missing["/predict"] = f"a pretrained model has no task head (no {TASK_FILE})"
+            try:  # ONNX Runtime runs encoders and task heads; the masked-LM head runs on bertforge's engine
+                served.filler = MaskFiller(path, quantize=quantize, device=device,
+                                           precision="fp32" if backend == "onnx" else precision)
+            except BertforgeError as e:
+                served.missing["/fill-mask"] = str(e)
+        if served.predictor is not None and backend == "torch":  # the task model's encoder, not a second copy
+            task_model = served.predictor.task_model
+            served.encoder = Encoder.sharing(task_model.model.bert, task_model.tokenizer)
+        else:
+            served.encoder = Encoder(path, quantize=quantize, device=device, precision=precision, backend=backend)
+        return served
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [name for name, engine in (("/predict", self.predictor), ("/fill-mask", self.filler),
+                                          ("/embed", self.encoder)) if engine is not None]
+
+    @property
+    def task(self) -> Any:
+        return None if self.predictor is None else self.predictor.task
+
+    @property
+    def max_length(self) -> int:
+        if self.predictor is not None:
+            return self.predictor.task_model.max_length
+        return self.encoder.max_length
+
+    def cost(self, items: list) -> int:
+        """Estimated tokens of `items` (texts, or predict's records), each counted up to the model's max length."""
+        def tokens(item: Any) -> int:
+            if isinstance(item, str):
+                return min(self.max_length, len(item) // CHARS_PER_TOKEN + 2)
+            choices = item.get("choices") or []
+            text = sum(len(v) for k, v in item.items() if isinstance(v, str))
+            if choices:  # the context once per choice
+                return sum(min(self.max_length, (text + len(c)) // CHARS_PER_TOKEN + 3) for c in choices)
+            return min(self.max_length, text // CHARS_PER_TOKEN + 3)
+
+        return sum(tokens(item) for item in items)
+
+    def run(self, key: Hashable, items: list) -> list:
+        endpoint, *options = key
+        if endpoint == "/predict":
+            return self.predictor.predict(items)
+        if endpoint == "/fill-mask":
+            (top_k,) = options
+            return self.filler.fill(items, top_k=top_k)
+        pooling, normalize = options
+        return self.encoder.embed(items, pooling=pooling, normalize=normalize).tolist()
+
+    def info(self) -> dict[str, Any]:
+        config = BertConfig.from_json(self.path)
+        task = self.task
+        return {
+            "model": str(self.path),
+            "kind": task.kind if task is not None else "pretrained",
+            "task": task.name if task is not None else None,
+            "labels": list(task.labels) if task is not None and task.labels else None,
+            "endpoints": self.endpoints,
+            "engine": self.options["backend"],
+            "precision": self.options["precision"],
+            "quantize": self.options["quantize"],
+            "device": self.options["device"] or "auto",
+            "max_length": self.max_length,
+            "hidden_size": config.hidden_size,
+            "layers": config.num_hidden_layers,
+            "weights_bytes": sum((self.path / f).stat().st_size for f in WEIGHT_FILES if (self.path / f).is_file()),
+            "pooler": self.encoder.model.pooler is not None,  # whether /embed takes pooling "pooler"
+        }

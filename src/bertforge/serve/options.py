@@ -1,0 +1,46 @@
+"""The options of `bertforge serve`, declared as the library's other options are (`bertforge.options.option`).
+
+This module imports only the standard library and `bertforge.options`, so that `bertforge serve --help` and its
+`error:` lines come without loading torch or the web stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bertforge.errors import BertforgeError
+from bertforge.options import Bound, at_least, backend_option, inference_precision_option, option, quantize_option
+
+PORT = Bound(lo=0, hi=65535, why="a TCP port (0: any free one, printed at start)")
+
+
+@dataclass
+class ServeOptions:
+    """What `bertforge serve` serves, where, and its batching and limits (`bertforge.serve.server.serve`)."""
+
+    model: str = option(help="model directory: a fine-tuned one serves POST /predict, a pretrained one with its "
+                             "masked-LM head POST /fill-mask, any one POST /embed")
+    host: str = option("127.0.0.1", help="address to listen on (default: loopback only; any other address lets "
+                                         "other machines call the model, so consider --api-key)")
+    port: int = option(8080, help="TCP port (0: any free one, printed at start)", bound=PORT)
+    api_key: str | None = option(None, help="require `Authorization: Bearer KEY` on every endpoint but /, "
+                                            "/health and /ready")
+    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    quantize: str | None = quantize_option()
+    precision: str = inference_precision_option()
+    backend: str = backend_option()
+    max_batch_tokens: int = option(8192, help="tokens (estimated) of the requests run together in one engine call",
+                                   bound=at_least(1))
+    max_wait_ms: float = option(2.0, help="how long the engine waits for more requests to join a batch before "
+                                          "running it", bound=at_least(0))
+    max_queue: int = option(1024, help="inputs waiting at most; past it requests are refused at once with 503 "
+                                       "and Retry-After", bound=at_least(1))
+    max_inputs: int = option(256, help="inputs in one request at most (more: 413)", bound=at_least(1))
+    max_body_bytes: int = option(1_000_000, help="request body size at most, in bytes (more: 413)",
+                                 bound=at_least(64))
+    access_log: bool = option(False, help="log every request on standard error")
+
+    def __post_init__(self) -> None:
+        if self.max_inputs > self.max_queue:
+            raise BertforgeError(f"--max-inputs {self.max_inputs} is above --max-queue {self.max_queue}: a request "
+                                 "that large could never be queued; raise --max-queue or lower --max-inputs")

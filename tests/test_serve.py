@@ -1,0 +1,327 @@
+"""`bertforge serve` on a free loopback port: every endpoint of each kind of model against the engines' own outputs,
+batching, the limits and refusals, the queue bound, a client that goes away, and SIGTERM draining.
+
+Models are tiny and random (H 32, 2 layers) with an inline vocabulary. Servers run in-process (uvicorn in a thread)
+except for SIGTERM, which needs a process of its own. Every wait is bounded.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install 'bertforge[serve]')")
+httpx = pytest.importorskip("httpx", reason="httpx is not installed (pip install 'bertforge[serve]')")
+
+from serve_helpers import LIMIT, Gate, model_dirs, post, running, wait_for  # noqa: E402
+
+from bertforge.cli import main  # noqa: E402
+from bertforge.infer import Encoder, MaskFiller, predict_records  # noqa: E402
+
+TEXTS = ["the film was good .", "bad", "the quick brown fox jumps over the lazy dog , and the dog was lazy .",
+         "john smith lives in paris", "", "a great movie , the plot", "é"]
+SENTENCES = [t for t in TEXTS if t]  # predict refuses an empty text, as `bertforge predict` does
+MASKED = ["the [MASK] was good .", "[MASK]", "the quick [MASK] fox jumps over the [MASK] dog .", "a [MASK] movie"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return model_dirs(tmp_path_factory.mktemp("serve"))
+
+
+@pytest.fixture(scope="module")
+def pretrained(models):
+    with running(models["mlm"]) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def classifier(models):
+    with running(models["clf"]) as served:
+        yield served
+
+
+def close(actual, expected, tol=1e-5) -> None:
+    """JSON results equal, floats to `tol` (a batch padded otherwise rounds otherwise)."""
+    assert json.dumps(actual, sort_keys=True).count(",") == json.dumps(expected, sort_keys=True).count(",")
+    if isinstance(expected, dict):
+        assert actual.keys() == expected.keys()
+        for k in expected:
+            close(actual[k], expected[k], tol)
+    elif isinstance(expected, list):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected, strict=True):
+            close(a, e, tol)
+    elif isinstance(expected, float):
+        assert actual == pytest.approx(expected, abs=tol)
+    else:
+        assert actual == expected
+
+
+def test_pretrained_model_serves_fill_mask_and_embed_as_the_engines_do(pretrained, models):
+    url, _ = pretrained
+    filler, encoder = MaskFiller(models["mlm"]), Encoder(models["mlm"])
+    r = post(url, "/fill-mask", {"inputs": MASKED, "top_k": 3})
+    assert r.status_code == 200
+    close(r.json(), filler.fill(MASKED, top_k=3))
+    close(post(url, "/fill-mask", {"inputs": MASKED[2]}).json(), filler.fill(MASKED[2]))
+    for pooling in ("cls", "mean"):
+        for normalize in (False, True):
+            r = post(url, "/embed", {"inputs": TEXTS, "pooling": pooling, "normalize": normalize})
+            close(r.json(), encoder.embed(TEXTS, pooling=pooling, normalize=normalize).tolist())
+    close(post(url, "/embed", {"inputs": TEXTS[0]}).json(), encoder.embed(TEXTS[:1])[0].tolist())
+    r = post(url, "/predict", {"inputs": "the film"})
+    assert r.status_code == 404 and "no task head" in r.json()["error"] and "POST /fill-mask, POST /embed" in \
+        r.json()["error"]
+    info = httpx.get(url + "/info", timeout=LIMIT).json()
+    assert info["kind"] == "pretrained" and info["endpoints"] == ["/fill-mask", "/embed"]
+    assert info["max_length"] == 64 and info["engine"] == "torch" and info["weights_bytes"] > 0
+
+
+def test_classifier_serves_predict_as_bertforge_predict_does(classifier, models, capsys):
+    url, state = classifier
+    assert state.served.encoder.model is state.served.predictor.task_model.model.bert  # one copy of the weights
+    records = [{"text": t} for t in SENTENCES] + [{"text": "good", "text_pair": "the plot was bad"}]
+    r = post(url, "/predict", {"inputs": [*SENTENCES, records[-1]]})
+    assert r.status_code == 200
+    close(r.json(), predict_records(models["clf"], records))
+    assert main(["predict", "--model", str(models["clf"]), "--text", TEXTS[0]]) == 0
+    close(post(url, "/predict", {"inputs": TEXTS[0]}).json(), json.loads(capsys.readouterr().out))
+    close(post(url, "/embed", {"inputs": TEXTS, "pooling": "pooler"}).json(),
+          Encoder(models["clf"]).embed(TEXTS, pooling="pooler").tolist())
+    r = post(url, "/fill-mask", {"inputs": "the [MASK]"})
+    assert r.status_code == 404 and "masked-LM head" in r.json()["error"] and "POST /predict" in r.json()["error"]
+    info = httpx.get(url + "/info", timeout=LIMIT).json()
+    assert info["kind"] == "classification" and info["labels"] == ["negative", "positive"]
+    assert info["endpoints"] == ["/predict", "/embed"] and info["max_length"] == 32
+
+
+def test_tagger_and_reader_predict_spans_as_bertforge_predict_does(models):
+    text = "john  smith lives in paris ."
+    with running(models["ner"]) as (url, _):
+        [entities] = post(url, "/predict", {"inputs": [text]}).json()
+        assert entities == predict_records(models["ner"], [{"text": text}])[0]
+        assert [text[e["start"]:e["end"]] for e in entities["entities"]] == text.split()
+    context = "john smith lives in paris and works in the film"
+    records = [{"question": "where does john live ?", "context": context}, {"text": "who ?", "text_pair": context}]
+    with running(models["qa"]) as (url, _):
+        answers = post(url, "/predict", {"inputs": records}).json()
+        close(answers, predict_records(models["qa"], records))
+        assert all(context[a["start"]:a["end"]] == a["answer"] for a in answers)
+        r = post(url, "/predict", {"inputs": "a question without its context"})
+        assert r.status_code == 422 and r.json()["error"].startswith("inputs.context: a question answering model")
+
+
+def test_regression_and_multiple_choice_predict_as_bertforge_predict_does(models):
+    pairs = [{"text": "the film was good", "text_pair": "a great movie"}, {"text": "bad", "text_pair": "good"}]
+    with running(models["reg"]) as (url, _):
+        close(post(url, "/predict", {"inputs": pairs}).json(), predict_records(models["reg"], pairs))
+    choices = [{"context": "the dog jumps", "choices": ["over the fox", "in paris", "the plot"]}]
+    with running(models["mc"]) as (url, _):
+        close(post(url, "/predict", {"inputs": choices[0]}).json(), predict_records(models["mc"], choices)[0])
+        r = post(url, "/predict", {"inputs": {"context": "the dog", "choices": []}})
+        assert r.status_code == 422 and r.json()["error"].startswith("inputs.choices: ")
+
+
+def test_onnx_backend_serves_what_predict_and_embed_give_on_it(models):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'bertforge[onnx]')")
+    with running(models["clf"], backend="onnx") as (url, _):
+        close(post(url, "/predict", {"inputs": SENTENCES}).json(),
+              predict_records(models["clf"], [{"text": t} for t in SENTENCES], backend="onnx"))
+        close(post(url, "/embed", {"inputs": TEXTS, "pooling": "mean"}).json(),
+              Encoder(models["clf"], backend="onnx").embed(TEXTS, pooling="mean").tolist())
+        assert httpx.get(url + "/info", timeout=LIMIT).json()["engine"] == "onnx"
+
+
+def test_service_endpoints_health_ready_metrics_docs_and_page(classifier):
+    url, _ = classifier
+    assert httpx.get(url + "/health", timeout=LIMIT).json() == {"status": "ok"}
+    assert httpx.get(url + "/ready", timeout=LIMIT).json()["ready"] is True
+    assert post(url, "/predict", {"inputs": ["good", "bad"]}).status_code == 200
+    metrics = httpx.get(url + "/metrics", timeout=LIMIT)
+    assert metrics.headers["content-type"].startswith("text/plain")
+    lines = metrics.text.splitlines()
+    assert any(line.startswith('bertforge_requests_total{endpoint="/predict",code="200"} ') for line in lines)
+    assert any(line.startswith('bertforge_request_seconds_bucket{endpoint="/predict",le="+Inf"} ') for line in lines)
+    assert any(line.startswith("bertforge_batch_inputs_count ") for line in lines)
+    assert "bertforge_queue_inputs 0" in lines
+    schema = httpx.get(url + "/openapi.json", timeout=LIMIT).json()
+    assert {"/predict", "/embed", "/health", "/info", "/metrics"} <= set(schema["paths"])
+    assert "/fill-mask" not in schema["paths"]
+    assert "swagger" in httpx.get(url + "/docs", timeout=LIMIT).text.lower()
+    page = httpx.get(url + "/", timeout=LIMIT)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert httpx.get(url + "/page.js", timeout=LIMIT).status_code == 200
+
+
+BAD = [  # (body as bytes or JSON, status, the start of the error)
+    (b'{"inputs": ', 422, "body: not valid JSON"),
+    (b'{"inputs": "\xff"}', 400, "body: not valid UTF-8"),
+    (b'["a list"]', 422, "body"),
+    ({}, 422, "inputs: Field required"),
+    ({"inputs": []}, 422, "inputs: "),
+    ({"inputs": [3]}, 422, "inputs[0]: Input should be a valid string"),
+    ({"inputs": 3}, 422, "inputs: Input should be a valid string"),
+    ({"inputs": "x", "extra": 1}, 422, "body"),
+    ({"inputs": [{"txt": "x"}]}, 422, "inputs[0]"),
+    ({"inputs": [{"context": "x"}]}, 422, "inputs[0].text: a classification model needs text"),
+    (b'{"inputs": ["ok", "\\ud800"]}', 422, "inputs[1]: not valid Unicode"),  # JSON's escape of a lone surrogate
+    ({"inputs": ["a"] * 9}, 413, "inputs: 9 inputs, more than the 8"),
+    ({"inputs": "x" * 3000}, 413, "body: larger than the server's limit of 2048 bytes"),
+]
+
+
+def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(models, classifier):
+    deep = httpx.post(classifier[0] + "/predict", content=b"[" * 100_000 + b"]" * 100_000, timeout=LIMIT)
+    assert deep.status_code == 400 and deep.json()["error"].startswith("body: not readable as JSON")
+    with running(models["clf"], max_inputs=8, max_body_bytes=2048) as (url, _):
+        for body, status, error in BAD:
+            if isinstance(body, bytes):
+                r = httpx.post(url + "/predict", content=body, headers={"content-type": "application/json"},
+                               timeout=LIMIT)
+            else:
+                r = post(url, "/predict", body)
+            assert (r.status_code, r.json()["error"][:len(error)]) == (status, error), body
+        r = httpx.post(url + "/predict", content=b'{"inputs": "good"}', timeout=LIMIT)  # no content-type: still JSON
+        assert r.status_code == 200 and r.json()["label"] in ("negative", "positive")
+        chunked = httpx.post(url + "/predict", content=iter([b'{"inputs": "', b"x" * 3000, b'"}']), timeout=LIMIT)
+        assert chunked.status_code == 413  # no Content-Length: refused as the body arrives past the limit
+        r = httpx.get(url + "/predict", timeout=LIMIT)
+        assert r.status_code == 405 and "POST /predict" in r.json()["error"]
+        r = post(url, "/embed", {"inputs": "x", "pooling": "max"})
+        assert r.status_code == 422 and r.json()["error"].startswith("pooling: ")
+        assert post(url, "/predict", {"inputs": "good"}).status_code == 200
+    with running(models["mlm"]) as (url, _):
+        r = post(url, "/fill-mask", {"inputs": ["the [MASK]", "no mask here"]})
+        assert r.status_code == 422 and r.json()["error"].startswith("inputs[1]: no [MASK]")
+        assert post(url, "/fill-mask", {"inputs": "[MASK]", "top_k": 0}).status_code == 422
+        r = post(url, "/fill-mask", {"inputs": "the " * 100 + "[MASK]"})  # the [MASK] truncated away
+        assert r.status_code == 422 and "no [MASK]" in r.json()["error"]
+        r = post(url, "/embed", {"inputs": "x", "pooling": "pooler"})  # a masked-LM-only model has no pooler
+        assert r.status_code == 422 and r.json()["error"].startswith("pooling: ")
+
+
+def test_concurrent_requests_run_together_and_get_what_they_get_one_by_one(classifier):
+    url, state = classifier
+    texts = SENTENCES * 3
+    alone = [post(url, "/predict", {"inputs": t}).json() for t in texts]
+    with Gate(state) as gate, ThreadPoolExecutor(len(texts) + 1) as pool:
+        first = pool.submit(post, url, "/predict", {"inputs": "the first"})
+        wait_for(gate.entered.is_set, "the engine to take the first request")
+        futures = [pool.submit(post, url, "/predict", {"inputs": t}) for t in texts]
+        wait_for(lambda: state.batcher.queued == len(texts), "every request to be queued")
+        gate.open()
+        together = [f.result(LIMIT).json() for f in futures]
+        assert first.result(LIMIT).status_code == 200
+    assert gate.calls == [1, len(texts)]  # one engine call for all the queued requests
+    close(together, alone)
+
+
+def test_past_the_queue_bound_a_request_is_refused_at_once_and_the_accepted_are_answered(models):
+    with (running(models["clf"], max_queue=4, max_inputs=4) as (url, state), Gate(state) as gate,
+          ThreadPoolExecutor(8) as pool):
+        first = pool.submit(post, url, "/predict", {"inputs": "first"})
+        wait_for(gate.entered.is_set, "the engine to take the first request")
+        queued = [pool.submit(post, url, "/predict", {"inputs": ["good", "bad"]}) for _ in range(2)]
+        wait_for(lambda: state.batcher.queued == 4, "4 inputs to be queued")
+        start = time.monotonic()
+        r = post(url, "/predict", {"inputs": "one too many"})
+        assert time.monotonic() - start < 1
+        assert r.status_code == 503 and r.headers["retry-after"] == "1" and "queue is full" in r.json()["error"]
+        gate.open()
+        assert [f.result(LIMIT).status_code for f in [first, *queued]] == [200, 200, 200]
+        assert [len(f.result(LIMIT).json()) for f in queued] == [2, 2]
+
+
+def test_a_client_that_goes_away_is_dropped_from_the_queue(classifier):
+    url, state = classifier
+    host, port = url.removeprefix("http://").split(":")
+    with Gate(state) as gate, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(post, url, "/predict", {"inputs": "first"})
+        wait_for(gate.entered.is_set, "the engine to take the first request")
+        body = json.dumps({"inputs": ["never", "answered"]}).encode()
+        with socket.create_connection((host, int(port)), timeout=LIMIT) as raw:
+            raw.sendall(b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            wait_for(lambda: state.batcher.queued == 2, "the request to be queued")
+        metrics = state.metrics
+        wait_for(lambda: metrics.requests.get(("/predict", 499)), "the server to see the client go")
+        gate.open()
+        assert first.result(LIMIT).status_code == 200
+        wait_for(lambda: state.batcher.queued == 0, "the queue to empty")
+    assert gate.calls == [1]  # the abandoned request never ran
+
+
+def test_a_kept_alive_connection_answers_without_waiting_for_a_delayed_ack(classifier):
+    """With Nagle's algorithm on, every answer after the first on a connection waited ~40 ms (`server.bind`)."""
+    url, _ = classifier
+    times = []
+    with httpx.Client(timeout=LIMIT) as http:
+        for _ in range(9):
+            start = time.perf_counter()
+            assert http.get(url + "/health").status_code == 200
+            times.append(time.perf_counter() - start)
+    assert statistics.median(times[1:]) < 0.02
+
+
+def test_api_key_guards_every_endpoint_but_the_page_and_health(models):
+    with running(models["clf"], api_key="s3cret") as (url, _):
+        assert post(url, "/predict", {"inputs": "good"}).status_code == 401
+        assert httpx.get(url + "/info", timeout=LIMIT).status_code == 401
+        r = post(url, "/predict", {"inputs": "good"}, headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert post(url, "/predict", {"inputs": "good"}, headers={"authorization": "Bearer s3cret"}).status_code == 200
+        assert httpx.get(url + "/health", timeout=LIMIT).status_code == 200
+        assert httpx.get(url + "/", timeout=LIMIT).status_code == 200
+
+
+def test_command_refuses_a_port_in_use_a_missing_model_and_a_missing_extra_in_one_line(models, capsys, monkeypatch):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--model", str(models["clf"]), "--port", str(port)]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--port {port} is in use on 127.0.0.1: pick another (--port 0: "
+                                                    "any free one)")
+    assert main(["serve", "--model", str(models["clf"]), "--max-inputs", "10", "--max-queue", "5"]) == 2
+    assert "--max-inputs 10 is above --max-queue 5" in capsys.readouterr().err
+    assert main(["serve", "--model", str(models["clf"] / "nowhere")]) == 2
+    assert "is not a model directory (no config.json)" in capsys.readouterr().err
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else real(name, *a))
+    assert main(["serve", "--model", str(models["clf"])]) == 2
+    assert capsys.readouterr().err == "error: bertforge serve needs fastapi: pip install 'bertforge[serve]'\n"
+
+
+def test_sigterm_finishes_the_accepted_requests_and_exits_0(models):
+    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", str(models["clf"]), "--port", "0",
+                             "--max-wait-ms", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = proc.stdout.readline()  # blocks until the server is up (or the process died)
+        assert "serving" in line, proc.stderr.read()
+        url = line.split(" on ")[1].split()[0]
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(post, url, "/predict", {"inputs": t}) for t in SENTENCES[:4]]
+            in_flight = re.compile(r"^bertforge_requests_in_flight 5$", re.M)  # the four and this one
+            wait_for(lambda: in_flight.search(httpx.get(url + "/metrics", timeout=LIMIT).text),
+                     "the requests to be accepted")
+            proc.send_signal(signal.SIGTERM)  # within the batcher's 2 s wait: all four are still unanswered
+            answers = [f.result(LIMIT) for f in futures]
+        assert [a.status_code for a in answers] == [200] * 4
+        close([a.json() for a in answers], predict_records(models["clf"], [{"text": t} for t in SENTENCES[:4]]))
+        assert proc.wait(LIMIT) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/health", timeout=LIMIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(LIMIT)
