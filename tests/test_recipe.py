@@ -22,8 +22,11 @@ from bertforge.io import read_jsonl
 from bertforge.model import BertModel
 from bertforge.train import distributed
 from bertforge.train.budget import BudgetPlan, Deadline, parse_minutes, plan_steps
-from bertforge.train.loop import LoopConfig, checkpoints
+from bertforge.train.loop import LoopConfig
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
+from bertforge.train.rundir import RUN_CONFIG
+from bertforge.train.simulated import simulated_clock
+from bertforge.train.state import checkpoints
 
 
 def test_single_segment_instances_keep_every_token_in_order_and_fill_the_sequence():
@@ -156,6 +159,7 @@ def test_warmup_must_fit_the_run():
         LoopConfig(steps=100, batch_size=8, warmup_steps=-5).accumulation(1)
 
 
+@pytest.mark.slow
 def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
     out = tmp_path / "run"
     assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--steps", "200",
@@ -164,18 +168,20 @@ def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
     lrs = [r["lr"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-4 / 2) and lrs[2] == pytest.approx(1e-4)  # 2 warmup steps
     assert lrs[-1] == pytest.approx(1e-4 / 198, rel=1e-6)  # then linear decay to zero at step 200
-    config = json.loads((out / "run_config.json").read_text())
+    config = json.loads((out / RUN_CONFIG).read_text())
     assert config["recipe"]["name"] == "bert" and config["loop"]["batch_size"] == 2
 
 
+@pytest.mark.slow
 def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared, tmp_path, capsys):
+    # The one budget on the wall clock, end to end; the others run on a simulated clock (train/simulated.py).
     out = tmp_path / "budget"  # one stage: a stacked budget's planning is tested in test_stacking.py
     assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
                  "--minutes", "0.4", "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3",
                  "--eval-batches", "2", "--stack-fraction", "0",
                  "--log-every", "1", "--no-progress"]) == 0
     plan = BudgetPlan(**json.loads((out / "budget_plan.json").read_text()))
-    config = json.loads((out / "run_config.json").read_text())
+    config = json.loads((out / RUN_CONFIG).read_text())
     records = read_jsonl(out / "metrics.jsonl")
     train = [r for r in records if r["split"] == "train"]
     steps = len(train)  # the first plan, moved to where the steps' measured time puts the deadline
@@ -211,9 +217,15 @@ def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_sp
     args = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
             "--stack-fraction", "0", "--minutes", "0.25", "--batch-size", "2", "--max-seq-len", "16",
             "--eval-batches", "0", "--log-every", "1", "--save-every", "10", "--keep-last", "1000", "--no-progress"]
-    assert main(args) == 0
+    # 15 simulated seconds: 10 steps timed at 0.3 s each, then steps of 0.35 s, slower than timed, as on a loaded
+    # machine: the deadline moves the end of the schedule earlier than the first plan (a few dozen steps: each
+    # costs its real time too)
+    with simulated_clock(0.35, timed_seconds_per_step=0.3) as clock:
+        start = clock.now
+        assert main(args) == 0
+        assert 15 - 0.35 < clock.now - start <= 15  # the last step ends at the deadline, not a step later
     first = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
-    warmup = json.loads((out / "run_config.json").read_text())["loop"]["warmup_steps"]
+    warmup = json.loads((out / RUN_CONFIG).read_text())["loop"]["warmup_steps"]
     # Killed after its first checkpoint past the warmup: the later ones and the final model never written.
     kept = next(step for step, _ in checkpoints(out) if step > warmup)
     for step, path in checkpoints(out):
@@ -224,7 +236,8 @@ def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_sp
     assert state["total_steps"] != json.loads((out / "budget_plan.json").read_text())["steps"]  # re-planned
     assert 0 < state["budget_spent_s"] < 15
     capsys.readouterr()
-    assert main(args + ["--resume"]) == 0
+    with simulated_clock(0.35, timed_seconds_per_step=0.3):
+        assert main(args + ["--resume"]) == 0
     assert "resumed from" in capsys.readouterr().out
     train = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in train] == list(range(1, len(train) + 1))
@@ -276,7 +289,7 @@ def test_bag_of_words_loss_is_the_cross_entropy_against_each_sequences_word_dist
 
 
 def test_bag_of_words_labels_restore_masked_tokens_and_leave_out_special_tokens_and_padding():
-    from bertforge.train.pretrain import PretrainingObjective
+    from bertforge.train.objective import PretrainingObjective
 
     is_special = np.zeros(20, bool)
     is_special[[0, 1, 2, 3, 4]] = True

@@ -19,7 +19,7 @@ import contextlib
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -256,7 +256,7 @@ class Trainer:
             step = start
             while step < self.total_steps:
                 step += 1
-                terms, tokens = self._step(model, [next(batches) for _ in range(self.accum)])
+                terms, tokens = self._step(model, batches)
                 window.add(terms, tokens)
                 lr = self.scheduler.get_last_lr()[0]
                 self.scheduler.step()
@@ -311,8 +311,10 @@ class Trainer:
         if self.on_log is not None:
             self.on_log(record)
 
-    def _step(self, model: nn.Module, host: list[dict]) -> tuple[dict[str, float], int]:
-        """One optimizer step (`train_step`); a loss that is not finite stops the run, naming the checkpoint."""
+    def _step(self, model: nn.Module, batches: Iterator[dict]) -> tuple[dict[str, float], int]:
+        """One optimizer step (`train_step`) on the next `accum` micro-batches; a loss that is not finite stops the
+        run, naming the checkpoint."""
+        host = [next(batches) for _ in range(self.accum)]
         try:
             return train_step(model, host, objective=self.objective, optimizer=self.optimizer, dist=self.dist,
                               precision=self.precision, clip=self.config.clip_grad_norm)
