@@ -320,3 +320,35 @@ def test_bag_of_words_reads_cls_whether_or_not_the_last_layer_runs_at_the_masked
     # the loss trains the encoder below [CLS], not only the head
     sparse.bow_loss.backward()
     assert model.bert.encoder.layer[0].attention.qkv.weight.grad.abs().sum() > 0
+
+
+def test_a_recipe_fills_what_is_not_given_and_a_given_option_wins():
+    from bertforge.train.recipe import STEPS_UNTIL_PLANNED, resolve
+
+    given = {"steps": 500, "lr": 5e-4, "nsp": None, "pre_ln": False}
+    values = resolve("budget", given, minutes=None)
+    assert (values["lr"], values["pre_ln"]) == (5e-4, False)  # given, even when false
+    assert (values["nsp"], values["batch_size"], values["mask_prob"], values["betas"]) == (False, 32, 0.4, (0.9, 0.98))
+    assert (values["steps"], values["warmup_steps"], values["warmup_fraction"]) == (500, 30, None)  # 6% of 500
+    budgeted = resolve("budget", given, minutes=10)
+    assert (budgeted["steps"], budgeted["warmup_fraction"]) == (STEPS_UNTIL_PLANNED, 0.06)  # laid over the plan
+    assert resolve("budget", {**given, "warmup_steps": 7}, minutes=10)["warmup_fraction"] is None
+    with pytest.raises(BertforgeError, match="unknown recipe 'fast'"):
+        resolve("fast", given, minutes=None)
+
+
+def test_the_library_applies_a_recipe_with_the_options_given_winning(prepared, tmp_path):
+    from bertforge.train.pretrain import pretrain
+
+    out = tmp_path / "run"
+    pretrain(prepared, out, model="tiny", recipe="budget", loop={"steps": 3, "batch_size": 2, "progress": False},
+             data_options={"eval_batches": 0}, max_seq_len=16, stack_fraction=0, dropout=0.05)
+    config = json.loads((out / RUN_CONFIG).read_text())
+    assert config["recipe"]["name"] == "budget" and config["stack"] is None
+    assert (config["loop"]["lr"], config["loop"]["betas"], config["loop"]["batch_size"]) == (2e-3, [0.9, 0.98], 2)
+    assert config["loop"]["warmup_steps"] == 1 and config["loop"]["steps"] == 3
+    assert (config["data_options"]["nsp"], config["data_options"]["masked_lm_prob"]) == (False, 0.4)
+    assert config["data_options"]["eval_batches"] == 0 and config["dropout"] == 0.05  # given: they win
+    assert config["model"]["pre_layer_norm"] is True and config["bow_weight"] == 0.1
+    with pytest.raises(BertforgeError, match="the loop's steps, or a time budget"):
+        pretrain(prepared, tmp_path / "none", model="tiny", recipe="budget")
