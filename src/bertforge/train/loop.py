@@ -34,11 +34,11 @@ from bertforge.io import MetricsLog, atomic_dir, progress_reporter, write_json
 from bertforge.options import PRECISIONS, LoopConfig
 from bertforge.train import distributed
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
-from bertforge.train.rundir import write_run_config
 from bertforge.train.state import CHECKPOINTS_DIR, METRICS_FILE, checkpoints, load_checkpoint, save_checkpoint
 
-__all__ = ["LoopConfig", "Trainer", "TrainResult", "TrainingInterrupted", "autocast", "checkpoints",
-           "resolve_precision", "train_step", "write_run_config"]
+# LoopConfig is imported from here by callers that build a loop (it is declared in options.py with the others)
+__all__ = ["LoopConfig", "Objective", "Trainer", "TrainResult", "TrainingInterrupted", "autocast", "resolve_precision",
+           "train_step"]
 
 
 class Objective(Protocol):
