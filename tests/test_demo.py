@@ -14,6 +14,7 @@ from bertforge import demo as demo_module
 from bertforge.demo_data import DemoData
 from bertforge.errors import BertforgeError
 from bertforge.train.memory import keep_freed_memory
+from bertforge.train.simulated import simulated_clock
 
 
 @pytest.fixture
@@ -34,14 +35,16 @@ def small_demo_data(tmp_path, shared_data, monkeypatch):
     return data
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_path, capsys):
     keep_freed_memory()  # as `bertforge demo` does before it runs: the budget's step timing assumes it
     out = tmp_path / "demo"
     # the pretrained side at the model's measured learning rate, random weights at one given on the command line
-    options = demo_module.DemoOptions(out=out, minutes=0.3, model="tiny", vocab_size=2000, batch_size=16,
+    options = demo_module.DemoOptions(out=out, minutes=0.3, model="tiny", vocab_size=2000, batch_size=4,
                                       finetune_examples=200, finetune_epochs=1, finetune_seeds=2,
                                       finetune_lr_scratch=3e-4, progress=False)
-    summary = demo_module.run_demo(options)
+    with simulated_clock(0.3):  # the budget's logic runs on its own in tests/test_recipe.py, on the wall clock
+        summary = demo_module.run_demo(options)
     text = capsys.readouterr().out
     for stage in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6"):
         assert f"== {stage}" in text

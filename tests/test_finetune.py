@@ -22,6 +22,7 @@ from bertforge.cli import main
 from bertforge.tasks.runner import load_task_model
 from bertforge.train import finetune as ft
 from bertforge.train import sweep
+from bertforge.train.rundir import RUN_CONFIG
 
 FILLER = ["the", "a", "film", "story", "plot", "actor", "scene", "city", "river", "house", "game", "book", "night",
           "day", "man", "woman", "child", "dog", "walks", "runs", "sees", "finds", "likes", "told", "about", "over",
@@ -672,7 +673,7 @@ def test_grid_and_seeds_report_mean_std_and_keep_the_best(init_dir, tmp_path, ca
     assert [str(d) for d in kept] == [best["best_run"]["dir"]]
     top, chosen = load_file(out / "model.safetensors"), load_file(kept[0] / "model.safetensors")
     assert all(torch.equal(top[k], chosen[k]) for k in chosen)
-    assert json.loads((out / "run_config.json").read_text())["seeds"] == 2
+    assert json.loads((out / RUN_CONFIG).read_text())["seeds"] == 2
     code, stdout, err = _cli(capsys, "evaluate", "--model", out, "--data", data)
     assert code == 0 and f"accuracy {report['metrics']['accuracy']:.2f}" in stdout
 

@@ -22,8 +22,11 @@ from bertforge.io import read_jsonl
 from bertforge.model import BertModel
 from bertforge.train import distributed
 from bertforge.train.budget import BudgetPlan, Deadline, parse_minutes, plan_steps
-from bertforge.train.loop import LoopConfig, checkpoints
+from bertforge.train.loop import LoopConfig
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
+from bertforge.train.rundir import RUN_CONFIG
+from bertforge.train.simulated import simulated_clock
+from bertforge.train.state import checkpoints
 
 
 def test_single_segment_instances_keep_every_token_in_order_and_fill_the_sequence():
@@ -156,6 +159,7 @@ def test_warmup_must_fit_the_run():
         LoopConfig(steps=100, batch_size=8, warmup_steps=-5).accumulation(1)
 
 
+@pytest.mark.slow
 def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
     out = tmp_path / "run"
     assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--steps", "200",
@@ -164,18 +168,20 @@ def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
     lrs = [r["lr"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-4 / 2) and lrs[2] == pytest.approx(1e-4)  # 2 warmup steps
     assert lrs[-1] == pytest.approx(1e-4 / 198, rel=1e-6)  # then linear decay to zero at step 200
-    config = json.loads((out / "run_config.json").read_text())
+    config = json.loads((out / RUN_CONFIG).read_text())
     assert config["recipe"]["name"] == "bert" and config["loop"]["batch_size"] == 2
 
 
+@pytest.mark.slow
 def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared, tmp_path, capsys):
+    # The one budget on the wall clock, end to end; the others run on a simulated clock (train/simulated.py).
     out = tmp_path / "budget"  # one stage: a stacked budget's planning is tested in test_stacking.py
     assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
                  "--minutes", "0.4", "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3",
                  "--eval-batches", "2", "--stack-fraction", "0",
                  "--log-every", "1", "--no-progress"]) == 0
     plan = BudgetPlan(**json.loads((out / "budget_plan.json").read_text()))
-    config = json.loads((out / "run_config.json").read_text())
+    config = json.loads((out / RUN_CONFIG).read_text())
     records = read_jsonl(out / "metrics.jsonl")
     train = [r for r in records if r["split"] == "train"]
     steps = len(train)  # the first plan, moved to where the steps' measured time puts the deadline
@@ -211,9 +217,15 @@ def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_sp
     args = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
             "--stack-fraction", "0", "--minutes", "0.25", "--batch-size", "2", "--max-seq-len", "16",
             "--eval-batches", "0", "--log-every", "1", "--save-every", "10", "--keep-last", "1000", "--no-progress"]
-    assert main(args) == 0
+    # 15 simulated seconds: 10 steps timed at 0.3 s each, then steps of 0.35 s, slower than timed, as on a loaded
+    # machine: the deadline moves the end of the schedule earlier than the first plan (a few dozen steps: each
+    # costs its real time too)
+    with simulated_clock(0.35, timed_seconds_per_step=0.3) as clock:
+        start = clock.now
+        assert main(args) == 0
+        assert 15 - 0.35 < clock.now - start <= 15  # the last step ends at the deadline, not a step later
     first = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
-    warmup = json.loads((out / "run_config.json").read_text())["loop"]["warmup_steps"]
+    warmup = json.loads((out / RUN_CONFIG).read_text())["loop"]["warmup_steps"]
     # Killed after its first checkpoint past the warmup: the later ones and the final model never written.
     kept = next(step for step, _ in checkpoints(out) if step > warmup)
     for step, path in checkpoints(out):
@@ -224,7 +236,8 @@ def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_sp
     assert state["total_steps"] != json.loads((out / "budget_plan.json").read_text())["steps"]  # re-planned
     assert 0 < state["budget_spent_s"] < 15
     capsys.readouterr()
-    assert main(args + ["--resume"]) == 0
+    with simulated_clock(0.35, timed_seconds_per_step=0.3):
+        assert main(args + ["--resume"]) == 0
     assert "resumed from" in capsys.readouterr().out
     train = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in train] == list(range(1, len(train) + 1))
@@ -276,7 +289,7 @@ def test_bag_of_words_loss_is_the_cross_entropy_against_each_sequences_word_dist
 
 
 def test_bag_of_words_labels_restore_masked_tokens_and_leave_out_special_tokens_and_padding():
-    from bertforge.train.pretrain import PretrainingObjective
+    from bertforge.train.objective import PretrainingObjective
 
     is_special = np.zeros(20, bool)
     is_special[[0, 1, 2, 3, 4]] = True
@@ -307,3 +320,35 @@ def test_bag_of_words_reads_cls_whether_or_not_the_last_layer_runs_at_the_masked
     # the loss trains the encoder below [CLS], not only the head
     sparse.bow_loss.backward()
     assert model.bert.encoder.layer[0].attention.qkv.weight.grad.abs().sum() > 0
+
+
+def test_a_recipe_fills_what_is_not_given_and_a_given_option_wins():
+    from bertforge.train.recipe import STEPS_UNTIL_PLANNED, resolve
+
+    given = {"steps": 500, "lr": 5e-4, "nsp": None, "pre_ln": False}
+    values = resolve("budget", given, minutes=None)
+    assert (values["lr"], values["pre_ln"]) == (5e-4, False)  # given, even when false
+    assert (values["nsp"], values["batch_size"], values["mask_prob"], values["betas"]) == (False, 32, 0.4, (0.9, 0.98))
+    assert (values["steps"], values["warmup_steps"], values["warmup_fraction"]) == (500, 30, None)  # 6% of 500
+    budgeted = resolve("budget", given, minutes=10)
+    assert (budgeted["steps"], budgeted["warmup_fraction"]) == (STEPS_UNTIL_PLANNED, 0.06)  # laid over the plan
+    assert resolve("budget", {**given, "warmup_steps": 7}, minutes=10)["warmup_fraction"] is None
+    with pytest.raises(BertforgeError, match="unknown recipe 'fast'"):
+        resolve("fast", given, minutes=None)
+
+
+def test_the_library_applies_a_recipe_with_the_options_given_winning(prepared, tmp_path):
+    from bertforge.train.pretrain import pretrain
+
+    out = tmp_path / "run"
+    pretrain(prepared, out, model="tiny", recipe="budget", loop={"steps": 3, "batch_size": 2, "progress": False},
+             data_options={"eval_batches": 0}, max_seq_len=16, stack_fraction=0, dropout=0.05)
+    config = json.loads((out / RUN_CONFIG).read_text())
+    assert config["recipe"]["name"] == "budget" and config["stack"] is None
+    assert (config["loop"]["lr"], config["loop"]["betas"], config["loop"]["batch_size"]) == (2e-3, [0.9, 0.98], 2)
+    assert config["loop"]["warmup_steps"] == 1 and config["loop"]["steps"] == 3
+    assert (config["data_options"]["nsp"], config["data_options"]["masked_lm_prob"]) == (False, 0.4)
+    assert config["data_options"]["eval_batches"] == 0 and config["dropout"] == 0.05  # given: they win
+    assert config["model"]["pre_layer_norm"] is True and config["bow_weight"] == 0.1
+    with pytest.raises(BertforgeError, match="the loop's steps, or a time budget"):
+        pretrain(prepared, tmp_path / "none", model="tiny", recipe="budget")

@@ -15,6 +15,8 @@ from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.heads import BertForPreTraining
 from bertforge.io import read_jsonl
+from bertforge.train.rundir import RUN_CONFIG
+from bertforge.train.simulated import simulated_clock
 from bertforge.train.stacking import half_depth, stack_layers
 
 
@@ -63,7 +65,8 @@ def test_half_depth_refuses_an_odd_depth():
 
 
 def _args(prepared, out, *extra):
-    return ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "mini", "--recipe", "budget",
+    # tiny: 2 layers, 1 in the first stage (mini's 4 and 2 cost twice the time and check nothing more)
+    return ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
             "--batch-size", "2", "--max-seq-len", "16", "--eval-batches", "1", "--eval-every", "5",
             "--log-every", "1", "--no-progress", *extra]
 
@@ -72,10 +75,10 @@ def test_a_stacked_run_pretrains_half_depth_then_the_full_model_from_it(prepared
     out = tmp_path / "stacked"
     assert main(_args(prepared, out, "--steps", "20", "--stack-fraction", "0.6")) == 0
     first, second = out / "half-depth", out
-    assert json.loads((first / "config.json").read_text())["num_hidden_layers"] == 2
-    assert json.loads((second / "config.json").read_text())["num_hidden_layers"] == 4
-    first_config = json.loads((first / "run_config.json").read_text())
-    second_config = json.loads((second / "run_config.json").read_text())
+    assert json.loads((first / "config.json").read_text())["num_hidden_layers"] == 1
+    assert json.loads((second / "config.json").read_text())["num_hidden_layers"] == 2
+    first_config = json.loads((first / RUN_CONFIG).read_text())
+    second_config = json.loads((second / RUN_CONFIG).read_text())
     assert first_config["loop"]["steps"] == 12 and second_config["loop"]["steps"] == 8  # 60% / 40% of 20
     assert second_config["init"] == str(first)
     stack = {"fraction": 0.6, "minutes": None, "steps": 20, "length_fraction": 0.25}
@@ -96,7 +99,7 @@ def test_a_stacked_run_pretrains_half_depth_then_the_full_model_from_it(prepared
     plain = tmp_path / "plain"
     assert main(_args(prepared, plain, "--steps", "4", "--stack-fraction", "0")) == 0
     assert not (plain / "half-depth").exists()
-    assert json.loads((plain / "config.json").read_text())["num_hidden_layers"] == 4
+    assert json.loads((plain / "config.json").read_text())["num_hidden_layers"] == 2
 
 
 def test_the_short_first_stage_reads_shorter_sequences_with_the_same_tokens_a_step(prepared, tmp_path, capsys):
@@ -104,10 +107,10 @@ def test_the_short_first_stage_reads_shorter_sequences_with_the_same_tokens_a_st
     args = _args(prepared, out, "--steps", "6", "--stack-fraction", "0.5", "--max-seq-len", "32",
                  "--batch-size", "4", "--stack-length-fraction", "0.25", "--log-every", "1")
     assert main(args) == 0
-    first = json.loads((out / "half-depth" / "run_config.json").read_text())
+    first = json.loads((out / "half-depth" / RUN_CONFIG).read_text())
     assert (first["max_seq_len"], first["loop"]["batch_size"]) == (8, 16)
     assert first["stack"]["length_fraction"] == 0.25
-    full = json.loads((out / "run_config.json").read_text())
+    full = json.loads((out / RUN_CONFIG).read_text())
     assert (full["max_seq_len"], full["loop"]["batch_size"]) == (32, 4)
     assert main(args[:-4] + ["--stack-length-fraction", "0.5", "--resume"]) == 2
     assert "--stack-length-fraction 0.25 -> 0.5" in capsys.readouterr().err
@@ -115,7 +118,7 @@ def test_the_short_first_stage_reads_shorter_sequences_with_the_same_tokens_a_st
     short = tmp_path / "shortest"
     args = _args(prepared, short, "--steps", "4", "--stack-fraction", "0.5", "--stack-length-fraction", "0.1")
     assert main(args) == 0
-    first = json.loads((short / "half-depth" / "run_config.json").read_text())
+    first = json.loads((short / "half-depth" / RUN_CONFIG).read_text())
     assert (first["max_seq_len"], first["loop"]["batch_size"]) == (8, 4)
 
 
@@ -151,7 +154,7 @@ def test_stacked_runs_refuse_a_used_directory_an_odd_depth_and_init(prepared, tm
     odd = tmp_path / "odd.json"
     BertConfig.from_preset("mini", num_hidden_layers=3, vocab_size=2000).to_json(odd)
     args = _args(prepared, tmp_path / "x", "--steps", "4")
-    args[args.index("mini")] = str(odd)
+    args[args.index("tiny")] = str(odd)
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "even number of layers (the model has 3)" in err and "--stack-fraction 0" in err
@@ -163,11 +166,11 @@ def test_stacked_runs_refuse_a_used_directory_an_odd_depth_and_init(prepared, tm
 def test_a_stacked_budget_splits_the_minutes_and_resumes_only_as_it_was_started(prepared, tmp_path, capsys):
     out = tmp_path / "budget"
     args = _args(prepared, out, "--minutes", "0.4")
-    args[args.index("mini")] = "tiny"  # 2 layers, 1 in the first stage: steps fast enough for a short budget
-    assert main(args) == 0
+    with simulated_clock(0.4):  # 24 seconds of 0.4-second steps (14 and 10 a stage), without waiting for them
+        assert main(args) == 0
     printed = capsys.readouterr().out
     took = float(re.search(r"stacked pretraining took ([0-9.]+) min of a 0.4-minute budget", printed)[1])
-    assert took <= 0.4 + 0.15  # each stage's final evaluation and save may run over
+    assert took <= 0.4  # the simulated evaluations and saves take no time: the steps end at the deadline
     plans = [json.loads((d / "budget_plan.json").read_text()) for d in (out / "half-depth", out)]
     assert [p["minutes"] for p in plans] == pytest.approx([0.24, 0.16])
     assert [json.loads((d / "config.json").read_text())["num_hidden_layers"] for d in (out / "half-depth", out)] \

@@ -24,6 +24,7 @@ from bertforge.io import read_jsonl
 from bertforge.train.loop import LoopConfig, resolve_precision
 from bertforge.train.optim import parameter_groups, warmup_linear_decay
 from bertforge.train.pretrain import DataOptions, pretrain
+from bertforge.train.rundir import RUN_CONFIG
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -136,7 +137,7 @@ def test_bf16_autocast_trains_fp32_weights_close_to_an_fp32_run(prepared, tmp_pa
                  data_options=DataOptions(eval_batches=0))
         runs[precision] = [r["loss"] for r in read_jsonl(tmp_path / precision / "metrics.jsonl")
                            if r["split"] == "train"]
-    assert json.loads((tmp_path / "bf16" / "run_config.json").read_text())["loop"]["precision"] == "bf16"
+    assert json.loads((tmp_path / "bf16" / RUN_CONFIG).read_text())["loop"]["precision"] == "bf16"
     a, b = weights(tmp_path / "fp32"), weights(tmp_path / "bf16")
     assert all(v.dtype == torch.float32 for v in b.values())
     assert any(not torch.equal(a[k], b[k]) for k in a)
@@ -230,6 +231,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_bitwise_identical(prepared, tmp_path):
     cfg = tiny_model_config(tmp_path)  # dropout on: the RNG state must be restored too
     steps = 40
@@ -254,6 +256,7 @@ def test_resume_after_sigkill_is_bitwise_identical(prepared, tmp_path):
     assert steps_logged == list(range(1, steps + 1))
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_exits(prepared, tmp_path):
     out = tmp_path / "run"
     proc = _cli(_pretrain_args(prepared, out, tiny_model_config(tmp_path), 400))
@@ -267,6 +270,7 @@ def test_sigterm_checkpoints_and_exits(prepared, tmp_path):
     assert state["step"] >= 4 and state["data_position"]["position"] > 0
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(prepared, tmp_path):
     pytest.importorskip("torch.distributed.run")
     cfg = tiny_model_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -20,10 +20,10 @@ import math
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from bertforge import cpu, demo_data
 from bertforge.baseline import bag_of_words
-from bertforge.commands.train import PretrainArgs, pretrain_kwargs
 from bertforge.config import BertConfig
 from bertforge.data.corpus import expand_inputs, read_sentences
 from bertforge.data.prepare import prepare
@@ -35,6 +35,8 @@ from bertforge.tokenizer import Tokenizer, corpus_summary
 from bertforge.train.finetune import FinetuneOptions
 from bertforge.train.pretrain import pretrain, resolve_model_config
 from bertforge.train.recipe import get_recipe
+from bertforge.train.resume import changes, read_run_config
+from bertforge.train.state import METRICS_FILE
 from bertforge.train.sweep import finetune_scored
 
 FILL_MASK_EXAMPLES = [
@@ -78,21 +80,58 @@ def run_demo(o: DemoOptions) -> dict:
     out = Path(o.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-
     _say("1/6 demo data")
     data = demo_data.fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
-    if o.corpus:
-        corpus = list(o.corpus)
-    else:  # movie reviews, and the unlabelled snippets of the task's training movies: in-domain text
-        movies = out / "corpus" / "movies.txt"
-        if not movies.is_file():
-            movies.parent.mkdir(parents=True, exist_ok=True)
-            demo_data.write_movie_corpus(data.sentiment_dir, movies)
-        corpus = [str(data.reviews_file), str(movies)]
+    corpus = _corpus(o, out, data)
     print(f"corpus: {', '.join(corpus)}\nsentiment task: {data.sentiment_dir}")
-
     _say(f"2/6 WordPiece vocabulary ({o.vocab_size} tokens)")
-    tok_dir = out / "tokenizer"
+    tokenizer, vocab_summary = _vocabulary(o, out / "tokenizer", corpus)
+    seq_len = get_recipe(o.recipe).seq_len
+    _say(f"3/6 prepare the corpus (length {seq_len})")
+    data_dir = _prepared(o, out / "data", corpus, tokenizer, seq_len)
+    _say(f"4/6 pretrain BERT-{o.model} for {o.minutes:g} minutes ({o.recipe} recipe)")
+    pre_dir = out / "pretrain"
+    if (pre_dir / "model.safetensors").is_file():
+        _check_reused_pretraining(pre_dir, o, resolve_model_config(o.model, tokenizer.vocab_size, seq_len))
+        print(f"reusing {pre_dir}")
+    else:
+        # An interrupted run resumes from its checkpoint and keeps its plan (budget_plan.json); one killed before
+        # its first checkpoint starts again at step 0 (a run directory is refused without --resume).
+        pretrain(data_dir, pre_dir, model=o.model, recipe=o.recipe, minutes=o.minutes, resume=pre_dir.is_dir(),
+                 loop=dict(batch_size=o.batch_size, eval_every=250, save_every=250, log_every=10, seed=o.seed,
+                           precision=demo_precision(), progress=o.progress),
+                 data_options=dict(seed=o.seed))
+    pre_metrics = _last_eval(pre_dir / METRICS_FILE)
+    results = _finetune_sides(o, out, data.sentiment_dir, pre_dir)
+    _say("6/6 a bag-of-words baseline, and the summary")
+    baseline = bag_of_words(data.sentiment_dir, max_train_examples=o.finetune_examples)
+    filled = MaskFiller(pre_dir).fill(FILL_MASK_EXAMPLES, top_k=3)
+    summary = {"minutes": round((time.time() - started) / 60, 1), "vocabulary": vocab_summary,
+               "pretraining": pre_metrics, "finetune": results, "finetune_examples": o.finetune_examples,
+               "model": o.model, "pretrain_minutes": o.minutes, "cpu_bf16": cpu.has_native_bf16(),
+               "bag_of_words": baseline,
+               "fill_mask": [{"text": t, "top": [c["token"] for c in masks[0]]}
+                             for t, masks in zip(FILL_MASK_EXAMPLES, filled, strict=True)]}
+    write_json(out / "summary.json", summary)
+    write_text(out / "report.md", _report(summary, out))
+    print(_table(summary))
+    print(f"\nreport: {out / 'report.md'}")
+    return summary
+
+
+def _corpus(o: DemoOptions, out: Path, data: demo_data.DemoData) -> list[str]:
+    """The pretraining corpus: yours, or the movie reviews and the unlabelled snippets of the task's training
+    movies (in-domain text)."""
+    if o.corpus:
+        return list(o.corpus)
+    movies = out / "corpus" / "movies.txt"
+    if not movies.is_file():
+        movies.parent.mkdir(parents=True, exist_ok=True)
+        demo_data.write_movie_corpus(data.sentiment_dir, movies)
+    return [str(data.reviews_file), str(movies)]
+
+
+def _vocabulary(o: DemoOptions, tok_dir: Path, corpus: list[str]) -> tuple[Tokenizer, dict]:
     if (tok_dir / "vocab_summary.json").is_file():
         tokenizer = Tokenizer.from_pretrained(tok_dir)
         print(f"reusing {tok_dir}")
@@ -102,36 +141,24 @@ def run_demo(o: DemoOptions) -> dict:
         summary = corpus_summary(tokenizer, read_sentences(files))
         tokenizer.save_pretrained(tok_dir)
         write_json(tok_dir / "vocab_summary.json", summary)
-    vocab_summary = json.loads((tok_dir / "vocab_summary.json").read_text())
     print(f"vocabulary: {tokenizer.vocab_size} tokens")
+    return tokenizer, json.loads((tok_dir / "vocab_summary.json").read_text())
 
-    seq_len = get_recipe(o.recipe).seq_len
-    _say(f"3/6 prepare the corpus (length {seq_len})")
-    data_dir = out / "data"
+
+def _prepared(o: DemoOptions, data_dir: Path, corpus: list[str], tokenizer: Tokenizer, seq_len: int) -> Path:
     if (data_dir / "manifest.json").is_file():
         print(f"reusing {data_dir}")
-    else:
-        # The demo's corpus: 3% of its 25,300 documents (a review each, a movie's snippets each). Yours: about 2%,
-        # more when there are few files (one document each).
-        val_fraction = max(0.02, min(0.2, 3 / max(1, len(expand_inputs(corpus))))) if o.corpus else 0.03
-        prepare(corpus, tokenizer, data_dir, max_seq_len=seq_len, val_fraction=val_fraction, seed=o.seed,
-                progress=o.progress)
+        return data_dir
+    # The demo's corpus: 3% of its 25,300 documents (a review each, a movie's snippets each). Yours: about 2%,
+    # more when there are few files (one document each).
+    val_fraction = max(0.02, min(0.2, 3 / max(1, len(expand_inputs(corpus))))) if o.corpus else 0.03
+    prepare(corpus, tokenizer, data_dir, max_seq_len=seq_len, val_fraction=val_fraction, seed=o.seed,
+            progress=o.progress)
+    return data_dir
 
-    _say(f"4/6 pretrain BERT-{o.model} for {o.minutes:g} minutes ({o.recipe} recipe)")
-    pre_dir = out / "pretrain"
-    if (pre_dir / "model.safetensors").is_file():
-        _check_reused_pretraining(pre_dir, o, resolve_model_config(o.model, tokenizer.vocab_size, seq_len))
-        print(f"reusing {pre_dir}")
-    else:
-        # An interrupted run resumes from its checkpoint and keeps its plan (budget_plan.json); one killed before
-        # its first checkpoint starts again at step 0 (a run directory is refused without --resume).
-        args = PretrainArgs(data=str(data_dir), out=str(pre_dir), recipe=o.recipe, model=o.model,
-                            minutes=str(o.minutes), batch_size=o.batch_size, eval_every=250, save_every=250,
-                            log_every=10, seed=o.seed, precision=demo_precision(), progress=o.progress,
-                            resume=pre_dir.is_dir())
-        pretrain(**pretrain_kwargs(args))
-    pre_metrics = _last_eval(pre_dir / "metrics.jsonl")
 
+def _finetune_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> dict[str, Any]:
+    """Fine-tuning from the pretrained model and from random weights, `o.finetune_seeds` runs each."""
     results = {}
     epochs, lr_pretrained, lr_scratch = finetune_plan(o.model, o.minutes)
     epochs = o.finetune_epochs or epochs
@@ -146,49 +173,35 @@ def run_demo(o: DemoOptions) -> dict:
                                    progress=o.progress)
             run_dir = out / f"finetune-{name}" / f"seed{k}"
             _check_reused_finetuning(run_dir, opts)
-            scores = finetune_scored("csv", data.sentiment_dir, pre_dir, run_dir, options=opts)
+            scores = finetune_scored("csv", task_dir, pre_dir, run_dir, options=opts)
             runs.append({"seed": o.seed + k, "dev": scores["dev"]["accuracy"], "test": scores["test"]["accuracy"]})
             print(f"seed {o.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}")
         results[name] = {"lr": lr, "epochs": epochs, "runs": runs, **{f"{split}_{stat}": f([r[split] for r in runs])
                                                     for split in ("dev", "test") for stat, f in _STATS.items()}}
+    return results
 
-    _say("6/6 a bag-of-words baseline, and the summary")
-    baseline = bag_of_words(data.sentiment_dir, max_train_examples=o.finetune_examples)
-    filled = MaskFiller(pre_dir).fill(FILL_MASK_EXAMPLES, top_k=3)
-    summary = {"minutes": round((time.time() - started) / 60, 1), "vocabulary": vocab_summary,
-               "pretraining": pre_metrics, "finetune": results, "finetune_examples": o.finetune_examples,
-               "model": o.model, "pretrain_minutes": o.minutes, "cpu_bf16": cpu.has_native_bf16(),
-               "bag_of_words": baseline,
-               "fill_mask": [{"text": t, "top": [c["token"] for c in masks[0]]}
-                             for t, masks in zip(FILL_MASK_EXAMPLES, filled, strict=True)]}
-    write_json(out / "summary.json", summary)
-    report = _report(summary, out)
-    write_text(out / "report.md", report)
-    print(_table(summary))
-    print(f"\nreport: {out / 'report.md'}")
-    return summary
+
+def _shape(c: BertConfig) -> str:
+    return f"L{c.num_hidden_layers}/H{c.hidden_size}/A{c.num_attention_heads}/I{c.intermediate_size}"
 
 
 def _check_reused_pretraining(pre_dir: Path, o: DemoOptions, want: BertConfig) -> None:
     """Refuse to reuse a finished pretraining that is not the one asked for (another model, budget or recipe, e.g.
     from an earlier demo with other defaults): its figures would be reported as this run's."""
-    have = BertConfig.from_json(pre_dir / "config.json")
-    run_file = pre_dir / "run_config.json"
-    run = json.loads(run_file.read_text(encoding="utf-8")) if run_file.is_file() else {}
-    minutes = (run.get("stack") or run.get("budget") or {}).get("minutes")
-    recipe = (run.get("recipe") or {}).get("name")
-
-    def shape(c: BertConfig) -> str:
-        return f"L{c.num_hidden_layers}/H{c.hidden_size}/A{c.num_attention_heads}/I{c.intermediate_size}"
-
+    run = read_run_config(pre_dir) or {}
+    have = {"shape": _shape(BertConfig.from_json(pre_dir / "config.json")),
+            "minutes": (run.get("stack") or run.get("budget") or {}).get("minutes"),
+            "recipe": (run.get("recipe") or {}).get("name")}
+    asked = {"shape": _shape(want), "minutes": o.minutes, "recipe": o.recipe}
     found = []
-    if shape(have) != shape(want):
-        found.append(f"a model of {shape(have)}, not --model {o.model} ({shape(want)})")
-    if minutes is None or not math.isclose(minutes, o.minutes, rel_tol=1e-6):
-        budget = f"a budget of {minutes:g} minutes" if minutes is not None else "no recorded budget"
-        found.append(f"{budget}, not --minutes {o.minutes:g}")
-    if recipe != o.recipe:
-        found.append(f"the {recipe} recipe, not --recipe {o.recipe}")
+    for c in changes(have, asked, keys=("shape", "minutes", "recipe")):
+        if c.key == "shape":
+            found.append(f"a model of {c.recorded}, not --model {o.model} ({c.now})")
+        elif c.key == "minutes" and (c.recorded is None or not math.isclose(c.recorded, c.now, rel_tol=1e-6)):
+            budget = f"a budget of {c.recorded:g} minutes" if c.recorded is not None else "no recorded budget"
+            found.append(f"{budget}, not --minutes {c.now:g}")
+        elif c.key == "recipe":
+            found.append(f"the {c.recorded} recipe, not --recipe {c.now}")
     if found:
         raise BertforgeError(f"{pre_dir} holds another pretraining ({'; '.join(found)}): pass another --out, or "
                              f"remove {pre_dir} to pretrain again")
@@ -208,10 +221,10 @@ def _check_reused_finetuning(run_dir: Path, want: FinetuneOptions) -> None:
     learning rates): its scores would be reported under this run's settings."""
     if not (run_dir / "scores.json").is_file():
         return
-    run_file = run_dir / "run_config.json"
-    have = json.loads(run_file.read_text(encoding="utf-8")).get("options", {}) if run_file.is_file() else {}
-    found = [f"{name} {_shown(have.get(k))}, not {_shown(getattr(want, k))}" for k, name in _FINETUNE_SETTINGS.items()
-             if have.get(k) != getattr(want, k)]
+    have = (read_run_config(run_dir) or {}).get("options", {})
+    asked = {k: getattr(want, k) for k in _FINETUNE_SETTINGS}
+    found = [f"{_FINETUNE_SETTINGS[c.key]} {_shown(c.recorded)}, not {_shown(c.now)}"
+             for c in changes(have, asked, keys=_FINETUNE_SETTINGS)]
     if found:
         raise BertforgeError(f"{run_dir} holds another fine-tuning ({'; '.join(found)}): pass another --out, or "
                              f"remove {run_dir.parent.parent / 'finetune-*'} to fine-tune again")

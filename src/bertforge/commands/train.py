@@ -29,13 +29,7 @@ from bertforge.options import (
     option,
     seed_option,
 )
-from bertforge.train.recipe import RECIPES, default_warmup, get_recipe
-
-# The options a recipe supplies when neither the command line nor --config gives them: option -> Recipe field.
-RECIPE_OPTIONS = {"batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmup_fraction", "betas": "betas",
-                  "weight_decay": "weight_decay", "mask_prob": "mask_prob", "nsp": "nsp", "dropout": "dropout",
-                  "pre_ln": "pre_layer_norm", "stack_fraction": "stack_fraction",
-                  "stack_length_fraction": "stack_length_fraction", "bow_weight": "bow_weight"}
+from bertforge.train.recipe import RECIPE_OPTIONS, RECIPES, get_recipe, resolve
 
 
 def recipe_note(field: str) -> str:
@@ -91,24 +85,21 @@ class PretrainArgs:
 
 def pretrain_kwargs(args: PretrainArgs) -> dict:
     """The keyword arguments of `bertforge.train.pretrain.pretrain` for these options, the recipe's values
-    filling those not given (None); refuses impossible values."""
+    filling those not given (None, see `bertforge.train.recipe.resolve`); refuses impossible values."""
     from bertforge.train.budget import parse_minutes
 
-    recipe = get_recipe(args.recipe)
     if args.stack_fraction and args.init:
         raise BertforgeError("--stack-fraction builds a new model in two stages; with --init there is none to "
                              "build: drop one of them")
     minutes = parse_minutes(args.minutes) if args.minutes is not None else None
-    # With --minutes the steps are planned later (1000 only stands in for them until then), the warmup with them.
-    steps = args.steps if minutes is None else 1000
-    warmup_fraction = recipe.warmup_fraction if minutes is not None and args.warmup_steps is None else None
-    from_recipe = {name: getattr(recipe, field) for name, field in RECIPE_OPTIONS.items()}
-    from_recipe["warmup_steps"] = default_warmup(recipe, steps)
-    args = dataclasses.replace(args, steps=steps, **{k: v for k, v in from_recipe.items() if getattr(args, k) is None})
+    given = {name: getattr(args, name) for name in (*RECIPE_OPTIONS, "steps")}
+    resolved = resolve(args.recipe, given, minutes=minutes)
+    warmup_fraction = resolved.pop("warmup_fraction")
+    args = dataclasses.replace(args, **resolved)
     return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=options_from(LoopConfig, args),
                 data_options=options_from(DataOptions, args), init=args.init, resume=args.resume,
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
-                warmup_fraction=warmup_fraction, recipe=recipe, stack_fraction=args.stack_fraction,
+                warmup_fraction=warmup_fraction, recipe=get_recipe(args.recipe), stack_fraction=args.stack_fraction,
                 stack_length_fraction=args.stack_length_fraction, bow_weight=args.bow_weight)
 
 

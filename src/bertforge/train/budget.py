@@ -14,6 +14,7 @@ from them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import statistics
 import time
@@ -24,15 +25,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertforge.device import to_device
 from bertforge.errors import BertforgeError
 from bertforge.io import write_json
-from bertforge.train import distributed
-from bertforge.train.loop import autocast, resolve_precision
+from bertforge.options import LoopConfig
+from bertforge.train import distributed, loop
+from bertforge.train.loop import Objective, autocast, resolve_precision
 from bertforge.train.optim import build_optimizer
 
 PLAN_FILE = "budget_plan.json"
 TIMED_STEPS = 8  # after 2 untimed ones (first-call allocations and kernel selection)
+
+# The clock a budget is planned and kept by, read through `now()`. Tests put a fake one here, which moves by the
+# training steps they run, so that a budget's logic is checked without waiting for its minutes.
+clock: Callable[[], float] = time.perf_counter
+
+
+def now() -> float:
+    return clock()
 
 
 @dataclass
@@ -64,33 +73,32 @@ def parse_minutes(text: str | float) -> float:
     return minutes
 
 
-def time_steps(model: nn.Module, batches: Iterator[dict], losses: Callable[[nn.Module, dict], torch.Tensor], *,
-               accum: int, lr: float, device: torch.device, precision: str, clip: float = 1.0) -> float:
-    """Median seconds of one optimizer step (`accum` micro-batches) of a copy of `model`; nothing of `model`,
-    and no random number generator, is changed."""
+def time_steps(model: nn.Module, batches: Iterator[dict], objective: Objective, config: LoopConfig, *, accum: int,
+               device: torch.device) -> float:
+    """Median seconds of one optimizer step (`accum` micro-batches, the training's own step function
+    `loop.train_step` with the run's optimizer, clipping and precision) of a copy of `model` in this process
+    alone (no gradient all-reduce); loading the batches is not timed. Nothing of `model`, and no random number
+    generator, is changed."""
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     net = copy.deepcopy(model).to(device).train()
-    opt = build_optimizer(net, lr=lr)
-    precision = resolve_precision(precision, device)
+    opt = build_optimizer(net, name=config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
+                          betas=tuple(config.betas))
+    precision = resolve_precision(config.precision, device)
+    alone = distributed.Dist(device=device)
     times = []
     for i in range(TIMED_STEPS + 2):
-        parts = [to_device(next(batches), device) for _ in range(accum)]  # as the training step moves them
+        host = [next(batches) for _ in range(accum)]
         if device.type == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
-        for batch in parts:
-            with autocast(device, precision):
-                loss = losses(net, batch) / accum
-            loss.backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        start = now()
+        # through the module: the step a test replaces is the one timed here and run by Trainer
+        loop.train_step(net, host, objective=objective, optimizer=opt, dist=alone, precision=precision,
+                        clip=config.clip_grad_norm)
         if device.type == "cuda":
             torch.cuda.synchronize()
         if i >= 2:
-            times.append(time.perf_counter() - start)
+            times.append(now() - start)
     torch.set_rng_state(rng)
     if cuda_rng is not None:
         torch.cuda.set_rng_state_all(cuda_rng)
@@ -98,9 +106,9 @@ def time_steps(model: nn.Module, batches: Iterator[dict], losses: Callable[[nn.M
 
 
 def time_call(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
+    start = now()
     fn()
-    return time.perf_counter() - start
+    return now() - start
 
 
 def plan_steps(minutes: float, seconds_per_step: float, eval_seconds: float, eval_every: int,
@@ -143,15 +151,15 @@ REPLANS = 50  # times a run plans its remaining steps again, evenly spread over 
 class Deadline:
     """The end of a budgeted run, kept while it trains (the `deadline` of `Trainer`).
 
-    The budget runs from `origin` (the `clock()` reading when the command started; a resumed run adds what the
-    earlier processes used, as recorded in its checkpoint). `reserve` is kept free for the work after the last
-    step (the final evaluation). Every `every` steps, `steps` gives the new total: the steps so far took their
-    mean wall time each, evaluations and checkpoints included, and the rest will too."""
+    The budget runs from `origin` (the `clock()` reading, by default `now()`, when the command started; a resumed
+    run adds what the earlier processes used, as recorded in its checkpoint). `reserve` is kept free for the work
+    after the last step (the final evaluation). Every `every` steps, `steps` gives the new total: the steps so far
+    took their mean wall time each, evaluations and checkpoints included, and the rest will too."""
 
     def __init__(self, minutes: float, *, origin: float, reserve: float, every: int,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] | None = None):
         self.seconds, self.origin, self.reserve, self.every = minutes * 60, origin, reserve, max(1, every)
-        self.clock = clock
+        self.clock = clock or now
         self.spent, self.started, self.first_step = 0.0, origin, 0
 
     def begin(self, step: int, spent_before: float | None = None) -> None:
@@ -168,3 +176,40 @@ class Deadline:
         per_step = elapsed / max(1, step - self.first_step)
         left = agree((self.seconds - self.spent - elapsed - self.reserve) / per_step, dist)
         return step + max(1, int(left))
+
+
+def deadline_for(plan: BudgetPlan, origin: float) -> Deadline:
+    """The deadline that keeps `plan`, from `origin` (the `now()` reading when the command started)."""
+    return Deadline(plan.minutes, origin=origin, reserve=plan.eval_seconds, every=max(1, plan.steps // REPLANS))
+
+
+def plan_run(config: LoopConfig, *, minutes: float, warmup_fraction: float | None, out_dir: Path, resume: bool,
+             started: float, dist: distributed.Dist, model: nn.Module, batches: Iterator[dict],
+             objective: Objective, accum: int, evaluate: Callable[[nn.Module], dict] | None) -> tuple[BudgetPlan,
+                                                                                                  LoopConfig]:
+    """The plan of a run with a budget of `minutes` (the one `out_dir` recorded when resumed, else timed now on
+    copies of `model`), and the loop `config` with the planned steps and a warmup of `warmup_fraction` of them
+    (None: `config.warmup_steps`). Every process gets the same."""
+    plan = load_plan(out_dir) if resume else None
+    if plan is None:
+        seconds = agree(time_steps(model, batches, objective, config, accum=accum, device=dist.device), dist)
+        eval_seconds = agree(_time_evaluation(model, evaluate, config, dist.device), dist)
+        spent = agree(now() - started, dist)
+        steps = plan_steps(minutes, seconds, eval_seconds, config.eval_every, spent)
+        plan = BudgetPlan(minutes=minutes, seconds_per_step=seconds, eval_seconds=eval_seconds, steps=steps,
+                          spent_before_training=spent)
+    warmup = config.warmup_steps if warmup_fraction is None else round(warmup_fraction * plan.steps)
+    config = dataclasses.replace(config, steps=plan.steps, warmup_steps=min(warmup, plan.steps - 1))
+    if dist.is_main:
+        print(plan.describe(), flush=True)
+    return plan, config
+
+
+def _time_evaluation(model: nn.Module, evaluate: Callable[[nn.Module], dict] | None, config: LoopConfig,
+                     device: torch.device) -> float:
+    """Seconds of one evaluation, run as the trainer runs it, on a copy of `model` (0 without evaluation)."""
+    if evaluate is None:
+        return 0.0
+    probe = copy.deepcopy(model).to(device).eval()
+    with torch.no_grad(), autocast(device, resolve_precision(config.precision, device)):
+        return time_call(lambda: evaluate(probe))

@@ -41,8 +41,9 @@ from bertforge.tasks.runner import (
 )
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
-from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, resolve_precision, write_run_config
+from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, resolve_precision
 from bertforge.train.report import plot_metrics
+from bertforge.train.rundir import RUN_CONFIG, write_run_config
 
 TARGETS = ("labels", "start_positions", "end_positions")
 
@@ -128,7 +129,7 @@ def _is_run_dir(path: Path) -> bool:
     if (path / TASK_FILE).is_file():
         return True
     try:
-        return json.loads((path / "run_config.json").read_text()).get("command") == "finetune"
+        return json.loads((path / RUN_CONFIG).read_text()).get("command") == "finetune"
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -167,28 +168,12 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
     d = distributed.setup(o.device)
     try:
         resolve_precision(o.precision, d.device)  # a refused precision before anything is built or written
-        model_cls = MODEL_FOR_KIND[task.kind]
-        overrides: dict[str, Any] = {"num_labels": task.num_labels if task.kind != "multiple_choice" else 1,
-                                     "task": task.name,
-                                     "id2label": dict(enumerate(labels)) if labels else None}
-        if o.from_scratch:
-            torch.manual_seed(o.seed)
-            model = model_cls(BertConfig.from_json(init).replace(**overrides))
-        else:
-            torch.manual_seed(o.seed)  # the fresh head's initialisation
-            model = model_cls.from_pretrained(init, verbose=d.is_main, **overrides)
+        model = _task_model(task, init, labels, o, d)
         tokenizer.check_compatible(model.config)
         if max_length > model.config.max_position_embeddings:
             raise BertforgeError(f"--max-length {max_length} exceeds the model's max_position_embeddings "
                                  f"{model.config.max_position_embeddings}")
-
-        steps_per_epoch = math.ceil(len(train_features) / o.batch_size)
-        steps = max(1, round(o.epochs * steps_per_epoch))
-        loop = LoopConfig(steps=steps, batch_size=o.batch_size, micro_batch_size=o.micro_batch_size, lr=o.lr,
-                          warmup_steps=round(o.warmup_ratio * steps), weight_decay=o.weight_decay,
-                          log_every=max(1, min(50, steps_per_epoch // 4)), eval_every=steps_per_epoch,
-                          seed=o.seed, best_metric=task.main_metric, progress=o.progress, device=o.device,
-                          compile=o.compile, precision=o.precision, keep_last=1)
+        loop = _loop_config(o, len(train_features), task.main_metric)
         loop.accumulation(d.world_size)  # a bad batch size fails before anything is written
         spec = {"task": task.name, "kind": task.kind, "options": {k: v for k, v in (task_options or {}).items()
                                                                    if v is not None},
@@ -211,6 +196,29 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
         return result
     finally:
         distributed.teardown()
+
+
+def _task_model(task: Any, init: str | Path, labels: list | None, o: FinetuneOptions, d: distributed.Dist) -> nn.Module:
+    """The task's model: `init`'s encoder with a fresh head, or (`from_scratch`) random weights of its config."""
+    model_cls = MODEL_FOR_KIND[task.kind]
+    overrides: dict[str, Any] = {"num_labels": task.num_labels if task.kind != "multiple_choice" else 1,
+                                 "task": task.name,
+                                 "id2label": dict(enumerate(labels)) if labels else None}
+    torch.manual_seed(o.seed)  # the fresh head's initialisation, or the whole model's
+    if o.from_scratch:
+        return model_cls(BertConfig.from_json(init).replace(**overrides))
+    return model_cls.from_pretrained(init, verbose=d.is_main, **overrides)
+
+
+def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopConfig:
+    """The loop of `o.epochs` over `n_features`: evaluated every epoch, the best by `main_metric` kept."""
+    steps_per_epoch = math.ceil(n_features / o.batch_size)
+    steps = max(1, round(o.epochs * steps_per_epoch))
+    return LoopConfig(steps=steps, batch_size=o.batch_size, micro_batch_size=o.micro_batch_size, lr=o.lr,
+                      warmup_steps=round(o.warmup_ratio * steps), weight_decay=o.weight_decay,
+                      log_every=max(1, min(50, steps_per_epoch // 4)), eval_every=steps_per_epoch,
+                      seed=o.seed, best_metric=main_metric, progress=o.progress,
+                      device=o.device, compile=o.compile, precision=o.precision, keep_last=1)
 
 
 def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, dev: list, dev_features: list,

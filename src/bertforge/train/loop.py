@@ -16,30 +16,29 @@ Gradient accumulation is exact: each term's mean loss is re-weighted by its shar
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
-import re
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from bertforge.checkpoint import load_state, read_weights, unwrap
+from bertforge.checkpoint import unwrap
 from bertforge.device import pick_device, pick_precision, to_device
 from bertforge.errors import BertforgeError
-from bertforge.io import MetricsLog, atomic_dir, progress_reporter, read_jsonl, write_json, write_text
+from bertforge.io import MetricsLog, atomic_dir, progress_reporter, write_json
 from bertforge.options import PRECISIONS, LoopConfig
 from bertforge.train import distributed
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
+from bertforge.train.state import CHECKPOINTS_DIR, METRICS_FILE, checkpoints, load_checkpoint, save_checkpoint
 
-STATE_FILE = "trainer_state.pt"
+# LoopConfig is imported from here by callers that build a loop (it is declared in options.py with the others)
+__all__ = ["LoopConfig", "Objective", "Trainer", "TrainResult", "TrainingInterrupted", "autocast", "resolve_precision",
+           "train_step"]
 
 
 class Objective(Protocol):
@@ -100,30 +99,55 @@ def autocast(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
-def _rng_state() -> dict:
-    """This process's random number generators; a checkpoint holds one per rank (dropout masks differ by rank)."""
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+class NonFiniteLoss(Exception):
+    """The step's loss was NaN or infinite; nothing was updated."""
+
+    def __init__(self, value: float):
+        super().__init__(f"the loss became {value}")
+        self.value = value
 
 
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under out_dir/checkpoints, oldest first."""
-    root = Path(out_dir) / "checkpoints"
-    found = []
-    if root.is_dir():
-        for p in root.iterdir():
-            m = re.fullmatch(r"step-(\d+)", p.name)
-            if m and (p / STATE_FILE).is_file():
-                found.append((int(m.group(1)), p))
-    return sorted(found)
+def train_step(model: nn.Module, host: list[dict], *, objective: Objective, optimizer: torch.optim.Optimizer,
+               dist: distributed.Dist, precision: str, clip: float) -> tuple[dict[str, float], int]:
+    """One optimizer step over the micro-batches `host` (on the host; each moved to the device here): each term's
+    mean loss weighted by its share of the global batch, gradients clipped to `clip` (0: not), the optimizer
+    stepped. Returns the global mean of each loss term and the tokens of the global batch; raises NonFiniteLoss
+    before the update when the loss is not finite. `Trainer` runs it, and so does `budget.time_steps`, which
+    times it."""
+    # counted on the host batches, before they move: no device sync per micro-batch
+    local = [objective.counts(b) for b in host]
+    names = list(local[0])
+    tokens = sum(int(b["attention_mask"].sum()) for b in host if "attention_mask" in b)
+    parts = [to_device(b, dist.device) for b in host]
+    totals = distributed.all_reduce_sum([sum(float(c[n]) for c in local) for n in names] + [tokens], dist)
+    global_counts, tokens = dict(zip(names, totals[:-1], strict=True)), int(totals[-1])
+    # each term's share of the global mean, then the weighted loss, summed on the device and read once a step
+    logged = torch.zeros(len(names) + 1, dtype=torch.float64, device=dist.device)
+    model.train()
+    for i, (batch, counts) in enumerate(zip(parts, local, strict=True)):
+        sync = i == len(parts) - 1
+        ctx = model.no_sync() if (dist.enabled and not sync) else contextlib.nullcontext()
+        with ctx, autocast(dist.device, precision):
+            term_losses = objective.losses(model, batch)
+            weighted = [term_losses[n] * (counts[n] / global_counts[n]) for n in names if global_counts[n] > 0]
+            loss = torch.stack(weighted).sum()
+        (loss * dist.world_size).backward()  # DDP averages over processes; we want the sum of shares
+        with torch.no_grad():
+            for j, n in enumerate(names):
+                if global_counts[n] > 0:
+                    logged[j] += term_losses[n].double() * (counts[n] / global_counts[n])
+            logged[-1] += loss.double()
+    logged = distributed.all_reduce_sum(logged.tolist(), dist)
+    total = logged[-1]
+    if not math.isfinite(total):
+        raise NonFiniteLoss(total)
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    terms = {f"{n}_loss" if n != "loss" else n: v for n, v in zip(names, logged[:-1], strict=True)}
+    terms["loss"] = total
+    return terms, tokens
 
 
 class Trainer:
@@ -150,96 +174,49 @@ class Trainer:
         self.micro, self.accum = config.accumulation(self.dist.world_size)
         self.precision = resolve_precision(config.precision, self.dist.device)
 
-    # -- checkpoints ------------------------------------------------------------------------------------
+    # -- checkpoints (bertforge.train.state) ------------------------------------------------------------------
     def _save_checkpoint(self, step: int, position: dict) -> None:
-        rng = distributed.gather_objects(_rng_state(), self.dist)  # a collective: every rank calls it
-        if not self.dist.is_main:
-            return
-        root = self.out_dir / "checkpoints"
-        with atomic_dir(root / f"step-{step}") as tmp:
-            self.save_model_fn(self.model, tmp)
-            plan = {"total_steps": self.total_steps}
-            if self.deadline is not None:
-                plan["budget_spent_s"] = self.deadline.spent_now()
-            torch.save({"step": step, "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(), "rng": rng,
-                        "data_position": position, "world_size": self.dist.world_size,
-                        "best": self.best, **plan}, tmp / STATE_FILE)
-            write_json(tmp / "state.json", {"step": step, "data_position": position, "best": self.best, **plan})
-        for _, old in checkpoints(self.out_dir)[:-self.config.keep_last or None]:
-            shutil.rmtree(old, ignore_errors=True)
+        plan = {"total_steps": self.total_steps}
+        if self.deadline is not None:
+            plan["budget_spent_s"] = self.deadline.spent_now()
+        save_checkpoint(self.out_dir, step, model=self.model, save_model=self.save_model_fn,
+                        optimizer=self.optimizer, scheduler=self.scheduler, position=position, dist=self.dist,
+                        keep_last=self.config.keep_last, plan=plan, best=self.best)
 
-    def _load_checkpoint(self) -> tuple[int, dict | None]:
-        found = checkpoints(self.out_dir)
-        if not found:
-            if self.dist.is_main:
-                print(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'}; starting from step 0")
-                self._truncate_metrics(0)  # what a run killed before its first checkpoint logged
+    def _resume(self) -> tuple[int, dict | None]:
+        """The step and data position to go on from: the newest intact checkpoint's, or (0, None)."""
+        resumed = load_checkpoint(self.out_dir, model=self.model, optimizer=self.optimizer,
+                                  scheduler=self.scheduler, dist=self.dist)
+        if resumed is None:
             return 0, None
-        # The newest intact checkpoint: one whose files cannot be read whole (a disk that filled up, a copy cut
-        # short) is set aside as step-N.corrupt, so that later pruning (`keep_last`) never counts it as the newest.
-        unreadable = []
-        for step, path in reversed(found):
-            try:
-                state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-                weights = read_weights(path)
-                rng, position = state["rng"], state["data_position"]
-                optimizer_state, scheduler_state = state["optimizer"], state["scheduler"]
-            except Exception as e:  # noqa: BLE001 (any failure to read means the same: this checkpoint is unusable)
-                reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-                unreadable.append(f"{path.name} ({reason})")
-                if self.dist.is_main:
-                    aside = path.with_name(f"{path.name}.corrupt")
-                    shutil.rmtree(aside, ignore_errors=True)
-                    with contextlib.suppress(OSError):
-                        os.replace(path, aside)
-                    print(f"--resume: checkpoint {path} is unreadable ({reason}); moved it to {aside.name} and "
-                          f"trying the previous one", flush=True)
-                continue
-            if state.get("world_size", 1) != self.dist.world_size:
-                raise BertforgeError(f"{path} was written by {state['world_size']} process(es), not "
-                                     f"{self.dist.world_size}: resume with the same --nproc-per-node")
-            load_state(unwrap(self.model), weights, source=str(path), verbose=False)
-            self.optimizer.load_state_dict(optimizer_state)
-            self.scheduler.load_state_dict(scheduler_state)
-            self.total_steps = int(state.get("total_steps", self.config.steps))
-            if self.total_steps != self.config.steps:  # a time budget re-planned it
-                set_total_steps(self.scheduler, self.config.warmup_steps, self.total_steps)
-            self.resumed_budget_spent = state.get("budget_spent_s")
-            _set_rng_state(rng[self.dist.rank] if isinstance(rng, list) else rng)  # a dict: before per-rank states
-            self.best = state.get("best")
-            if self.dist.is_main:
-                print(f"resumed from {path} (step {step})" + (f", the newest intact checkpoint; skipped "
-                                                              f"{', '.join(unreadable)}" if unreadable else ""))
-                self._truncate_metrics(step)
-            return step, position
-        raise BertforgeError(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'} can be read "
-                             f"({'; '.join(unreadable)}): start the run again in a new --out")
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop records a killed run logged after its last checkpoint, so the log has each step once."""
-        path = self.out_dir / "metrics.jsonl"
-        if path.is_file():
-            kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
-            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+        self.total_steps = resumed.total_steps or self.config.steps
+        if self.total_steps != self.config.steps:  # a time budget re-planned it
+            set_total_steps(self.scheduler, self.config.warmup_steps, self.total_steps)
+        self.resumed_budget_spent, self.best = resumed.budget_spent, resumed.best
+        return resumed.step, resumed.position
 
     # -- the loop ---------------------------------------------------------------------------------------
-    def run(self) -> TrainResult:
-        cfg, d = self.config, self.dist
-        torch.manual_seed(cfg.seed + d.rank)
-        self.model.to(d.device)
+    def _start(self) -> tuple[int, dict | None]:
+        """Seed, optimizer and schedule, then the checkpoint to resume from; refuses a finished run."""
+        cfg = self.config
+        torch.manual_seed(cfg.seed + self.dist.rank)
+        self.model.to(self.dist.device)
         self.optimizer = build_optimizer(self.model, name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                          betas=tuple(cfg.betas))
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
         self.best: dict | None = None
         self.resumed_budget_spent = None
-        start, position = self._load_checkpoint() if self.resume else (0, None)
+        start, position = self._resume() if self.resume else (0, None)
         if start >= self.total_steps:
             raise BertforgeError(f"{self.out_dir} already holds a checkpoint at step {start} >= --steps "
                                  f"{self.total_steps}: the run is finished; to train further, start a new run "
                                  f"from it with --init {self.out_dir} and a new --out")
+        return start, position
+
+    def _wrapped(self) -> nn.Module:
+        """The model as the steps run it: compiled if asked, inside DDP under several processes."""
         model = self.model
-        if cfg.compile:
+        if self.config.compile:
             # A model that knows which of its parts have data-dependent shapes compiles the rest itself (BERT: its
             # encoder); any other model is compiled whole.
             compile_parts = getattr(model, "compile_encoder", None)
@@ -247,17 +224,22 @@ class Trainer:
                 compile_parts()
             else:
                 model = torch.compile(model)
-        if d.enabled:
+        if self.dist.enabled:
+            d = self.dist
             model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-        self.train_model = model
+        return model
+
+    def run(self) -> TrainResult:
+        cfg, d = self.config, self.dist
+        start, position = self._start()
+        model = self.train_model = self._wrapped()
         batches = self.data.batches(self.micro, position=position) if position else self.data.batches(self.micro)
-        metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=d.is_main)
-        writer = _tensorboard(self.out_dir) if d.is_main else None
+        metrics = MetricsLog(self.out_dir / METRICS_FILE, enabled=d.is_main)
+        self.writer = _tensorboard(self.out_dir) if d.is_main else None
         final: dict[str, float] = {}
-        deadline = self.deadline
-        if deadline is not None:
-            deadline.begin(start, self.resumed_budget_spent)
+        if self.deadline is not None:
+            self.deadline.begin(start, self.resumed_budget_spent)
         with _StopFlag() as stop, metrics, _progress(cfg, start, d.is_main, self.total_steps) as bar:
             window = _Window()
             step = start
@@ -267,89 +249,69 @@ class Trainer:
                 window.add(terms, tokens)
                 lr = self.scheduler.get_last_lr()[0]
                 self.scheduler.step()
-                if deadline is not None and step % deadline.every == 0 and step < self.total_steps:
-                    total = deadline.steps(step, d)
-                    if total != self.total_steps:
-                        self.total_steps = total
-                        set_total_steps(self.scheduler, cfg.warmup_steps, total)
-                        if bar is not None:
-                            bar.total = total
+                self._replan(step, bar)
                 if step % cfg.log_every == 0 or step == self.total_steps:
-                    record = {"step": step, "split": "train", **window.mean(), "lr": lr, **window.rates(d)}
-                    if deadline is not None:
-                        record["planned_steps"] = self.total_steps
-                    metrics.log(**record)
-                    if writer is not None:
-                        for k, v in record.items():
-                            if isinstance(v, (int, float)) and k != "step":
-                                writer.add_scalar(f"train/{k}", v, step)
-                    if self.on_log is not None:
-                        self.on_log(record)
+                    self._log(step, window, lr, metrics)
                     window = _Window()
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{terms['loss']:.3f}", lr=f"{lr:.2e}", refresh=False)
                 last = step == self.total_steps
                 if (cfg.eval_every and step % cfg.eval_every == 0) or last:
-                    final = self._evaluate(step, metrics, writer)
+                    final = self._evaluate(step, metrics, self.writer)
                 if (cfg.save_every and step % cfg.save_every == 0) or last:
                     self._save_checkpoint(step, dict(batches.position))
                 if distributed.any_rank(stop.signal is not None, d) and not last:
                     self._save_checkpoint(step, dict(batches.position))
                     raise TrainingInterrupted(
-                        f"stopped at step {step}; checkpoint saved in {self.out_dir / 'checkpoints'}; "
+                        f"stopped at step {step}; checkpoint saved in {self.out_dir / CHECKPOINTS_DIR}; "
                         f"continue with --resume")
         if d.is_main:
             self.save_model_fn(self.model, self.final_dir)
-        if writer is not None:
-            writer.close()
+        if self.writer is not None:
+            self.writer.close()
         # Drop the DDP wrapper now: it holds the process group, which `distributed.teardown` should destroy while
         # the interpreter is alive. The two-process test's rank 1 aborted at exit ("terminate called without an
         # active exception") in 2 of 35 runs before this, in none of 45 after.
         self.train_model = None
         return TrainResult(step=self.total_steps, final_metrics=final, out_dir=self.out_dir)
 
+    def _replan(self, step: int, bar) -> None:
+        """Under a time budget, every `deadline.every` steps: the schedule's end moved to where the deadline is."""
+        deadline = self.deadline
+        if deadline is None or step % deadline.every or step >= self.total_steps:
+            return
+        total = deadline.steps(step, self.dist)
+        if total != self.total_steps:
+            self.total_steps = total
+            set_total_steps(self.scheduler, self.config.warmup_steps, total)
+            if bar is not None:
+                bar.total = total
+
+    def _log(self, step: int, window: _Window, lr: float, metrics: MetricsLog) -> None:
+        record = {"step": step, "split": "train", **window.mean(), "lr": lr, **window.rates(self.dist)}
+        if self.deadline is not None:
+            record["planned_steps"] = self.total_steps
+        metrics.log(**record)
+        if self.writer is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.writer.add_scalar(f"train/{k}", v, step)
+        if self.on_log is not None:
+            self.on_log(record)
+
     def _step(self, model: nn.Module, batches: Iterator[dict]) -> tuple[dict[str, float], int]:
-        """One optimizer step over `accum` micro-batches; returns the global mean of each loss term."""
-        d = self.dist
+        """One optimizer step (`train_step`) on the next `accum` micro-batches; a loss that is not finite stops the
+        run, naming the checkpoint."""
         host = [next(batches) for _ in range(self.accum)]
-        # counted on the host batches, before they move: no device sync per micro-batch
-        local = [self.objective.counts(b) for b in host]
-        names = list(local[0])
-        tokens = sum(int(b["attention_mask"].sum()) for b in host if "attention_mask" in b)
-        parts = [to_device(b, d.device) for b in host]
-        totals = distributed.all_reduce_sum([sum(float(c[n]) for c in local) for n in names] + [tokens], d)
-        global_counts, tokens = dict(zip(names, totals[:-1], strict=True)), int(totals[-1])
-        # each term's share of the global mean, then the weighted loss, summed on the device and read once a step
-        logged = torch.zeros(len(names) + 1, dtype=torch.float64, device=d.device)
-        model.train()
-        for i, (batch, counts) in enumerate(zip(parts, local, strict=True)):
-            sync = i == len(parts) - 1
-            ctx = model.no_sync() if (d.enabled and not sync) else contextlib.nullcontext()
-            with ctx, autocast(d.device, self.precision):
-                term_losses = self.objective.losses(model, batch)
-                weighted = [term_losses[n] * (counts[n] / global_counts[n]) for n in names if global_counts[n] > 0]
-                loss = torch.stack(weighted).sum()
-            (loss * d.world_size).backward()  # DDP averages over processes; we want the sum of shares
-            with torch.no_grad():
-                for j, n in enumerate(names):
-                    if global_counts[n] > 0:
-                        logged[j] += term_losses[n].double() * (counts[n] / global_counts[n])
-                logged[-1] += loss.double()
-        logged = distributed.all_reduce_sum(logged.tolist(), d)
-        total = logged[-1]
-        if not math.isfinite(total):
+        try:
+            return train_step(model, host, objective=self.objective, optimizer=self.optimizer, dist=self.dist,
+                              precision=self.precision, clip=self.config.clip_grad_norm)
+        except NonFiniteLoss as e:
             last = checkpoints(self.out_dir)
             where = f"the last good checkpoint is {last[-1][1]}" if last else "no checkpoint was written yet"
-            raise BertforgeError(f"the loss became {total} at step {self.scheduler.last_epoch + 1}; {where} "
-                                 f"(untouched). Lower --lr or check the data, then --resume or start again")
-        if self.config.clip_grad_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.clip_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        terms = {f"{n}_loss" if n != "loss" else n: v for n, v in zip(names, logged[:-1], strict=True)}
-        terms["loss"] = total
-        return terms, tokens
+            raise BertforgeError(f"the loss became {e.value} at step {self.scheduler.last_epoch + 1}; {where} "
+                                 f"(untouched). Lower --lr or check the data, then --resume or start again") from None
 
     def _evaluate(self, step: int, metrics: MetricsLog, writer) -> dict[str, float]:
         """Every rank evaluates (its share, reduced inside `evaluate_fn`); rank 0 logs and keeps the best model.
@@ -419,19 +381,3 @@ def _tensorboard(out_dir: Path):
     except Exception:  # not installed: no event files
         return None
     return SummaryWriter(log_dir=str(out_dir / "tensorboard"))
-
-
-def write_run_config(out_dir: Path, **sections: Any) -> None:
-    """The resolved configuration of a run, as JSON, into out_dir/run_config.json."""
-    def plain(x):
-        if hasattr(x, "__dataclass_fields__"):
-            return {k: plain(v) for k, v in asdict(x).items()}
-        if isinstance(x, dict):
-            return {str(k): plain(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [plain(v) for v in x]
-        if isinstance(x, Path):
-            return os.fspath(x)
-        return x
-
-    write_json(out_dir / "run_config.json", {k: plain(v) for k, v in sections.items()})

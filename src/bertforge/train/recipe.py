@@ -9,7 +9,9 @@ Budget", "Should You Mask 15%"); which of those changes earn their place on this
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from bertforge.errors import BertforgeError
 
@@ -52,7 +54,20 @@ BUDGET = Recipe(name="budget", lr=2e-3, warmup_fraction=0.06, betas=(0.9, 0.98),
 RECIPES = {r.name: r for r in (BERT, BUDGET)}
 
 
-def get_recipe(name: str) -> Recipe:
+# The options a recipe supplies when none is given, by their command-line names: option -> Recipe field.
+RECIPE_OPTIONS = {"batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmup_fraction", "betas": "betas",
+                  "weight_decay": "weight_decay", "mask_prob": "mask_prob", "nsp": "nsp", "dropout": "dropout",
+                  "pre_ln": "pre_layer_norm", "stack_fraction": "stack_fraction",
+                  "stack_length_fraction": "stack_length_fraction", "bow_weight": "bow_weight"}
+
+# With a time budget the steps are planned when the run starts; this many stand in for them until then.
+STEPS_UNTIL_PLANNED = 1000
+
+
+def get_recipe(name: str | Recipe) -> Recipe:
+    """The recipe of that name (a Recipe is returned as it is)."""
+    if isinstance(name, Recipe):
+        return name
     if name not in RECIPES:
         raise BertforgeError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
     return RECIPES[name]
@@ -61,3 +76,18 @@ def get_recipe(name: str) -> Recipe:
 def default_warmup(recipe: Recipe, steps: int) -> int:
     """Warmup steps for a run of `steps`: the recipe's share of them, at least 1 (none for a 1-step run)."""
     return min(max(1, round(recipe.warmup_fraction * steps)), steps - 1)
+
+
+def resolve(recipe: str | Recipe, given: Mapping[str, Any], *, minutes: float | None) -> dict[str, Any]:
+    """The value of every recipe option (`RECIPE_OPTIONS`, by command-line name) for a run of `recipe`: the one
+    `given` holds, else the recipe's (a missing or None option is not given). Also `steps`: with a time budget
+    (`minutes`) `STEPS_UNTIL_PLANNED`, else the given one; and `warmup_fraction`: with a budget and no warmup_steps
+    given, the recipe's share (the warmup is laid over the planned steps), else None."""
+    recipe = get_recipe(recipe)
+    values = {name: given[name] if given.get(name) is not None else getattr(recipe, field)
+              for name, field in RECIPE_OPTIONS.items()}
+    steps = given.get("steps") if minutes is None else STEPS_UNTIL_PLANNED
+    if given.get("warmup_steps") is None:
+        values["warmup_steps"] = default_warmup(recipe, steps) if steps is not None else None
+    budgeted = minutes is not None and given.get("warmup_steps") is None
+    return {**values, "steps": steps, "warmup_fraction": recipe.warmup_fraction if budgeted else None}

@@ -7,24 +7,26 @@ at once with an `error:` line. The operating system drops the lock when the proc
 the last process that locked it, which a refusal names. Temporaries a killed run left (`.NAME.*.tmp`, see
 `bertforge.io`) do not count as contents and are removed once the lock is held.
 
-`check_resume` compares a resumed run's options with the run_config.json it recorded: what shapes the numbers
-the checkpoint continues from (model, data, tokenizer, batch, optimizer and schedule, --steps, masking, seed...)
-is refused with the list of differences; what does not (`CHANGEABLE_ON_RESUME`) is returned, to be recorded.
+A run records its resolved configuration in `RUN_CONFIG` (`write_run_config`); `bertforge.train.resume` compares
+a resumed or reused run with it.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import write_json
 
 LOCK_FILE = ".lock"
+RUN_CONFIG = "run_config.json"  # a run's resolved configuration, in its directory
 _TEMPORARY = re.compile(r"\..+\.tmp")  # what bertforge.io's atomic writes leave when killed midway
 
 
@@ -116,81 +118,17 @@ def claim_run_dir(out_dir: str | Path, *, resume: bool, allow: tuple[str, ...] =
     return run
 
 
-# -- resuming: what a run may change ------------------------------------------------------------------------
+def write_run_config(out_dir: Path, **sections: Any) -> None:
+    """The resolved configuration of a run, as JSON, into out_dir/run_config.json."""
+    def plain(x):
+        if hasattr(x, "__dataclass_fields__"):
+            return {k: plain(v) for k, v in asdict(x).items()}
+        if isinstance(x, dict):
+            return {str(k): plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        if isinstance(x, Path):
+            return os.fspath(x)
+        return x
 
-# run_config.json entries a resumed run may change; each is applied and recorded. Everything else (model, data,
-# tokenizer, batch sizes, optimizer, learning rate and schedule, --steps, masking, seed, precision, processes)
-# shapes the numbers the checkpoint continues from, so `--resume` refuses a different value.
-CHANGEABLE_ON_RESUME = frozenset({
-    "data",  # the path: the data itself is compared through its manifest
-    "loop.log_every", "loop.eval_every", "loop.save_every", "loop.keep_last", "loop.progress", "loop.device",
-    "loop.compile", "data_options.num_workers",
-})
-
-
-def _differences(old, new, prefix: str = "") -> list[tuple[str, object, object]]:
-    """(dotted key, recorded, new) for every leaf that differs. A key on one side only is skipped: it comes from
-    another bertforge version, not from the user."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        found = []
-        for key in old:
-            if key in new:
-                found += _differences(old[key], new[key], f"{prefix}.{key}" if prefix else str(key))
-        return found
-    return [] if old == new else [(prefix, old, new)]
-
-
-_FLAG_NAMES = {"masked_lm_prob": "mask-prob", "num_workers": "workers"}  # where the option's name is not the field's
-_TOP_LEVEL_OPTIONS = ("max_seq_len", "dropout", "init")  # run_config.json keys that are options of their own
-
-
-def _flag(key: str) -> str:
-    section, _, name = key.partition(".")
-    if section in ("loop", "data_options") and name and "." not in name:
-        return "--" + _FLAG_NAMES.get(name, name.replace("_", "-"))
-    if key in _TOP_LEVEL_OPTIONS:
-        return "--" + key.replace("_", "-")
-    return key
-
-
-def check_resume(path: Path, new: dict) -> list[dict]:
-    """Compare a resumed run's configuration `new` (run_config.json's sections, as JSON values) with the one
-    `path`/run_config.json recorded. Raises BertforgeError listing what may not change; returns the changes that
-    may (to record). The tokenizer is checked first, with its own message."""
-    recorded_file = Path(path) / "run_config.json"
-    if not recorded_file.is_file():
-        return []
-    try:
-        recorded = json.loads(recorded_file.read_text(encoding="utf-8"))
-    except ValueError:
-        raise BertforgeError(f"{recorded_file} is not valid JSON, so --resume cannot check that the run continues "
-                             f"unchanged: restore the file or start a new run") from None
-    old_fp = (recorded.get("manifest") or {}).get("tokenizer_fingerprint")
-    new_fp = (new.get("manifest") or {}).get("tokenizer_fingerprint")
-    if old_fp and new_fp and old_fp != new_fp:
-        raise BertforgeError(f"--resume: the run in {path} was trained with tokenizer {old_fp}, but --data "
-                             f"{new.get('data')} was prepared with tokenizer {new_fp}: resume with the run's data "
-                             f"({recorded.get('data')}), or prepare the corpus with the run's tokenizer "
-                             f"(`bertforge prepare --tokenizer {path}`)")
-    refused, allowed, data_keys = [], [], []
-    for key, old, value in _differences({k: v for k, v in recorded.items() if k != "resumes"}, new):
-        if key in CHANGEABLE_ON_RESUME:
-            allowed.append({"option": key, "recorded": old, "now": value})
-        elif key.startswith("manifest."):
-            data_keys.append(key.partition(".")[2])
-        elif key == "loop.steps" and isinstance(old, int) and isinstance(value, int) and value > old:
-            refused.append(f"--steps {old} -> {value} (the learning-rate schedule ends at step {old} and cannot be "
-                           f"extended: to train further, start a new run from this one's model with --init {path})")
-        elif key.startswith("budget.") or key == "budget":
-            refused.append(f"the time budget (--minutes): {json.dumps(old)} -> {json.dumps(value)}")
-        else:
-            refused.append(f"{_flag(key)} {json.dumps(old)} -> {json.dumps(value)}")
-    if data_keys:
-        shown = ", ".join(data_keys[:3]) + (", ..." if len(data_keys) > 3 else "")
-        refused.insert(0, f"the data: {new.get('data')} is not the data the run was started on ({recorded.get('data')};"
-                          f" manifest differs in {shown})")
-    refused = list(dict.fromkeys(refused))  # --seed is both the loop's and the data's: say it once
-    if refused:
-        raise BertforgeError(f"--resume cannot change what the run in {path} was started with: {'; '.join(refused)}."
-                             f" Resume with the recorded values (run_config.json), or start a new run in a new --out")
-    return allowed
+    write_json(Path(out_dir) / RUN_CONFIG, {k: plain(v) for k, v in sections.items()})

@@ -10,9 +10,18 @@ about half the price. On this project's CPU, BERT-mini's budget recipe leaves th
 
 from __future__ import annotations
 
-from bertforge.config import BertConfig
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from bertforge.config import PRESETS, BertConfig
+from bertforge.data.shards import read_manifest
 from bertforge.errors import BertforgeError
 from bertforge.heads import BertForPreTraining
+from bertforge.options import MIN_SEQ_LEN, LoopConfig
+from bertforge.train import distributed
+from bertforge.train.resume import check_stack
+from bertforge.train.rundir import used_dir_refusal
 
 HALF_DEPTH_DIR = "half-depth"  # the first stage's run directory, inside the staged run's own
 
@@ -47,3 +56,60 @@ def stack_layers(model: BertForPreTraining) -> BertForPreTraining:
         state[name] = source[name_in_source].detach().clone()
     deep.load_state_dict(state)
     return deep
+
+
+def model_depth(spec: str) -> int | None:
+    """The number of layers `--model` asks for, when it can be read without the data (else None: the stage
+    that builds the model reports the problem)."""
+    if spec in PRESETS:
+        return PRESETS[spec][0]
+    path = Path(spec)
+    path = path / "config.json" if path.is_dir() else path
+    return BertConfig.from_json(path).num_hidden_layers if path.is_file() else None
+
+
+def split(loop: LoopConfig, minutes: float | None, fraction: float) -> list[tuple[LoopConfig, float | None]]:
+    """The two stages' loop settings and budgets: `fraction` of the steps (or minutes) for the first."""
+    first = min(max(1, round(fraction * loop.steps)), loop.steps - 1) if loop.steps > 1 else 1
+    stages = []
+    for steps, share in ((first, fraction), (max(1, loop.steps - first), 1 - fraction)):
+        warmup = min(round(loop.warmup_steps * steps / loop.steps), steps - 1)
+        stages.append((dataclasses.replace(loop, steps=steps, warmup_steps=max(0, warmup)),
+                       minutes * share if minutes is not None else None))
+    return stages
+
+
+def short_stage(loop: LoopConfig, run_len: int, short_len: int) -> LoopConfig:
+    """The first stage's loop at `short_len` (<= `run_len`): as many more sequences a batch and micro-batch, so a
+    step takes about as many tokens as at the run's length (the same loop when the lengths are equal)."""
+    def scale(n: int | None) -> int | None:
+        return None if n is None else max(1, round(n * run_len / short_len))
+
+    return dataclasses.replace(loop, batch_size=scale(loop.batch_size), micro_batch_size=scale(loop.micro_batch_size))
+
+
+def stages(out_dir: Path, *, model: str, loop: LoopConfig, minutes: float | None, data_dir: str | Path,
+           max_seq_len: int | None, resume: bool, fraction: float,
+           length_fraction: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The settings of a stacked run's two stages (what each changes of the run's): the first at half depth in
+    out_dir/half-depth on shorter sequences, the second from its model stacked. Refuses, on every process, an odd
+    depth, a used `out_dir`, and a resumed run asked for another split, budget or length than it was started with."""
+    check_stackable(model_depth(model))  # before either stage claims a directory
+    run_len = int(max_seq_len or read_manifest(Path(data_dir))["max_seq_len"])
+    short_len = min(run_len, max(int(MIN_SEQ_LEN.lo), round(length_fraction * run_len)))
+    d = distributed.setup(loop.device)
+    first_dir = out_dir / HALF_DEPTH_DIR
+    stack = {"fraction": fraction, "minutes": minutes, "steps": None if minutes else loop.steps,
+             "length_fraction": length_fraction}
+    refusal = None
+    if d.is_main:  # the stages claim their own directories; a used --out is refused before both
+        refusal = check_stack(out_dir, stack, (out_dir, first_dir)) if resume else used_dir_refusal(out_dir)
+    if distributed.any_rank(refusal is not None, d):
+        raise refusal or BertforgeError(f"--out {out_dir} was refused (see the main process's error)")
+    (first_loop, first_minutes), (second_loop, second_minutes) = split(loop, minutes, fraction)
+    first = dict(init=None, half=True, label="half depth: ", stack={**stack, "stage": "half depth"},
+                 loop=short_stage(first_loop, run_len, short_len), minutes=first_minutes, max_seq_len=short_len,
+                 resume=resume and first_dir.is_dir())
+    second = dict(init=first_dir, stack_init=True, label="full depth: ", stack={**stack, "stage": "full depth"},
+                  allow=(HALF_DEPTH_DIR,), loop=second_loop, minutes=second_minutes)
+    return first, second

@@ -13,7 +13,7 @@ from bertforge.errors import BertforgeError
 from bertforge.io import atomic_path, write_json
 from bertforge.tasks.runner import evaluate_examples, load_task_model
 from bertforge.train.finetune import FinetuneOptions, check_out_dir, finetune
-from bertforge.train.loop import write_run_config
+from bertforge.train.rundir import RUN_CONFIG, write_run_config
 
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 
@@ -61,7 +61,7 @@ def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str |
     assert best is not None
     main = best["main_metric"]
     for f in Path(best["best_run"]["dir"]).iterdir():
-        if f.is_file() and f.name not in ("metrics.json", "run_config.json"):  # ours describe the grid
+        if f.is_file() and f.name not in ("metrics.json", RUN_CONFIG):  # ours describe the grid
             with atomic_path(out / f.name) as tmp:
                 shutil.copyfile(f, tmp)
     report = {"task": task_name, "main_metric": main, "best_settings": best["settings"], "best": best,
