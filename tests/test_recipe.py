@@ -352,3 +352,12 @@ def test_the_library_applies_a_recipe_with_the_options_given_winning(prepared, t
     assert config["model"]["pre_layer_norm"] is True and config["bow_weight"] == 0.1
     with pytest.raises(BertforgeError, match="the loop's steps, or a time budget"):
         pretrain(prepared, tmp_path / "none", model="tiny", recipe="budget")
+
+
+def test_the_options_name_every_recipe_and_no_other():
+    """options.py names the recipes without importing train/ (it sits below it): the names must stay the
+    recipes', or `--recipe` would offer one that does not exist or hide one that does."""
+    from bertforge.options import RECIPE_NAMES
+    from bertforge.train.recipe import RECIPES
+
+    assert tuple(RECIPES) == RECIPE_NAMES

@@ -9,7 +9,7 @@ or in a `--config` file. A field declared without `option` is the library's only
 sets it.
 
 The classes live here, not beside the code that uses them, because this module imports only the standard
-library (and the recipes' names, which do too): building the command line must not import torch, or every
+library: building the command line must not import torch, or every
 `bertforge --help` and every `error:` line would wait seconds for it.
 """
 
@@ -21,7 +21,10 @@ from dataclasses import MISSING, dataclass
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.train.recipe import RECIPES
+
+# The pretraining recipes' names (train/recipe.py defines them). Named here, not imported, because this module sits
+# below train/ (inference imports it, and inference never imports training); tests/test_recipe.py keeps the two equal.
+RECIPE_NAMES = ("bert", "budget")
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,8 @@ class DemoOptions:
     model: str = option("tiny", help="model preset to pretrain (tiny: within 10 minutes on 2 CPU cores it leaves the "
                         "masked-LM's early plateau, where mini does not, and at 30 and 60 minutes it still "
                         "measured better)")
-    recipe: str = option("budget", choices=list(RECIPES), help="pretraining recipe (see bertforge pretrain --help)")
+    recipe: str = option("budget", choices=list(RECIPE_NAMES),
+                         help="pretraining recipe (see bertforge pretrain --help)")
     vocab_size: int = option(8000, help="WordPiece vocabulary size",
                              bound=at_least(6, "the 5 special tokens and at least one piece"))
     batch_size: int | None = option(None, help="pretraining batch size (default: the recipe's)", bound=at_least(1))
