@@ -9,12 +9,12 @@ import re
 import statistics
 
 import pytest
+from simulated_clock import simulated_clock
 
 from bertforge import demo as demo_module
 from bertforge.demo_data import DemoData
 from bertforge.errors import BertforgeError
 from bertforge.train.memory import keep_freed_memory
-from bertforge.train.simulated import simulated_clock
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from simulated_clock import simulated_clock
 
 from bertforge.cli import main
 from bertforge.config import BertConfig
@@ -25,7 +26,6 @@ from bertforge.train.budget import BudgetPlan, Deadline, parse_minutes, plan_ste
 from bertforge.train.loop import LoopConfig
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
 from bertforge.train.rundir import RUN_CONFIG
-from bertforge.train.simulated import simulated_clock
 from bertforge.train.state import checkpoints
 
 
@@ -174,7 +174,7 @@ def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
 
 @pytest.mark.slow
 def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared, tmp_path, capsys):
-    # The one budget on the wall clock, end to end; the others run on a simulated clock (train/simulated.py).
+    # The one budget on the wall clock, end to end; the others run on a simulated clock (tests/simulated_clock.py).
     out = tmp_path / "budget"  # one stage: a stacked budget's planning is tested in test_stacking.py
     assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
                  "--minutes", "0.4", "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3",

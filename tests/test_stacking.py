@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from simulated_clock import simulated_clock
 
 from bertforge.cli import main
 from bertforge.config import BertConfig
@@ -16,7 +17,6 @@ from bertforge.errors import BertforgeError
 from bertforge.heads import BertForPreTraining
 from bertforge.io import read_jsonl
 from bertforge.train.rundir import RUN_CONFIG
-from bertforge.train.simulated import simulated_clock
 from bertforge.train.stacking import half_depth, stack_layers
 
 

@@ -1,7 +1,7 @@
-"""A simulated clock for time budgets: a budgeted run plans, re-plans, checkpoints and resumes as it would on the
-wall clock, but its time moves only by the training steps it runs, each a set number of seconds. The tests check
-the budget's logic with it in seconds instead of waiting for minutes; one real short budget stays on the wall
-clock (tests/test_recipe.py).
+"""Test support: a simulated clock for time budgets. A budgeted run plans, re-plans, checkpoints and resumes as it
+would on the wall clock, but its time moves only by the training steps it runs, each a set number of seconds.
+The tests check the budget's logic with it in seconds instead of waiting for minutes; one real short budget stays
+on the wall clock (tests/test_recipe.py).
 """
 
 from __future__ import annotations
