@@ -120,7 +120,7 @@ def _summary(pre: list[float], scratch: list[float], mlm: float, examples: int |
 
 
 def test_the_fine_tuning_plan_follows_the_measured_one_for_the_model_and_budget():
-    # docs/experiments/budget-pretraining.md: tiny chose 1e-3 at two epochs on both sides; from 30 minutes of
+    # docs/experiments/finetuning-settings.md: tiny chose 1e-3 at two epochs on both sides; from 30 minutes of
     # pretraining on, four epochs at 3e-4 (dev's choice on both sides) paid more; mini chose 3e-4 at two epochs
     assert demo_module.finetune_plan("tiny", 10.0) == (2.0, 1e-3, 1e-3)
     assert demo_module.finetune_plan("tiny", 29.9) == (2.0, 1e-3, 1e-3)

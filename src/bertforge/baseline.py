@@ -2,7 +2,7 @@
 
 TF-IDF weights of the words and word pairs of each text (a sentence pair's two texts together), a logistic
 regression on them, its regularisation strength chosen on dev. On short sentiment snippets such a classifier
-scores about what a small BERT fine-tuned from random weights does (docs/experiments/budget-pretraining.md), so
+scores about what a small BERT fine-tuned from random weights does (docs/experiments/baselines.md), so
 it tells a user how much of a fine-tuned model's accuracy needs no language model at all.
 
     from bertforge.baseline import bag_of_words

@@ -50,11 +50,11 @@ FILL_MASK_EXAMPLES = [
 # frequent words whatever the context: 12-14% on State of the Union addresses and movie snippets, rising past 16% as
 # it leaves (about 1.3M tokens in the recipe's 16-token first stage, 5M at length 64); on the demo's IMDB reviews a
 # 10-minute run that ended at 15.4% still filled masks with punctuation and function words
-# (docs/experiments/budget-pretraining.md).
+# (docs/experiments/plateau.md).
 PLATEAU_MLM_ACCURACY = 0.16
 
 # Fine-tuning on Rotten Tomatoes: epochs, and the learning rates from the pretrained model and from random weights,
-# each side's the best on dev of a grid for that model and budget (docs/experiments/budget-pretraining.md). Tiny,
+# each side's the best on dev of a grid for that model and budget (docs/experiments/finetuning-settings.md). Tiny,
 # two epochs: 1e-3 on both sides for its 10-, 30- and 60-minute models. From 30 minutes of pretraining on, four
 # epochs, at which dev chose 3e-4 on both sides, took tiny's gain with all labels from +2.4 to +3.1-3.8 (three
 # 30-minute pretrainings); at 10 minutes they gained nothing for twice the time. Mini: 3e-4 from its 30- and
@@ -299,7 +299,7 @@ def verdict(s: dict) -> list[str]:
 
 def _more_time_advice(minutes: float, cpu_bf16: bool) -> list[str]:
     """Where pretraining pays, from bench/pays.py's runs of tiny on this demo's data, 5 seeds a side, each side's lr
-    chosen on dev (docs/experiments/budget-pretraining.md). The budget buys about twice the steps where the CPU
+    chosen on dev (docs/experiments/budget-curve.md). The budget buys about twice the steps where the CPU
     has bf16 instructions, so the figures are those of the CPU kind the demo ran on. Tiny's 10 minutes without
     bf16 gained nothing with 1,000 labels either (-0.6 and -1.6 in two runs), so fewer labels alone is no advice."""
     if cpu_bf16 and minutes < 30:

@@ -45,8 +45,8 @@ BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), we
 # number of tokens; stacking pays for them at half depth, half the price, and on sequences a quarter as long
 # (16 tokens, 128 of them a step), which leave it after about a quarter of the tokens: on a 2-core AVX2 CPU ten
 # minutes at length 64 ended on the plateau and fine-tuned 6.1 points below random weights with 1,000 labels,
-# at 16 they left it and lost 2.4 (docs/experiments/budget-pretraining.md). A bag-of-words loss on [CLS] (0.1 of
-# it): without NSP nothing else trains [CLS], and short runs fine-tuned below random weights through it (same page).
+# at 16 they left it and lost 2.4 (docs/experiments/stacking.md). A bag-of-words loss on [CLS] (0.1 of
+# it): without NSP nothing else trains [CLS], and short runs fine-tuned below random weights through it (bow-loss.md).
 BUDGET = Recipe(name="budget", lr=2e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=32,
                 mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, seq_len=64, stack_fraction=0.6,
                 stack_length_fraction=0.25, bow_weight=0.1)

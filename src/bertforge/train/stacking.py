@@ -5,7 +5,7 @@ Why it is here: at small compute the masked-LM spends its first steps on a plate
 that costs about the same number of *tokens* whatever the model's depth; a half-depth model pays those tokens at
 about half the price. On this project's CPU, BERT-mini's budget recipe leaves the plateau after ~8 minutes, a
 2-layer model of the same width after ~4.5; stacked into 4 layers it goes on from there
-(docs/experiments/budget-pretraining.md).
+(docs/experiments/stacking.md).
 """
 
 from __future__ import annotations
