@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_support import (
+from support import (
     binomial_bound,
     make_documents,
     tokenizer,
