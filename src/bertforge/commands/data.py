@@ -11,27 +11,35 @@ from bertforge.options import FRACTION, MIN_SEQ_LEN, at_least, option, seed_opti
 
 @dataclasses.dataclass
 class PrepareArgs:
-    corpus: list[str] = option(help="corpus files, directories or globs: .txt, .jsonl (a 'text' field), or .gz")
+    corpus: list[str] = option(help="corpus files, directories or globs: .txt or .jsonl (plain, .gz, .bz2, .xz or "
+                                    ".zst), .parquet, or .arrow (a `datasets.save_to_disk` directory)")
     tokenizer: str = option(help="tokenizer directory (from `bertforge vocab train` or a model directory)")
     out: str = option(help="output directory for the shards and manifest.json")
     max_seq_len: int = option(128, help="sequence length the instances will be made for (BERT: 128, then 512)",
                               bound=MIN_SEQ_LEN)
-    workers: int | None = option(None, help="worker processes (default: all cores)", bound=at_least(1))
+    workers: int | None = option(None, help="worker processes (default: every core this process may use)",
+                                 bound=at_least(1))
     val_fraction: float = option(0.01, help="fraction of documents held out for validation", bound=FRACTION)
     seed: int = seed_option(12345, help="random seed of the validation split")
     format: str = option("auto", choices=["auto", "doc", "lines"],
                          help=".txt layout: doc (one document per file, paragraphs split into sentences), lines "
                               "(BERT's: one sentence per line, blank line between documents), auto (detect per file)")
+    text_field: str = option("text", help="the .jsonl field, or the Parquet or Arrow column, that holds each "
+                                          "document's text")
     overwrite: bool = option(False, help="replace --out even if it holds other data")
     progress: bool = option(True, help="show a progress bar")
 
 
 def run_prepare(args: PrepareArgs) -> int:
-    from bertforge.data.prepare import prepare
+    from bertforge.data.prepare import prepare, usable_cores
 
-    m = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len, workers=args.workers,
-                val_fraction=args.val_fraction, seed=args.seed, fmt=args.format, overwrite=args.overwrite,
-                progress=args.progress)
+    cores = usable_cores()
+    workers = args.workers or cores
+    print(f"prepare: {workers} worker process{'es' * (workers != 1)}, {cores} core{'s' * (cores != 1)} usable"
+          + ("" if args.workers else " (--workers to change)"))
+    m = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len, workers=workers,
+                val_fraction=args.val_fraction, seed=args.seed, fmt=args.format, text_field=args.text_field,
+                overwrite=args.overwrite, progress=args.progress)
     print(_counts_text(m))
     print(f"wrote {args.out}")
     return 0
@@ -101,6 +109,9 @@ COMMANDS = [
 examples:
   bertforge prepare --corpus texts/ --tokenizer tok/ --out data/
   bertforge prepare --corpus 'wiki/*.jsonl.gz' books.txt --tokenizer tok/ --out data/ --max-seq-len 512
+  bertforge prepare --corpus 'fineweb/data/*.parquet' --tokenizer tok/ --out data/
+  bertforge prepare --corpus pile/00.jsonl.zst --tokenizer tok/ --out data/
+  bertforge prepare --corpus saved_dataset/train/ --text-field content --tokenizer tok/ --out data/
 """),
     Command("inspect", InspectArgs, run_inspect, help="show counts and decoded instances of prepared data",
             description="""Show the counts of prepared data and a few instances with their masks and labels.

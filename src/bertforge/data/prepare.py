@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.corpus import ReadStats, Unit, expand_inputs, plan_units, read_unit
+from bertforge.corpus import TEXT_FIELD, ReadStats, Unit, expand_inputs, plan_units, read_unit, unit_bytes
 from bertforge.data.shards import FORMAT, SPLITS, Shard, ShardWriter, read_manifest, token_dtype
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_dir, progress_reporter, write_json
@@ -28,6 +28,15 @@ from bertforge.tokenizer import Tokenizer
 
 BATCH_CHARS = 1 << 20  # text tokenized per call, per worker
 MAX_DOC_TOKENS = 1 << 20  # longer documents are cut into pieces of about this size
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: those of its CPU affinity (a Slurm job's or a container's share)
+    where the system says, else all of the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
 
 
 def _load_tokenizer(tokenizer: Any):
@@ -178,13 +187,16 @@ def _init_worker(tokenizer: Any) -> None:
 
 def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_seq_len: int = 128,
             workers: int | None = None, val_fraction: float = 0.01, seed: int = 12345, fmt: str = "auto",
+            text_field: str = TEXT_FIELD,
             shard_tokens: int = 1 << 25, chunk_bytes: int = 64 << 20, max_doc_tokens: int = MAX_DOC_TOKENS,
             overwrite: bool = False, progress: bool = True) -> dict:
     """Tokenize `corpus` (files, directories, globs) with `tokenizer` (a Tokenizer or its directory) into
     shards under `out`; return the manifest. `out` is replaced atomically when complete.
 
-    `workers` defaults to all cores. A `val_fraction` of the documents (chosen at random, by `seed`) goes
-    to the `val` split. Documents longer than `max_doc_tokens` are cut into pieces of about that size.
+    `workers` defaults to every core this process may use (`usable_cores`). A `val_fraction` of the documents
+    (chosen at random, by `seed`) goes to the `val` split. Documents longer than `max_doc_tokens` are cut into
+    pieces of about that size.
+    `text_field` is the field of `.jsonl` records, or the column of Parquet and Arrow files, that holds the text.
     """
     if max_seq_len < 8:
         raise BertforgeError(f"--max-seq-len {max_seq_len} is too small: use at least 8 (BERT uses 128 and 512)")
@@ -193,16 +205,16 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
     tok = _load_tokenizer(tokenizer)
     out = Path(out)
     _check_out(out, tok.fingerprint, overwrite)
-    workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+    workers = max(1, workers if workers is not None else usable_cores())
     stats = ReadStats()
     paths = expand_inputs(list(corpus), stats)
     _check_out_apart(out, corpus, paths)
-    units = plan_units(paths, fmt, chunk_bytes=chunk_bytes, stats=stats)
+    units = plan_units(paths, fmt, chunk_bytes=chunk_bytes, stats=stats, text_field=text_field)
     if not units:
-        raise BertforgeError(f"no readable text in {list(corpus)} ({len(stats.skipped)} files skipped): "
+        raise BertforgeError(f"no readable text in {list(corpus)} ({stats.skipped_note()}): "
                              "check --corpus")
     dtype = token_dtype(tok.vocab_size)
-    unit_bytes = [(os.path.getsize(u.path) if u.end < 0 else u.end - u.start) for u in units]
+    sizes = [unit_bytes(u) for u in units]
 
     with atomic_dir(out) as tmp_out:
         parts_dir = tmp_out / ".parts"
@@ -210,14 +222,14 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
         writers = {s: ShardWriter(tmp_out, s, dtype=dtype, shard_tokens=shard_tokens, fingerprint=tok.fingerprint)
                    for s in SPLITS}
         tasks = [(i, u, str(parts_dir), seed, val_fraction, max_doc_tokens) for i, u in enumerate(units)]
-        bar = progress_reporter(sum(unit_bytes), desc="prepare", unit="B", enabled=progress)
+        bar = progress_reporter(sum(sizes), desc="prepare", unit="B", enabled=progress)
         try:
             with _unit_results(tasks, tok, workers) as results:
                 for index, unit_stats in results:
                     stats.add(unit_stats)
                     for split in SPLITS:
                         _merge_part(parts_dir / f"{index:08d}-{split}", writers[split], dtype)
-                    bar.update(unit_bytes[index])
+                    bar.update(sizes[index])
                     bar.set_postfix(docs=stats.counts["documents"], refresh=False)
         finally:
             bar.close()

@@ -30,7 +30,7 @@ import numpy as np
 import tokenizers
 from tokenizers import trainers
 
-from bertforge.corpus import ReadStats, expand_inputs, read_sentences
+from bertforge.corpus import TEXT_FIELD, ReadStats, expand_inputs, read_sentences
 from bertforge.errors import BertforgeError
 from bertforge.io import progress_reporter
 from bertforge.tokenizer.engine import CONTROL_BYTES, SURROGATES, pipeline, wordpiece
@@ -97,7 +97,7 @@ def count_alphabet(texts: Iterable[str], *, lowercase: bool, limit_alphabet: int
 
 def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab_size: int, lowercase: bool,
                 min_frequency: int, limit_alphabet: int, show_progress: bool, strict: bool,
-                stats: ReadStats | None) -> list[str]:
+                stats: ReadStats | None, text_field: str = TEXT_FIELD) -> list[str]:
     """The tokens of a WordPiece vocabulary learned from a corpus, in id order (see `Tokenizer.train`).
 
     Two passes over the corpus, each with bounded memory: `count_alphabet`, then the engine's trainer.
@@ -115,11 +115,11 @@ def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab
     paths = expand_inputs(files, stats)
     bar = progress_reporter(sum(p.stat().st_size for p in paths), desc="characters", unit="B",
                             enabled=show_progress)
-    alphabet = count_alphabet(read_sentences(paths, stats, progress=bar), lowercase=lowercase,
+    alphabet = count_alphabet(read_sentences(paths, stats, text_field=text_field, progress=bar), lowercase=lowercase,
                               limit_alphabet=limit_alphabet)
     bar.close()
     if not alphabet.chars:
-        raise BertforgeError(f"no text to learn from in {len(paths)} corpus file(s) ({len(stats.skipped)} skipped): "
+        raise BertforgeError(f"no text to learn from in {len(paths)} corpus file(s) ({stats.skipped_note()}): "
                              "check the corpus paths")
     initial = alphabet.initial_tokens
     if strict and vocab_size < len(initial):
@@ -138,7 +138,8 @@ def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab
         vocab_size=min(vocab_size, len(initial) + alphabet.characters), min_frequency=min_frequency,
         special_tokens=initial, initial_alphabet=alphabet.chars, limit_alphabet=len(alphabet.chars),
         continuing_subword_prefix=SUBWORD_PREFIX, show_progress=show_progress)
-    texts = read_sentences(paths, ReadStats())  # what the first pass read; its stats are already counted
+    # What the first pass read; its stats are already counted.
+    texts = read_sentences(paths, ReadStats(), text_field=text_field)
     tk.train_from_iterator(engine_inputs(texts, ENGINE_BATCH_CHARS), trainer=trainer)
     by_id = sorted(tk.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     vocab = [tok for tok, _ in by_id]
