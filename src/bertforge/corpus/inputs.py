@@ -21,6 +21,7 @@ TEXT_FIELD = "text"  # the JSON field, Parquet or Arrow column that holds a docu
 COLUMNAR = (".parquet", ".arrow")  # one document per row (`columnar`)
 SUFFIXES = (".txt", ".jsonl", *(s + c for s in (".txt", ".jsonl") for c in COMPRESSIONS), *COLUMNAR)
 SAMPLE_BYTES = 1 << 16  # what format detection and the binary check look at
+SUMMARY_EXAMPLES = 20  # skipped files a summary names
 
 
 @dataclasses.dataclass
@@ -44,7 +45,19 @@ class ReadStats:
     def summary(self) -> dict:
         reasons = Counter(reason for _, reason in self.skipped)
         return {"counts": dict(sorted(self.counts.items())), "skipped_files": dict(sorted(reasons.items())),
-                "skipped_examples": [{"path": p, "reason": r} for p, r in self.skipped[:20]]}
+                "skipped_examples": [{"path": p, "reason": r} for p, r in self.skipped[:SUMMARY_EXAMPLES]]}
+
+    @staticmethod
+    def merge_summaries(summaries: list[dict]) -> dict:
+        """The `summary` of the stats of several reads taken in order, from their summaries."""
+        counts: Counter = Counter()
+        reasons: Counter = Counter()
+        for s in summaries:
+            counts.update(s["counts"])
+            reasons.update(s["skipped_files"])
+        examples = [e for s in summaries for e in s["skipped_examples"]][:SUMMARY_EXAMPLES]
+        return {"counts": dict(sorted(counts.items())), "skipped_files": dict(sorted(reasons.items())),
+                "skipped_examples": examples}
 
 
 @dataclasses.dataclass(frozen=True)
