@@ -9,6 +9,8 @@ import bz2
 import gzip
 import json
 import lzma
+import random
+import subprocess
 import sys
 
 import pyarrow as pa
@@ -199,3 +201,36 @@ def test_parquet_zst_and_jsonl_prepare_byte_identical_and_learn_the_same_vocab(t
     assert outputs["c.jsonl"][1]["train"]["documents"] + outputs["c.jsonl"][1]["val"]["documents"] == 80
     assert outputs["c.jsonl.zst"] == outputs["c.jsonl"] and outputs["c.parquet"] == outputs["c.jsonl"]
     assert vocabs["c.jsonl.zst"] == vocabs["c.jsonl"] and vocabs["c.parquet"] == vocabs["c.jsonl"]
+
+
+READ_AND_MEASURE = """
+import json, resource, sys
+from pathlib import Path
+import pyarrow as pa
+from bertforge.corpus import ReadStats, plan_units, read_unit
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+docs = sum(x is None for u in plan_units([Path(sys.argv[1])]) for x in read_unit(u, ReadStats()))
+print(json.dumps({"docs": docs, "arrow_peak": pa.default_memory_pool().max_memory(),
+                  "rss_growth_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base}))
+"""
+
+
+@pytest.mark.slow  # writes 20 MB of Parquet, reads it in subprocesses
+def test_parquet_memory_stays_flat_as_the_file_grows(tmp_path):
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(5000)]
+    group = pa.table({"text": [" ".join(rng.choices(words, k=150)) + "." for _ in range(2000)]})  # ~2 MB
+    measured = {}
+    for groups in (3, 12):
+        path = tmp_path / f"{groups}.parquet"
+        with pq.ParquetWriter(path, group.schema) as writer:
+            for _ in range(groups):
+                writer.write_table(group)
+        r = subprocess.run([sys.executable, "-c", READ_AND_MEASURE, str(path)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        measured[groups] = json.loads(r.stdout)
+        assert measured[groups]["docs"] == 2000 * groups
+    small, large = measured[3], measured[12]
+    # 4x the row groups: the same memory, within noise (reading them all at once grew it 2.5x)
+    assert large["arrow_peak"] < 1.2 * small["arrow_peak"], measured
+    assert large["rss_growth_kb"] < small["rss_growth_kb"] + 4096, measured

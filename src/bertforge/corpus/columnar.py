@@ -75,9 +75,9 @@ def parquet_texts(path: str, field: str, start: int, end: int, stats) -> Iterato
     f = pq.ParquetFile(path)
     offsets = [_row_group_offset(f.metadata.row_group(i)) for i in range(f.metadata.num_row_groups)]
     groups = [i for i, offset in enumerate(offsets) if start <= offset and (end < 0 or offset < end)]
-    if groups:
-        batches = f.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=[field])
-        yield from _texts((b.column(0) for b in batches), path, stats)
+    # One row group at a time: given them all, pyarrow's reader buffers ahead and its memory grows with the file.
+    batches = (b for g in groups for b in f.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=[field]))
+    yield from _texts((b.column(0) for b in batches), path, stats)
 
 
 def arrow_texts(path: str, field: str, stats) -> Iterator[str]:
