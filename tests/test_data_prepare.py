@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_support import (
+from support import (
     binomial_bound,
     make_documents,
     tokenizer,
@@ -157,6 +157,7 @@ def test_cli_prepare_and_inspect(tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "train:" in printed and f"wrote {out}" in printed
+    assert printed.startswith("prepare: 2 worker processes, ") and " usable" in printed.splitlines()[0]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["max_seq_len"] == 48 and manifest["settings"]["val_fraction"] == 0.1
     assert main(["inspect", str(out), "--num", "4"]) == 0

@@ -31,6 +31,7 @@ def test_ascii_fast_path_equals_full_pipeline(lowercase):
         assert (f.ids, f.offsets, f.word_ids) == (g.ids, g.offsets, g.word_ids), repr(text)
 
 
+@pytest.mark.slow  # builds the tables from unicodedata
 def test_unicode_classes_are_cached_on_disk_and_a_bad_cache_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     built = unicode.build_unicode_classes()

@@ -183,6 +183,7 @@ CONFIGS = {"minilm-uncased": N_TEXTS, "minilm-cased": 2500, "trained-uncased": N
 MAX_LENGTHS = [4, 8, 13, 16, 32, 64, 128, 512]
 
 
+@pytest.mark.slow  # 2-10 s each: thousands of sentences through both tokenizers
 @pytest.mark.parametrize("name", CONFIGS)
 def test_ids_identical_to_reference(name, sample, minilm_dir, trained_dir, shared_basic):
     ours, ref = _pair(minilm_dir, trained_dir, name, shared_basic)
@@ -243,6 +244,7 @@ def test_reference_call_path_agrees(sample, minilm_pair):
     assert want.count(0) - 2 == 31 and ours.encode(a, b, max_length=64).type_ids == want
 
 
+@pytest.mark.slow
 def test_decode_identical_to_reference(sample, minilm_pair):
     ours, ref = minilm_pair
     for text in sample[:1500]:
@@ -251,6 +253,7 @@ def test_decode_identical_to_reference(sample, minilm_pair):
             assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip), text
 
 
+@pytest.mark.slow
 def test_offsets_map_tokens_back_to_text(sample, minilm_dir):
     """A word's span, tokenized alone by the reference's basic tokenizer, gives its pieces joined (an [UNK]
     covers one whole word); pieces advance through the word, and between them lie only characters the
@@ -335,6 +338,7 @@ def _codepoint_sample() -> list[int]:
     return cps + rng.sample(other, 2000)
 
 
+@pytest.mark.slow  # every code point through both tokenizers
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_every_character_is_handled_like_the_reference(lowercase):
     """Basic tokenization (cleaning, spacing, NFC, casing, accents, punctuation, CJK, final sigma) of each

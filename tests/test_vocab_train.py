@@ -15,8 +15,9 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import SPECIAL_TOKENS, Tokenizer, count_alphabet
+from bertforge.tokenizer import SPECIAL_TOKENS, Tokenizer, count_alphabet, training
 from bertforge.tokenizer.coverage import word_pieces
+from bertforge.tokenizer.vocab import MAX_VOCAB_SIZE
 
 # Letters with many equal counts (so the trainer meets ties among characters and among pairs), some of them
 # outside ASCII (the normalizer's path) and some only ever first in a word (no ## form).
@@ -42,6 +43,7 @@ def _train_in_a_process(corpus, out, env: dict[str, str]) -> bytes:
     return (out / "vocab.txt").read_bytes()
 
 
+@pytest.mark.slow  # subprocesses
 def test_the_same_corpus_gives_a_byte_identical_vocab_txt_in_separate_processes(tmp_path):
     """The engine's trainer alone numbers pieces in a hash order seeded anew in every process: before the fix
     these two runs gave different files (different token sets, not only orders). Different hash seeds, and
@@ -105,6 +107,7 @@ print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) /
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_huge_single_line_is_learned_from_in_bounded_memory(tmp_path):
     """The old reader handed the engine a whole line: 533 MB more peak memory for an 8 MB line (8.1 GB for
     50 MB). Read in pieces as `prepare` reads it, the peak does not grow with the line (measured: +20-50 MB
@@ -274,3 +277,26 @@ def test_vocab_train_refuses_a_directory_with_a_model_or_data(tmp_path, capsys, 
     for _ in range(2):
         assert main(["vocab", "train", "--corpus", str(root / "a.txt"), "--vocab-size", "100", "--min-frequency",
                      "1", "--out", str(tok), "--no-progress"]) == 0
+
+
+def test_a_vocab_size_past_the_cap_is_one_error_line_before_reading(tmp_path, capsys):
+    # 1e9 once reached the engine, which tried to reserve 70 GB and aborted the process.
+    corpus = _write_corpus(tmp_path / "corpus")
+    out = tmp_path / "tok"
+    assert main(["vocab", "train", "--corpus", str(corpus), "--vocab-size", "1000000000", "--no-progress",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: vocab size 1,000,000,000 is over the cap of 1,000,000") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_the_engine_is_asked_for_no_more_than_the_corpus_can_give(tmp_path, monkeypatch):
+    corpus = _write_corpus(tmp_path / "corpus", n_words=300)
+    asked = []
+    real = training.trainers.WordPieceTrainer
+    monkeypatch.setattr(training.trainers, "WordPieceTrainer", lambda **kw: asked.append(kw) or real(**kw))
+    small = Tokenizer.train(corpus, vocab_size=5000, min_frequency=1, show_progress=False)
+    big = Tokenizer.train(corpus, vocab_size=MAX_VOCAB_SIZE, min_frequency=1, show_progress=False)
+    assert big.vocab == small.vocab  # the same vocabulary: the corpus ran out of merges first
+    # 300 words of at most 7 letters, twice (a.txt and b.jsonl): at most 4,200 characters of words
+    assert len(small.vocab) < asked[1]["vocab_size"] < len(small.vocab) + 4200

@@ -1,4 +1,5 @@
-"""`bertforge prepare` (corpus -> sharded token data) and `bertforge inspect` (look at prepared data)."""
+"""`bertforge prepare` (corpus -> sharded token data), `bertforge join` (the parts of a `prepare --shard` run made
+one) and `bertforge inspect` (look at prepared data)."""
 
 from __future__ import annotations
 
@@ -11,27 +12,56 @@ from bertforge.options import FRACTION, MIN_SEQ_LEN, at_least, option, seed_opti
 
 @dataclasses.dataclass
 class PrepareArgs:
-    corpus: list[str] = option(help="corpus files, directories or globs: .txt, .jsonl (a 'text' field), or .gz")
+    corpus: list[str] = option(help="corpus files, directories or globs: .txt or .jsonl (plain, .gz, .bz2, .xz or "
+                                    ".zst), .parquet, or .arrow (a `datasets.save_to_disk` directory)")
     tokenizer: str = option(help="tokenizer directory (from `bertforge vocab train` or a model directory)")
     out: str = option(help="output directory for the shards and manifest.json")
     max_seq_len: int = option(128, help="sequence length the instances will be made for (BERT: 128, then 512)",
                               bound=MIN_SEQ_LEN)
-    workers: int | None = option(None, help="worker processes (default: all cores)", bound=at_least(1))
+    workers: int | None = option(None, help="worker processes (default: every core this process may use)",
+                                 bound=at_least(1))
     val_fraction: float = option(0.01, help="fraction of documents held out for validation", bound=FRACTION)
     seed: int = seed_option(12345, help="random seed of the validation split")
     format: str = option("auto", choices=["auto", "doc", "lines"],
                          help=".txt layout: doc (one document per file, paragraphs split into sentences), lines "
                               "(BERT's: one sentence per line, blank line between documents), auto (detect per file)")
+    text_field: str = option("text", help="the .jsonl field, or the Parquet or Arrow column, that holds each "
+                                          "document's text")
+    shard: str | None = option(None, help="I/N: prepare only the I-th of N parts of the corpus (on N machines), "
+                                          "then `bertforge join` the N outputs", metavar="I/N")
     overwrite: bool = option(False, help="replace --out even if it holds other data")
     progress: bool = option(True, help="show a progress bar")
 
 
 def run_prepare(args: PrepareArgs) -> int:
-    from bertforge.data.prepare import prepare
+    from bertforge.data.parts import parse_part
+    from bertforge.data.prepare import prepare, usable_cores
 
-    m = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len, workers=args.workers,
-                val_fraction=args.val_fraction, seed=args.seed, fmt=args.format, overwrite=args.overwrite,
-                progress=args.progress)
+    part = parse_part(args.shard) if args.shard else None
+    cores = usable_cores()
+    workers = args.workers or cores
+    print(f"prepare: {workers} worker process{'es' * (workers != 1)}, {cores} core{'s' * (cores != 1)} usable"
+          + ("" if args.workers else " (--workers to change)"))
+    m = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len, workers=workers,
+                val_fraction=args.val_fraction, seed=args.seed, fmt=args.format, text_field=args.text_field,
+                part=part, overwrite=args.overwrite, progress=args.progress)
+    print(_counts_text(m))
+    print(f"wrote {args.out}" + (f" (part {part[0]} of {part[1]}: `bertforge join` all {part[1]})" if part else ""))
+    return 0
+
+
+@dataclasses.dataclass
+class JoinArgs:
+    parts: list[str] = option(help="the N directories that `prepare --shard I/N` wrote, in any order",
+                              positional=True)
+    out: str = option(help="output directory for the joined data")
+    overwrite: bool = option(False, help="replace --out even if it holds other data")
+
+
+def run_join(args: JoinArgs) -> int:
+    from bertforge.data.join import join
+
+    m = join(args.parts, args.out, overwrite=args.overwrite)
     print(_counts_text(m))
     print(f"wrote {args.out}")
     return 0
@@ -101,6 +131,20 @@ COMMANDS = [
 examples:
   bertforge prepare --corpus texts/ --tokenizer tok/ --out data/
   bertforge prepare --corpus 'wiki/*.jsonl.gz' books.txt --tokenizer tok/ --out data/ --max-seq-len 512
+  bertforge prepare --corpus 'fineweb/data/*.parquet' --tokenizer tok/ --out data/
+  bertforge prepare --corpus pile/00.jsonl.zst --tokenizer tok/ --out data/
+  bertforge prepare --corpus saved_dataset/train/ --text-field content --tokenizer tok/ --out data/
+"""),
+    Command("join", JoinArgs, run_join, help="join the parts of a `prepare --shard I/N` run into one prepared dataset",
+            description="""Join the N parts of a `prepare --shard I/N` run into one prepared dataset, byte-identical to
+what `prepare` makes of the whole corpus on one machine. Refuses parts of another run (another tokenizer,
+sequence length, N, corpus or settings) and a part missing or given twice.
+
+example (three machines, then one):
+  bertforge prepare --corpus 'hub/*.parquet' --tokenizer tok/ --out parts/1 --shard 1/3   # machine 1
+  bertforge prepare --corpus 'hub/*.parquet' --tokenizer tok/ --out parts/2 --shard 2/3   # machine 2
+  bertforge prepare --corpus 'hub/*.parquet' --tokenizer tok/ --out parts/3 --shard 3/3   # machine 3
+  bertforge join parts/1 parts/2 parts/3 --out data/
 """),
     Command("inspect", InspectArgs, run_inspect, help="show counts and decoded instances of prepared data",
             description="""Show the counts of prepared data and a few instances with their masks and labels.

@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 
 from bertforge.commands.base import Command
+from bertforge.commands.data import PrepareArgs
 from bertforge.errors import BertforgeError
-from bertforge.options import at_least, option
+from bertforge.options import at_least, option, same_as
 
 DESCRIPTION = """Learn a BERT WordPiece vocabulary from a corpus and measure how well it covers it.
 
@@ -21,13 +22,14 @@ same corpus and options give the same vocab.txt in every run. Writes vocab.txt (
 examples:
   bertforge vocab train --corpus texts/ --vocab-size 30522 --out tok/
   bertforge vocab train --corpus 'wiki/**/*.jsonl.gz' books.txt --vocab-size 8000 --cased --out tok-cased/
+  bertforge vocab train --corpus 'wikipedia/20231101.en/*.parquet' --out tok/
 """
 
 
 @dataclasses.dataclass
 class VocabTrainArgs:
-    corpus: list[str] = option(help="corpus files, directories or globs: .txt or .jsonl with a 'text' field, "
-                                    "optionally .gz (read as `prepare` reads them)", metavar="PATH")
+    corpus: list[str] = option(help="corpus files, directories or globs: .txt or .jsonl (plain, .gz, .bz2, .xz or "
+                                    ".zst), .parquet or .arrow (read as `prepare` reads them)", metavar="PATH")
     out: str = option(help="output directory")
     vocab_size: int = option(30522, help="number of tokens, special tokens included; at least the special tokens, "
                                          "the characters kept and their ## forms",
@@ -37,6 +39,7 @@ class VocabTrainArgs:
                                 bound=at_least(1))
     limit_alphabet: int = option(1000, help="keep at most this many distinct characters (the most frequent); "
                                             "rarer ones become [UNK]", bound=at_least(1))
+    text_field: str = same_as(PrepareArgs, "text_field")
     progress: bool = option(True, help="show progress bars")
 
 
@@ -56,7 +59,7 @@ def vocab_train(args: VocabTrainArgs) -> None:
     start = time.perf_counter()
     tok = Tokenizer.train(files, vocab_size=args.vocab_size, lowercase=not args.cased,
                           min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
-                          show_progress=args.progress, strict=True, stats=stats)
+                          show_progress=args.progress, strict=True, stats=stats, text_field=args.text_field)
     seconds = time.perf_counter() - start
     tok.save_pretrained(out)
     reading = stats.summary()
@@ -71,7 +74,7 @@ def vocab_train(args: VocabTrainArgs) -> None:
     if tok.vocab_size < args.vocab_size:
         print(f"  ({args.vocab_size - tok.vocab_size:,} fewer than the {args.vocab_size:,} asked: the corpus has no "
               f"more pairs of pieces seen {args.min_frequency}+ times; add text or lower --min-frequency)")
-    summary = corpus_summary(tok, read_sentences(files))
+    summary = corpus_summary(tok, read_sentences(files, text_field=args.text_field))
     write_json(out / "vocab_summary.json", {
         "command": "vocab train", "args": dataclasses.asdict(args), "files": len(files), "bytes": size,
         "train_seconds": round(seconds, 2), "fingerprint": tok.fingerprint, "vocab_size_asked": args.vocab_size,

@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import gzip
-import io
 import os
-import zlib
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from bertforge.corpus.columnar import parquet_ranges
 from bertforge.corpus.sentences import split_sentences
+from bertforge.corpus.streams import COMPRESSIONS, READ_ERRORS, compression_of, inner_name, open_binary, require
 from bertforge.errors import BertforgeError
 
 FORMATS = ("auto", "doc", "lines")
-SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
+TEXT_FIELD = "text"  # the JSON field, Parquet or Arrow column that holds a document, unless told otherwise
+COLUMNAR = (".parquet", ".arrow")  # one document per row (`columnar`)
+SUFFIXES = (".txt", ".jsonl", *(s + c for s in (".txt", ".jsonl") for c in COMPRESSIONS), *COLUMNAR)
 SAMPLE_BYTES = 1 << 16  # what format detection and the binary check look at
+SUMMARY_EXAMPLES = 20  # skipped files a summary names
 
 
 @dataclasses.dataclass
@@ -33,10 +35,29 @@ class ReadStats:
         self.counts.update(other.counts)
         self.skipped.extend(other.skipped)
 
+    def skipped_note(self) -> str:
+        """How many files were skipped and why the first was, for an error that found no text."""
+        if not self.skipped:
+            return "0 files skipped"
+        path, reason = self.skipped[0]
+        return f"{len(self.skipped)} files skipped; the first, {path}: {reason}"
+
     def summary(self) -> dict:
         reasons = Counter(reason for _, reason in self.skipped)
         return {"counts": dict(sorted(self.counts.items())), "skipped_files": dict(sorted(reasons.items())),
-                "skipped_examples": [{"path": p, "reason": r} for p, r in self.skipped[:20]]}
+                "skipped_examples": [{"path": p, "reason": r} for p, r in self.skipped[:SUMMARY_EXAMPLES]]}
+
+    @staticmethod
+    def merge_summaries(summaries: list[dict]) -> dict:
+        """The `summary` of the stats of several reads taken in order, from their summaries."""
+        counts: Counter = Counter()
+        reasons: Counter = Counter()
+        for s in summaries:
+            counts.update(s["counts"])
+            reasons.update(s["skipped_files"])
+        examples = [e for s in summaries for e in s["skipped_examples"]][:SUMMARY_EXAMPLES]
+        return {"counts": dict(sorted(counts.items())), "skipped_files": dict(sorted(reasons.items())),
+                "skipped_examples": examples}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +65,10 @@ class Unit:
     """A byte range `[start, end)` of one file, read as `fmt`; `end=-1` means to the end of the file."""
 
     path: str
-    fmt: str  # doc | lines | jsonl
+    fmt: str  # doc | lines | jsonl | parquet | arrow
     start: int = 0
     end: int = -1
+    field: str = TEXT_FIELD  # jsonl, parquet and arrow: the field or column that holds the text
 
 
 def expand_inputs(patterns: str | os.PathLike | Iterable[str | os.PathLike],
@@ -85,18 +107,9 @@ def expand_inputs(patterns: str | os.PathLike | Iterable[str | os.PathLike],
             seen.add(key)
             out.append(q)
     if not out:
-        raise BertforgeError(f"no .txt, .jsonl or .gz files found under {patterns}: check --corpus")
+        raise BertforgeError(f"no .txt, .jsonl (optionally .gz, .bz2, .xz, .zst), .parquet or .arrow files found "
+                             f"under {patterns}: check --corpus")
     return out
-
-
-def open_binary(path: str) -> io.BufferedIOBase:
-    if path.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
-
-
-def _inner_name(path: str) -> str:
-    return path[:-3] if path.endswith(".gz") else path
 
 
 _TEXT_CONTROLS = bytes(range(32)).translate(None, b"\t\n\r\f\v\x1b")
@@ -131,27 +144,35 @@ def detect_txt_format(sample: str) -> str:
 
 
 def plan_units(paths: list[Path], fmt: str = "auto", *, chunk_bytes: int = 64 << 20,
-               stats: ReadStats | None = None) -> list[Unit]:
-    """One unit per file, except that large uncompressed line-based files are cut into byte ranges.
+               stats: ReadStats | None = None, text_field: str = TEXT_FIELD) -> list[Unit]:
+    """One unit per file, except that large uncompressed line-based files and Parquet files of several row groups
+    are cut into byte ranges.
 
-    Only files that may be cut are opened here (to decide their format); the rest are checked for binary
-    content and their format is detected by the worker that reads them (`read_unit`).
+    Only files that may be cut are opened here (to decide their format, or to read a Parquet file's footer);
+    the rest are checked for binary content and their format is detected by the worker that reads them
+    (`read_unit`). A missing optional dependency is refused here, before any work.
     """
     if fmt not in FORMATS:
         raise BertforgeError(f"unknown corpus format {fmt!r}: use one of {', '.join(FORMATS)}")
     stats = stats if stats is not None else ReadStats()
+    _require_readers([str(p) for p in paths])
     units: list[Unit] = []
     for p in paths:
         path = str(p)
-        inner = _inner_name(path)
-        file_fmt = "jsonl" if inner.endswith(".jsonl") else fmt
+        file_fmt = _file_format(path, fmt)
         try:
             size = os.path.getsize(path)
         except OSError as e:
             stats.skipped.append((path, f"unreadable ({type(e).__name__})"))
             continue
-        if size <= chunk_bytes or path.endswith(".gz") or file_fmt == "doc":
-            units.append(Unit(path, file_fmt))
+        if file_fmt == "parquet":
+            ranges, problem = parquet_ranges(path, text_field, chunk_bytes)
+            if problem:
+                stats.skipped.append((path, problem))
+            units.extend(Unit(path, file_fmt, s, e, text_field) for s, e in ranges)
+            continue
+        if size <= chunk_bytes or compression_of(path) or file_fmt in ("doc", "arrow"):
+            units.append(Unit(path, file_fmt, field=text_field))
             continue
         resolved = resolve_format(path, file_fmt, stats)
         if resolved is None:
@@ -159,8 +180,26 @@ def plan_units(paths: list[Path], fmt: str = "auto", *, chunk_bytes: int = 64 <<
         if resolved == "doc":
             units.append(Unit(path, resolved))
         else:
-            units.extend(Unit(path, resolved, s, min(s + chunk_bytes, size)) for s in range(0, size, chunk_bytes))
+            units.extend(Unit(path, resolved, s, min(s + chunk_bytes, size), text_field)
+                         for s in range(0, size, chunk_bytes))
     return units
+
+
+def _file_format(path: str, fmt: str) -> str:
+    inner = inner_name(path)
+    for suffix, file_fmt in ((".jsonl", "jsonl"), (".parquet", "parquet"), (".arrow", "arrow")):
+        if inner.endswith(suffix):
+            return file_fmt
+    return fmt
+
+
+def _require_readers(paths: list[str]) -> None:
+    """Refuse, in one line naming the extra to install, a corpus whose files need a missing optional module."""
+    if any(p.endswith(".zst") for p in paths):
+        require("zstandard")
+    if any(p.endswith(COLUMNAR) for p in paths):
+        require("pyarrow")
+        require("pyarrow.parquet")
 
 
 def resolve_format(path: str, fmt: str, stats: ReadStats) -> str | None:
@@ -170,7 +209,7 @@ def resolve_format(path: str, fmt: str, stats: ReadStats) -> str | None:
         with open_binary(path) as f:
             while sum(map(len, chunks)) < SAMPLE_BYTES and (chunk := f.read(8192)):
                 chunks.append(chunk)
-    except (OSError, EOFError, zlib.error) as e:
+    except READ_ERRORS as e:
         if not chunks:  # a damaged file whose start is readable is read up to the damage
             stats.skipped.append((path, f"unreadable ({type(e).__name__})"))
             return None

@@ -10,13 +10,14 @@ import dataclasses
 import io
 import json
 import os
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bertforge.corpus.inputs import ReadStats, Unit, open_binary, plan_units, resolve_format
+from bertforge.corpus.columnar import arrow_texts, parquet_texts
+from bertforge.corpus.inputs import TEXT_FIELD, ReadStats, Unit, plan_units, resolve_format
 from bertforge.corpus.sentences import split_complete, split_sentences
+from bertforge.corpus.streams import READ_ERRORS, open_binary
 
 MAX_LINE_BYTES = 1 << 20
 END = None  # yielded by `read_unit` after the last sentence of each document
@@ -41,7 +42,7 @@ def _lines(f: io.BufferedIOBase, decoder, max_line_bytes: int, stats: ReadStats,
     while True:
         try:
             raw = f.readline(max_line_bytes)
-        except (OSError, EOFError, zlib.error) as e:
+        except READ_ERRORS as e:
             stats.skipped.append((path, f"read error part way ({type(e).__name__})"))
             raw = b""
         if not raw:
@@ -107,6 +108,12 @@ def read_unit(unit: Unit, stats: ReadStats, *, max_line_bytes: int = MAX_LINE_BY
     """
     before = _REPLACED[0]
     stats.counts["units"] += 1
+    if unit.fmt in ("parquet", "arrow"):
+        texts = (parquet_texts(unit.path, unit.field, unit.start, unit.end, stats) if unit.fmt == "parquet"
+                 else arrow_texts(unit.path, unit.field, stats))
+        for text in texts:
+            yield from _text_document(text, stats, max_line_bytes)
+        return
     if unit.start == 0 and unit.end < 0:  # a whole file, not yet looked at
         fmt = resolve_format(unit.path, unit.fmt, stats)
         if fmt is None:
@@ -121,7 +128,7 @@ def read_unit(unit: Unit, stats: ReadStats, *, max_line_bytes: int = MAX_LINE_BY
                 yield from _read_lines(f, decoder, unit, stats, max_line_bytes)
             else:
                 yield from _read_jsonl(f, decoder, unit, stats, max_line_bytes)
-    except (OSError, EOFError, zlib.error) as e:
+    except READ_ERRORS as e:
         # A truncated .gz or a file that vanished: keep what was read, note the rest as lost.
         stats.skipped.append((unit.path, f"read error part way ({type(e).__name__})"))
     finally:
@@ -213,7 +220,7 @@ def _read_lines(f, decoder, unit: Unit, stats: ReadStats, max_line_bytes: int) -
 
 
 def _read_jsonl(f, decoder, unit: Unit, stats: ReadStats, max_line_bytes: int) -> Iterator[str | None]:
-    """One JSON object per line with a `text` field; a unit owns the lines that start inside it."""
+    """One JSON object per line with a `unit.field` field (`text`); a unit owns the lines that start inside it."""
     _seek_line_start(f, unit.start)
     end = unit.end if unit.end >= 0 else float("inf")
     at_line_start = True
@@ -233,29 +240,35 @@ def _read_jsonl(f, decoder, unit: Unit, stats: ReadStats, max_line_bytes: int) -
         except json.JSONDecodeError:
             stats.counts["jsonl_bad_lines"] += 1
             continue
-        value = record.get("text") if isinstance(record, dict) else None
+        value = record.get(unit.field) if isinstance(record, dict) else None
         if not isinstance(value, str):
             stats.counts["jsonl_records_without_text"] += 1
             continue
-        pieces = ((ln, True) for ln in value.split("\n"))
-        yield from _emit_document(_prose_sentences(pieces, max_line_bytes, stats), stats)
+        yield from _text_document(value, stats, max_line_bytes)
+
+
+def _text_document(value: str, stats: ReadStats, max_line_bytes: int) -> Iterator[str | None]:
+    """One document given as a string (a JSON record's or a table row's text), read as prose."""
+    pieces = ((ln, True) for ln in value.split("\n"))
+    yield from _emit_document(_prose_sentences(pieces, max_line_bytes, stats), stats)
 
 
 def read_sentences(paths: list[Path], stats: ReadStats | None = None, *, fmt: str = "auto",
-                   progress: Any = None) -> Iterator[str]:
+                   text_field: str = TEXT_FIELD, progress: Any = None) -> Iterator[str]:
     """The sentences of every file in order, without document ends: text to count (`vocab train`), read exactly
     as `prepare` reads it. `progress` (`bertforge.io.progress_reporter`) advances by each unit's bytes."""
     stats = stats if stats is not None else ReadStats()
-    for unit in plan_units(paths, fmt, stats=stats):
+    for unit in plan_units(paths, fmt, stats=stats, text_field=text_field):
         yield from (s for s in read_unit(unit, stats) if s is not END)
         if progress is not None:
-            progress.update(_unit_bytes(unit))
+            progress.update(unit_bytes(unit))
 
 
-def _unit_bytes(unit: Unit) -> int:
+def unit_bytes(unit: Unit) -> int:
+    """The bytes of the file a unit covers (what progress counts)."""
     if unit.end >= 0:
         return unit.end - unit.start
     try:
-        return os.path.getsize(unit.path)
+        return os.path.getsize(unit.path) - unit.start
     except OSError:  # it vanished while it was read (counted in the stats)
         return 0

@@ -20,14 +20,32 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.corpus import ReadStats, Unit, expand_inputs, plan_units, read_unit
-from bertforge.data.shards import FORMAT, SPLITS, Shard, ShardWriter, read_manifest, token_dtype
+from bertforge.corpus import TEXT_FIELD, ReadStats, Unit, expand_inputs, plan_units, read_unit, unit_bytes
+from bertforge.data.parts import part_range, plan_digest
+from bertforge.data.shards import (
+    FORMAT,
+    SPLITS,
+    Shard,
+    ShardWriter,
+    assemble_manifest,
+    read_manifest,
+    token_dtype,
+)
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_dir, progress_reporter, write_json
 from bertforge.tokenizer import Tokenizer
 
 BATCH_CHARS = 1 << 20  # text tokenized per call, per worker
 MAX_DOC_TOKENS = 1 << 20  # longer documents are cut into pieces of about this size
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: those of its CPU affinity (a Slurm job's or a container's share)
+    where the system says, else all of the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
 
 
 def _load_tokenizer(tokenizer: Any):
@@ -178,13 +196,17 @@ def _init_worker(tokenizer: Any) -> None:
 
 def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_seq_len: int = 128,
             workers: int | None = None, val_fraction: float = 0.01, seed: int = 12345, fmt: str = "auto",
+            text_field: str = TEXT_FIELD, part: tuple[int, int] | None = None,
             shard_tokens: int = 1 << 25, chunk_bytes: int = 64 << 20, max_doc_tokens: int = MAX_DOC_TOKENS,
             overwrite: bool = False, progress: bool = True) -> dict:
     """Tokenize `corpus` (files, directories, globs) with `tokenizer` (a Tokenizer or its directory) into
     shards under `out`; return the manifest. `out` is replaced atomically when complete.
 
-    `workers` defaults to all cores. A `val_fraction` of the documents (chosen at random, by `seed`) goes
-    to the `val` split. Documents longer than `max_doc_tokens` are cut into pieces of about that size.
+    `workers` defaults to every core this process may use (`usable_cores`). A `val_fraction` of the documents
+    (chosen at random, by `seed`) goes to the `val` split. Documents longer than `max_doc_tokens` are cut into
+    pieces of about that size.
+    `text_field` is the field of `.jsonl` records, or the column of Parquet and Arrow files, that holds the text.
+    `part=(i, n)` prepares only the i-th of n parts of the corpus, for `join` to assemble (see `parts`).
     """
     if max_seq_len < 8:
         raise BertforgeError(f"--max-seq-len {max_seq_len} is too small: use at least 8 (BERT uses 128 and 512)")
@@ -192,50 +214,65 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
         raise BertforgeError(f"--val-fraction {val_fraction} is out of range: use a value in [0, 1)")
     tok = _load_tokenizer(tokenizer)
     out = Path(out)
-    _check_out(out, tok.fingerprint, overwrite)
-    workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+    check_out(out, tok.fingerprint, overwrite)
+    workers = max(1, workers if workers is not None else usable_cores())
     stats = ReadStats()
     paths = expand_inputs(list(corpus), stats)
     _check_out_apart(out, corpus, paths)
-    units = plan_units(paths, fmt, chunk_bytes=chunk_bytes, stats=stats)
+    units = plan_units(paths, fmt, chunk_bytes=chunk_bytes, stats=stats, text_field=text_field)
     if not units:
-        raise BertforgeError(f"no readable text in {list(corpus)} ({len(stats.skipped)} files skipped): "
+        raise BertforgeError(f"no readable text in {list(corpus)} ({stats.skipped_note()}): "
                              "check --corpus")
     dtype = token_dtype(tok.vocab_size)
-    unit_bytes = [(os.path.getsize(u.path) if u.end < 0 else u.end - u.start) for u in units]
+    sizes = [unit_bytes(u) for u in units]
+    selected = range(len(units)) if part is None else part_range(sizes, *part)
+    if part is not None and part[0] > 1:
+        stats = ReadStats()  # what planning skipped is reported once, by part 1, as one machine reports it first
 
     with atomic_dir(out) as tmp_out:
-        parts_dir = tmp_out / ".parts"
+        parts_dir = tmp_out / ".parts"  # each unit's tokens, until they are appended to the shards
         parts_dir.mkdir()
         writers = {s: ShardWriter(tmp_out, s, dtype=dtype, shard_tokens=shard_tokens, fingerprint=tok.fingerprint)
                    for s in SPLITS}
-        tasks = [(i, u, str(parts_dir), seed, val_fraction, max_doc_tokens) for i, u in enumerate(units)]
-        bar = progress_reporter(sum(unit_bytes), desc="prepare", unit="B", enabled=progress)
-        try:
-            with _unit_results(tasks, tok, workers) as results:
-                for index, unit_stats in results:
-                    stats.add(unit_stats)
-                    for split in SPLITS:
-                        _merge_part(parts_dir / f"{index:08d}-{split}", writers[split], dtype)
-                    bar.update(unit_bytes[index])
-                    bar.set_postfix(docs=stats.counts["documents"], refresh=False)
-        finally:
-            bar.close()
+        tasks = [(i, units[i], str(parts_dir), seed, val_fraction, max_doc_tokens) for i in selected]
+        _run_units(tasks, tok, workers, writers, stats, sizes, progress)
         shutil.rmtree(parts_dir)
         manifest = _manifest(tok, dtype, max_seq_len, seed, val_fraction, fmt, paths,
                              {s: w.finish() for s, w in writers.items()}, stats)
-        if manifest["splits"]["train"]["documents"] == 0:
+        if part is not None:
+            settings = {"seed": seed, "val_fraction": val_fraction, "format": fmt, "text_field": text_field,
+                        "chunk_bytes": chunk_bytes, "max_doc_tokens": max_doc_tokens, "max_seq_len": max_seq_len}
+            manifest["part"] = {"index": part[0], "count": part[1], "plan": plan_digest(units, sizes, settings),
+                                "units": [selected.start, selected.stop], "shard_tokens": shard_tokens}
+        elif manifest["splits"]["train"]["documents"] == 0:
             raise BertforgeError(f"no documents with text in {list(corpus)}: check --corpus (and --val-fraction)")
-        _check_shard_sizes(tmp_out, manifest)
+        check_shard_sizes(tmp_out, manifest)
         tok.save_pretrained(tmp_out / "tokenizer")
         write_json(tmp_out / "manifest.json", manifest)
     return manifest
 
 
+def _run_units(tasks: list[tuple], tok: Any, workers: int, writers: dict[str, ShardWriter], stats: ReadStats,
+               sizes: list[int], progress: bool) -> None:
+    """Tokenize the units of `tasks` in workers and append their parts, in unit order, to the split writers."""
+    parts_dir = Path(tasks[0][2]) if tasks else None
+    bar = progress_reporter(sum(sizes[t[0]] for t in tasks), desc="prepare", unit="B", enabled=progress)
+    try:
+        with _unit_results(tasks, tok, workers) as results:
+            for index, unit_stats in results:
+                stats.add(unit_stats)
+                for split, writer in writers.items():
+                    _merge_part(parts_dir / f"{index:08d}-{split}", writer, writer.dtype)
+                bar.update(sizes[index])
+                bar.set_postfix(docs=stats.counts["documents"], refresh=False)
+    finally:
+        bar.close()
+
+
 @contextlib.contextmanager
 def _unit_results(tasks: list[tuple], tok: Any, workers: int) -> Iterator[Iterator[tuple[int, ReadStats]]]:
     """`_process_unit`'s results in unit order: run here with one worker (or one unit), else in a pool."""
-    if workers == 1 or len(tasks) == 1:
+    if workers == 1 or len(tasks) <= 1:
         _init_worker(tok)
         yield map(_process_unit, tasks)
         return
@@ -262,7 +299,7 @@ def _merge_part(stem: Path, writer: ShardWriter, dtype: np.dtype) -> None:
         p.unlink()
 
 
-def _check_shard_sizes(out: Path, manifest: dict) -> None:
+def check_shard_sizes(out: Path, manifest: dict) -> None:
     """Every shard file has the size its counts give: a last guard against a short write (a full disk) that
     went unreported; an OSError here lets bertforge.io find out which limit was hit and say so."""
     dtype = np.dtype(manifest["dtype"])
@@ -274,7 +311,7 @@ def _check_shard_sizes(out: Path, manifest: dict) -> None:
                 raise OSError(f"a write was lost: {e}") from None
 
 
-def _check_out(out: Path, fingerprint: str, overwrite: bool) -> None:
+def check_out(out: Path, fingerprint: str, overwrite: bool) -> None:
     if not out.exists() or overwrite:
         return
     if not out.is_dir():
@@ -308,19 +345,8 @@ def _check_out_apart(out: Path, corpus: list[str], paths: list[Path]) -> None:
 
 def _manifest(tok: Any, dtype: np.dtype, max_seq_len: int, seed: int, val_fraction: float, fmt: str,
               paths: list[Path], shards: dict[str, list[dict]], stats: ReadStats) -> dict:
-    splits = {}
-    for split, metas in shards.items():
-        splits[split] = {key: sum(m[key] for m in metas) for key in ("documents", "sentences", "tokens")}
-        splits[split]["shards"] = metas
-    return {
-        "format": FORMAT,
-        "tokenizer_fingerprint": tok.fingerprint,
-        "vocab_size": tok.vocab_size,
-        "dtype": dtype.str,
-        "max_seq_len": max_seq_len,
-        "settings": {"seed": seed, "val_fraction": val_fraction, "format": fmt},
-        "counts": {s: {k: v for k, v in splits[s].items() if k != "shards"} for s in SPLITS},
-        "splits": splits,
-        "inputs": {"files": len(paths), "bytes": sum(p.stat().st_size for p in paths)},
-        "reading": stats.summary(),
-    }
+    head = {"format": FORMAT, "tokenizer_fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size,
+            "dtype": dtype.str, "max_seq_len": max_seq_len,
+            "settings": {"seed": seed, "val_fraction": val_fraction, "format": fmt}}
+    inputs = {"files": len(paths), "bytes": sum(p.stat().st_size for p in paths)}
+    return assemble_manifest(head, shards, inputs, stats.summary())

@@ -31,6 +31,21 @@ MANIFEST_KEYS = ("tokenizer_fingerprint", "vocab_size", "dtype", "max_seq_len", 
 SPLITS = ("train", "val")
 
 
+HEAD_KEYS = ("format", "tokenizer_fingerprint", "vocab_size", "dtype", "max_seq_len", "settings")
+
+
+def assemble_manifest(head: dict, shards: dict[str, list[dict]], inputs: dict, reading: dict) -> dict:
+    """A manifest: `head` (its HEAD_KEYS), the shards of each split with their sums, the inputs and what
+    reading them found (`ReadStats.summary`)."""
+    splits = {}
+    for split, metas in shards.items():
+        splits[split] = {key: sum(m[key] for m in metas) for key in ("documents", "sentences", "tokens")}
+        splits[split]["shards"] = metas
+    return {**{key: head[key] for key in HEAD_KEYS},
+            "counts": {s: {k: v for k, v in splits[s].items() if k != "shards"} for s in SPLITS},
+            "splits": splits, "inputs": inputs, "reading": reading}
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 

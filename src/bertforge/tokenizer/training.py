@@ -30,12 +30,12 @@ import numpy as np
 import tokenizers
 from tokenizers import trainers
 
-from bertforge.corpus import ReadStats, expand_inputs, read_sentences
+from bertforge.corpus import TEXT_FIELD, ReadStats, expand_inputs, read_sentences
 from bertforge.errors import BertforgeError
 from bertforge.io import progress_reporter
 from bertforge.tokenizer.engine import CONTROL_BYTES, SURROGATES, pipeline, wordpiece
 from bertforge.tokenizer.unicode import class_table
-from bertforge.tokenizer.vocab import SPECIAL_TOKENS, SUBWORD_PREFIX
+from bertforge.tokenizer.vocab import MAX_VOCAB_SIZE, SPECIAL_TOKENS, SUBWORD_PREFIX
 
 COUNT_BATCH_CHARS = 1 << 20  # text normalized per call while counting characters
 ENGINE_BATCH_CHARS = 1 << 16  # text per engine input while training: the engine holds 256 inputs at a time
@@ -49,6 +49,7 @@ class Alphabet:
     chars: list[str]  # the kept characters, by code point
     continuations: list[str]  # "##c" for each kept c that occurs after another character of a word, by code point
     dropped: int  # distinct characters beyond `limit_alphabet`: they become [UNK]
+    characters: int = 0  # characters of words counted, spaces excluded: no corpus can be split into more merges
 
     @property
     def initial_tokens(self) -> list[str]:
@@ -91,12 +92,12 @@ def count_alphabet(texts: Iterable[str], *, lowercase: bool, limit_alphabet: int
     by_count = seen[np.lexsort((seen, -counts[seen]))]  # most frequent first, then by code point
     kept = np.sort(by_count[:limit_alphabet]).tolist()
     return Alphabet(chars=[chr(c) for c in kept], continuations=[SUBWORD_PREFIX + chr(c) for c in kept if inner[c]],
-                    dropped=len(seen) - len(kept))
+                    dropped=len(seen) - len(kept), characters=int(counts.sum()))
 
 
 def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab_size: int, lowercase: bool,
                 min_frequency: int, limit_alphabet: int, show_progress: bool, strict: bool,
-                stats: ReadStats | None) -> list[str]:
+                stats: ReadStats | None, text_field: str = TEXT_FIELD) -> list[str]:
     """The tokens of a WordPiece vocabulary learned from a corpus, in id order (see `Tokenizer.train`).
 
     Two passes over the corpus, each with bounded memory: `count_alphabet`, then the engine's trainer.
@@ -104,6 +105,9 @@ def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab
     if vocab_size <= len(SPECIAL_TOKENS):
         raise BertforgeError(f"vocab size {vocab_size} is too small: it must exceed the "
                              f"{len(SPECIAL_TOKENS)} special tokens (BERT uses 30522)")
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise BertforgeError(f"vocab size {vocab_size:,} is over the cap of {MAX_VOCAB_SIZE:,} tokens (BERT uses "
+                             f"30,522; the largest vocabularies in use about 250,000): ask for fewer")
     if min_frequency < 0 or limit_alphabet < 1:
         raise BertforgeError(f"min_frequency must be >= 0 and limit_alphabet >= 1, got {min_frequency} "
                              f"and {limit_alphabet}")
@@ -111,11 +115,11 @@ def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab
     paths = expand_inputs(files, stats)
     bar = progress_reporter(sum(p.stat().st_size for p in paths), desc="characters", unit="B",
                             enabled=show_progress)
-    alphabet = count_alphabet(read_sentences(paths, stats, progress=bar), lowercase=lowercase,
+    alphabet = count_alphabet(read_sentences(paths, stats, text_field=text_field, progress=bar), lowercase=lowercase,
                               limit_alphabet=limit_alphabet)
     bar.close()
     if not alphabet.chars:
-        raise BertforgeError(f"no text to learn from in {len(paths)} corpus file(s) ({len(stats.skipped)} skipped): "
+        raise BertforgeError(f"no text to learn from in {len(paths)} corpus file(s) ({stats.skipped_note()}): "
                              "check the corpus paths")
     initial = alphabet.initial_tokens
     if strict and vocab_size < len(initial):
@@ -128,11 +132,14 @@ def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab
     tk.normalizer, tk.pre_tokenizer = pipeline(lowercase)
     # The initial tokens as the trainer's "special tokens" make it number them first, in this order; the
     # initial alphabet with a limit of its own size keeps exactly these characters.
+    # Each merge joins two symbols of a word, so a corpus of n word characters allows fewer than n merges: a
+    # larger size changes nothing but what the engine reserves.
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=initial,
-        initial_alphabet=alphabet.chars, limit_alphabet=len(alphabet.chars),
+        vocab_size=min(vocab_size, len(initial) + alphabet.characters), min_frequency=min_frequency,
+        special_tokens=initial, initial_alphabet=alphabet.chars, limit_alphabet=len(alphabet.chars),
         continuing_subword_prefix=SUBWORD_PREFIX, show_progress=show_progress)
-    texts = read_sentences(paths, ReadStats())  # what the first pass read; its stats are already counted
+    # What the first pass read; its stats are already counted.
+    texts = read_sentences(paths, ReadStats(), text_field=text_field)
     tk.train_from_iterator(engine_inputs(texts, ENGINE_BATCH_CHARS), trainer=trainer)
     by_id = sorted(tk.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     vocab = [tok for tok, _ in by_id]

@@ -15,6 +15,10 @@ from bertforge.io import read_json_object
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)  # the order training gives them: [PAD] = 0
 SUBWORD_PREFIX = "##"
+# The largest vocabulary `vocab train` learns. The engine's trainer reserves memory for the size it is asked
+# (1e9 tokens: a 70 GB allocation and an abort), and the largest vocabularies in use are about 250k tokens
+# (XLM-R, mT5); a million is far past any use and costs the engine well under a gigabyte.
+MAX_VOCAB_SIZE = 1_000_000
 
 
 def read_vocab(path: Path) -> list[str]:
