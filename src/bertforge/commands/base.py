@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import read_json_object
 from bertforge.options import Bound, default_of, redeclare
 
 
@@ -236,12 +237,7 @@ def read_config_file(cls: type, path: str | None) -> dict[str, Any]:
     `cls`, each checked as on the command line; a refusal is a BertforgeError naming the option and the file."""
     if path is None:
         return {}
-    try:
-        values = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BertforgeError(f"cannot read --config {path}: {e}") from None
-    if not isinstance(values, dict):
-        raise BertforgeError(f"--config {path} must hold a JSON object of options, e.g. {{\"lr\": 0.001}}")
+    values = read_json_object(path, what="options", fix='--config takes a JSON object of options, e.g. {"lr": 0.001}')
     hints = typing.get_type_hints(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(by_name))

@@ -8,7 +8,6 @@ tokenizer and `task.json` (task name, options, labels, sequence length); `bertfo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from bertforge.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from bertforge.io import read_json_object
 from bertforge.model import BertModel
 from bertforge.tasks.base import QAExample, TaggedExample, Task
 from bertforge.tasks.features import collate
@@ -151,11 +151,8 @@ def _read_spec(path: Path) -> dict:
     """task.json as `finetune` writes it: an object with the task's name, and its options, labels and sequence
     length if any. A file cut short, not UTF-8 or of another shape is a BertforgeError naming it."""
     fix = "copy it again from the fine-tuning run's --out, or fine-tune again"
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
-        raise BertforgeError(f"{path} is not valid JSON ({e}): {fix}") from None
-    if not (isinstance(spec, dict) and isinstance(spec.get("task"), str) and isinstance(spec.get("options", {}), dict)
+    spec = read_json_object(path, what="the task's name, options and labels", fix=fix)
+    if not (isinstance(spec.get("task"), str) and isinstance(spec.get("options", {}), dict)
             and isinstance(spec.get("labels"), list | None) and type(spec.get("max_length", 1)) is int
             and spec.get("max_length", 1) > 0):
         raise BertforgeError(f"{path} is not a task description (a JSON object: \"task\" name, \"options\" object, "

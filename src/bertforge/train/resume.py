@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import read_json_object
 from bertforge.train.rundir import RUN_CONFIG
 from bertforge.train.state import checkpoints, recorded_total_steps
 
@@ -42,12 +43,8 @@ def read_run_config(run_dir: Path) -> dict | None:
     path = Path(run_dir) / RUN_CONFIG
     if not path.is_file():
         return None
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        raise BertforgeError(f"{path} is not valid JSON, so --resume cannot check that the run continues "
-                             f"unchanged: restore the file or start a new run") from None
-    return recorded if isinstance(recorded, dict) else {}
+    return read_json_object(path, what="the run's settings", fix="--resume cannot check that the run continues "
+                            "unchanged without it: restore the file or start a new run")
 
 
 def changes(recorded: Mapping, now: Mapping, keys: Iterable[str] | None = None) -> list[Change]:
