@@ -85,6 +85,10 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert "![pretraining](pretrain/training_curves.png)" in report
     assert (out / "pretrain" / "training_curves.png").is_file()
     assert json.loads((out / "summary.json").read_text())["finetune"] == summary["finetune"]
+    # it ends with the command that serves its best fine-tuned model, a model directory that command can load
+    dev = [r["dev"] for r in summary["finetune"]["pretrained"]["runs"]]
+    served = out / "finetune-pretrained" / f"seed{dev.index(max(dev))}"
+    assert text.rstrip().endswith(f"bertforge serve --model {served}") and (served / "task.json").is_file()
 
     before = {p: p.stat().st_mtime_ns for p in (out / "pretrain" / "model.safetensors",
                                                  out / "finetune-scratch" / "seed1" / "model.safetensors")}

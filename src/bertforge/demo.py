@@ -25,7 +25,7 @@ from typing import Any
 from bertforge import cpu, demo_data
 from bertforge.baseline import bag_of_words
 from bertforge.config import BertConfig
-from bertforge.data.corpus import expand_inputs, read_sentences
+from bertforge.corpus import expand_inputs, read_sentences
 from bertforge.data.prepare import prepare
 from bertforge.errors import BertforgeError
 from bertforge.infer import MaskFiller
@@ -116,7 +116,15 @@ def run_demo(o: DemoOptions) -> dict:
     write_text(out / "report.md", _report(summary, out))
     print(_table(summary))
     print(f"\nreport: {out / 'report.md'}")
+    print(f"serve the best fine-tuned model (pip install 'bertforge[serve]'): {serve_command(out, results)}")
     return summary
+
+
+def serve_command(out: Path, results: dict[str, Any]) -> str:
+    """The command that serves the pretrained side's fine-tuned model with the best dev score."""
+    runs = results["pretrained"]["runs"]
+    best = max(range(len(runs)), key=lambda k: runs[k]["dev"])
+    return f"bertforge serve --model {out / 'finetune-pretrained' / f'seed{best}'}"
 
 
 def _corpus(o: DemoOptions, out: Path, data: demo_data.DemoData) -> list[str]:
