@@ -161,3 +161,13 @@ def clf_dir(tmp_path_factory, word_tokenizer) -> Path:
                                                            task="csv"))
     spec = {"task": "csv", "kind": "classification", "options": {}, "labels": labels, "max_length": 32}
     return save(model, word_tokenizer, tmp_path_factory.mktemp("clf"), spec)
+
+
+@pytest.fixture(scope="session")
+def toy(tmp_path_factory) -> dict[str, Path]:
+    """The bad-input tests' toy (tests/bad_inputs_support.py's `make_toy`): a small corpus, two tokenizers of one
+    size and two identities, data prepared with each, and a pretraining run killed after step 4 of 6.
+    Session-wide: copy what a test changes."""
+    from bad_inputs_support import make_toy
+
+    return make_toy(tmp_path_factory.mktemp("bad_inputs"))

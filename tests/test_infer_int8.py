@@ -53,7 +53,7 @@ def test_fill_mask_in_bf16_keeps_the_top_tokens(mlm_dir):
 
 
 @pytest.mark.parametrize("one_pass", [True, False])
-def test_int8activation_codes(one_pass, monkeypatch):
+def test_int8_activation_codes(one_pass, monkeypatch):
     """Both ways of quantizing activations (torch's one-pass quantizer, and the passes used without it) give the
     codes worked out by hand, a code off by one at most where the value sits on a rounding boundary, and the
     range's ends at codes 0 and 255."""
