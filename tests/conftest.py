@@ -5,7 +5,10 @@ One of each thing many tests need: `prepared` (a real corpus, its vocabulary and
 `tiny_config` and `tiny_config_file` (a 2-layer BERT small enough to train in a second), `tiny_model_dir`
 (that BERT, randomly initialised with its pretraining heads, saved with `prepared`'s vocabulary: what `--init`
 and `--model` take), `int8_kernels` (bertforge's C++ kernels, built on first use rather than when tests are
-collected). See docs/development.md.
+collected). For the inference tests, `word_tokenizer` (whole words: tests/infer_support.py's VOCAB) and the tiny
+model directories over it, `mlm_dir` (masked-LM head) and `clf_dir` (a classifier as `finetune` writes it); for
+the bad-input tests, `toy` (two tokenizers of one size, data of each, a killed pretraining run). See
+docs/development.md.
 """
 
 from __future__ import annotations
