@@ -5,7 +5,10 @@ One of each thing many tests need: `prepared` (a real corpus, its vocabulary and
 `tiny_config` and `tiny_config_file` (a 2-layer BERT small enough to train in a second), `tiny_model_dir`
 (that BERT, randomly initialised with its pretraining heads, saved with `prepared`'s vocabulary: what `--init`
 and `--model` take), `int8_kernels` (bertforge's C++ kernels, built on first use rather than when tests are
-collected). See docs/development.md.
+collected). For the inference tests, `word_tokenizer` (whole words: tests/infer_support.py's VOCAB) and the tiny
+model directories over it, `mlm_dir` (masked-LM head) and `clf_dir` (a classifier as `finetune` writes it); for
+the bad-input tests, `toy` (two tokenizers of one size, data of each, a killed pretraining run). See
+docs/development.md.
 """
 
 from __future__ import annotations
@@ -109,3 +112,65 @@ def int8_kernels() -> None:
     if not kernels.available():
         pytest.skip("bertforge's CPU kernels need AVX512 and a C++ compiler; without them int8 runs on PyTorch's "
                     "operators (tested elsewhere)")
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer():
+    """A tokenizer of whole words (tests/infer_support.py's VOCAB), lowercasing."""
+    from infer_support import VOCAB
+
+    from bertforge.tokenizer import Tokenizer
+
+    return Tokenizer(VOCAB, lowercase=True)
+
+
+def _word_config(**overrides):
+    """The tiny config over `word_tokenizer`'s vocabulary."""
+    from infer_support import VOCAB
+
+    from bertforge import BertConfig
+
+    return BertConfig(**{**TINY, "vocab_size": len(VOCAB), **overrides})
+
+
+@pytest.fixture(scope="session")
+def mlm_dir(tmp_path_factory, word_tokenizer) -> Path:
+    """The tiny BERT over `word_tokenizer`'s vocabulary with its masked-LM head (seed 0), the head's bias
+    sharpened so that its top-k order means something. Session-wide: copy it before changing it."""
+    from infer_support import save
+
+    from bertforge import BertForMaskedLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = BertForMaskedLM(_word_config())
+        with torch.no_grad():  # a random head is nearly uniform
+            model.cls.predictions.bias.normal_(0, 3)
+    return save(model, word_tokenizer, tmp_path_factory.mktemp("mlm"))
+
+
+@pytest.fixture(scope="session")
+def clf_dir(tmp_path_factory, word_tokenizer) -> Path:
+    """A classification model directory (negative/positive, seed 1) over `word_tokenizer`'s vocabulary, as
+    `bertforge finetune --task csv` writes it. Session-wide: copy it before changing it."""
+    from infer_support import save
+
+    from bertforge.heads import BertForSequenceClassification
+
+    labels = ["negative", "positive"]
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        model = BertForSequenceClassification(_word_config(num_labels=2, id2label=dict(enumerate(labels)),
+                                                           task="csv"))
+    spec = {"task": "csv", "kind": "classification", "options": {}, "labels": labels, "max_length": 32}
+    return save(model, word_tokenizer, tmp_path_factory.mktemp("clf"), spec)
+
+
+@pytest.fixture(scope="session")
+def toy(tmp_path_factory) -> dict[str, Path]:
+    """The bad-input tests' toy (tests/bad_inputs_support.py's `make_toy`): a small corpus, two tokenizers of one
+    size and two identities, data prepared with each, and a pretraining run killed after step 4 of 6.
+    Session-wide: copy what a test changes."""
+    from bad_inputs_support import make_toy
+
+    return make_toy(tmp_path_factory.mktemp("bad_inputs"))

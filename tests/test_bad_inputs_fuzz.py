@@ -1,7 +1,7 @@
 """Random input files and random option lists through the command line (issue 21's property, driven by
 hypothesis): whatever comes in, a command ends in exit status 0, or in exit status 2 with one `error:` line and no
 traceback, and leaves its input files as they were. A few examples per test, so the file runs in seconds;
-test_bad_inputs.py holds the written-out cases."""
+test_bad_inputs*.py hold the written-out cases."""
 
 from __future__ import annotations
 

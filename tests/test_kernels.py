@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.cpp_extension
+from infer_support import activation_codes
 
 import bertforge.cpu
 import bertforge.infer.transforms
@@ -17,8 +18,8 @@ from bertforge.infer import FusedInt8Encoder, quantize_int8
 from bertforge.infer.transforms import _fused_int8_layer, _has_onednn_ops
 from bertforge.model import BertEncoder, attention_mask_for_sdpa
 
-needs_kernels = pytest.mark.skipif(not kernels.available(), reason="bertforge's CPU kernels need AVX512 and a C++ "
-                                   "compiler; without them int8 runs on PyTorch's operators (tested elsewhere)")
+# built by the first test that needs them, not when the tests are collected; skipped where they cannot be
+needs_kernels = pytest.mark.usefixtures("int8_kernels")
 
 
 def sdpa_reference(qkv: torch.Tensor, heads: int, mask: torch.Tensor | None, positions: torch.Tensor | None):
@@ -99,16 +100,14 @@ def test_layer_norm_kernels_match_torch(shape):
 @needs_kernels
 def test_value_range_and_quantize_u8_give_int8_linears_codes():
     """The range and the u8 codes of an fp32 tensor as Int8Linear takes them from its kernels: the range exactly
-    torch's, the codes worked out by hand (test_infer.py's `_activation_codes`), a code off by one at most where a
+    torch's, the codes worked out by hand (infer_support's `activation_codes`), a code off by one at most where a
     value sits on a rounding boundary; any length, a partial vector at the end included."""
-    from test_infer import _activation_codes
-
     torch.manual_seed(0)
     for x in (torch.randn(64, 37, 48) * 3 - 1, torch.rand(300, 20) + 2, -torch.rand(10, 9), torch.randn(7),
               torch.zeros(4, 5)):
         bounds = torch.ops.bertforge.value_range(x)
         assert bounds.tolist() == [x.min().item(), x.max().item()]
-        expected, scale, zero = _activation_codes(x)
+        expected, scale, zero = activation_codes(x)
         codes = torch.ops.bertforge.quantize_u8(x, scale, zero)
         assert codes.dtype == torch.uint8 and codes.shape == x.shape
         off = (codes.double() - expected).abs()

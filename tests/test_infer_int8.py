@@ -1,0 +1,163 @@
+"""int8 inference on PyTorch's operators (bertforge's C++ kernels: test_kernels.py): the quantized engines stay
+close to fp32, Int8Linear's activation codes and weight bits follow the CPU, bf16 where the CPU has it.
+
+The models are conftest's `mlm_dir` (tiny, random, over a vocabulary of whole words) and single layers made here.
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from infer_support import MASKED, TEXTS, activation_codes, cosines
+from torch import nn
+
+import bertforge.cpu
+import bertforge.infer.transforms
+import bertforge.kernels
+from bertforge import BertforgeError
+from bertforge.infer import Encoder, Int8Linear, MaskFiller, quantize_int8
+from bertforge.infer.transforms import _has_onednn_ops
+
+# --- int8 ----------------------------------------------------------------------------------------------
+
+
+def test_int8_stays_close_to_fp32(mlm_dir):
+    fp32 = Encoder(mlm_dir).embed(TEXTS, pooling="mean")
+    int8 = Encoder(mlm_dir, quantize="int8").embed(TEXTS, pooling="mean")
+    assert isinstance(Encoder(mlm_dir, quantize="int8").model.encoder.layer[0].intermediate,
+                      (Int8Linear, torch.ao.nn.quantized.dynamic.Linear))
+    # Seen on this tiny random model: max abs difference 8e-4 on vectors of std 0.66, cosine 0.9999999; top-1
+    # probabilities within 1.2e-3, same top-1 tokens. (On fine-tuned MiniLM: bench/inference.py.)
+    assert cosines(fp32, int8).min() > 0.9999 and np.abs(fp32 - int8).max() < 0.01
+    a = MaskFiller(mlm_dir).fill(MASKED, top_k=1)
+    b = MaskFiller(mlm_dir, quantize="int8").fill(MASKED, top_k=1)
+    assert np.abs(np.array([m[0]["score"] for t in a for m in t]) - [m[0]["score"] for t in b for m in t]).max() < 0.01
+    with pytest.raises(BertforgeError, match="CPU only"):
+        Encoder(mlm_dir, quantize="int8", device="cuda")
+    with pytest.raises(BertforgeError, match="only int8"):
+        Encoder(mlm_dir, quantize="int4")
+
+
+@pytest.mark.skipif(not bertforge.cpu.has_native_bf16(), reason="this CPU has no bf16 dot products")
+def test_fill_mask_in_bf16_keeps_the_top_tokens(mlm_dir):
+    """The masked-LM head in bf16 too (the tolerances are derived on real text in test_infer_fast.py): the same
+    top-1 token wherever fp32 puts it clearly first, and top scores within 16 bf16 roundings (16 x 2^-8 of
+    themselves) of fp32's."""
+    fp32 = [m for t in MaskFiller(mlm_dir).fill(MASKED, top_k=2) for m in t]
+    bf16 = [m for t in MaskFiller(mlm_dir, precision="bf16").fill(MASKED, top_k=2) for m in t]
+    for a, b in zip(fp32, bf16, strict=True):
+        if a[0]["score"] > 1.5 * a[1]["score"]:
+            assert a[0]["token"] == b[0]["token"]
+        assert abs(a[0]["score"] - b[0]["score"]) < 16 * 2 ** -8 * a[0]["score"]
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_int8_activation_codes(one_pass, monkeypatch):
+    """Both ways of quantizing activations (torch's one-pass quantizer, and the passes used without it) give the
+    codes worked out by hand, a code off by one at most where the value sits on a rounding boundary, and the
+    range's ends at codes 0 and 255."""
+    monkeypatch.setattr(bertforge.infer.transforms, "_one_pass_quantizer", lambda: one_pass)
+    torch.manual_seed(0)
+    for x in (torch.randn(64, 37, 48) * 3 - 1, torch.rand(300, 20) + 2, -torch.rand(10, 9), torch.zeros(4, 5)):
+        expected, scale, zero = activation_codes(x)
+        codes = bertforge.infer.transforms._u8_codes(x, scale, zero)
+        assert codes.dtype == torch.uint8 and codes.shape == x.shape
+        off = (codes.double() - expected).abs()
+        assert off.max() <= 1 and (off > 0).double().mean() < 1e-3
+        assert x.min() >= 0 or codes.min() == 0  # a negative minimum is the range's lower end
+        assert x.max() <= 0 or codes.max() == 255  # a positive maximum its upper end
+
+
+def test_int8_weight_bits_follow_the_cpu(monkeypatch):
+    """8-bit weights where the CPU sums int8 products into int32, 7-bit on AVX2 alone, torch's fbgemm layers
+    where neither is known; 8-bit weights halve the weight rounding of 7 bits."""
+    native = bertforge.cpu.int8_weight_bits()
+    torch.manual_seed(0)
+    layer = nn.Linear(512, 64)
+    x = torch.randn(16, 512)
+
+    def quantized(bits: int | None) -> nn.Module:
+        monkeypatch.setattr(bertforge.cpu, "int8_weight_bits", lambda: bits)
+        return quantize_int8(nn.Sequential(copy.deepcopy(layer)))[0]
+
+    assert isinstance(quantized(None), torch.ao.nn.quantized.dynamic.Linear)
+    if not _has_onednn_ops():
+        return
+    for bits in (7, 8):
+        q = quantized(bits)
+        assert isinstance(q, Int8Linear)
+        # the packed weight is opaque: its scale says how many codes the largest weight of each row was cut to
+        np.testing.assert_allclose(q.weight_scale, layer.weight.detach().abs().amax(1) / (2 ** (bits - 1) - 1),
+                                   rtol=1e-6)
+    if native == 8:
+        # against the layer on the activations as Int8Linear quantizes them (u8 per tensor, the range's ends
+        # at codes 0 and ~255), so that what is left is the weights' rounding: 8-bit activations' own rounding
+        # is as large (on AVX512-VNNI it made the error against fp32 inputs only 18% smaller with 8-bit weights)
+        codes, scale, zero = activation_codes(x)
+        x_seen = ((codes - zero) * scale).float()
+        with torch.no_grad():
+            err7, err8 = ((quantized(b)(x) - layer(x_seen)).abs().mean() for b in (7, 8))
+        assert err8 < 0.75 * err7
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_int8_attention_runs_in_bf16_on_short_sequences_where_the_cpu_has_bf16(mlm_dir, native_bf16, monkeypatch):
+    """With native bf16, each int8 query/key/value product writes bf16 for sequences of up to
+    INT8_BF16_ATTENTION_MAX_T positions (the attention then takes the explicit bf16 kernel) and fp32 beyond; without
+    it, fp32 always. Either way the embeddings stay as close to fp32's as test_int8_stays_close_to_fp32 asks. (This
+    is the int8 model on PyTorch's operators alone; on bertforge's kernels, test_kernels.py.)"""
+    if bertforge.cpu.int8_weight_bits() is None or not _has_onednn_ops():
+        pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
+    if native_bf16 and not bertforge.cpu.has_native_bf16():
+        pytest.skip("the int8 model takes bf16 attention only where the CPU multiplies bf16 natively, not here")
+    monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(bertforge.kernels, "available", lambda: False)
+    encoder = Encoder(mlm_dir, quantize="int8")
+    qkv = encoder.model.encoder.layer[0].attention.qkv
+    limit = bertforge.infer.transforms.INT8_BF16_ATTENTION_MAX_T
+    with torch.no_grad():
+        short, long = (qkv(torch.randn(2, t, qkv.in_features)) for t in (limit, limit + 1))
+    assert short.dtype == (torch.bfloat16 if native_bf16 else torch.float32)
+    assert long.dtype == torch.float32
+    assert encoder.model.encoder.layer[0].attention_out.bf16_max_positions == 0  # only the attention's inputs
+    fp32 = Encoder(mlm_dir).embed(TEXTS, pooling="mean")
+    int8 = encoder.embed(TEXTS, pooling="mean")
+    assert cosines(fp32, int8).min() > 0.9999 and np.abs(fp32 - int8).max() < 0.01
+
+
+def test_int8_linear_takes_bf16_inputs_as_their_fp32_values():
+    """The attention's bf16 output feeds the next int8 product: quantized from the same range to the same codes
+    as the fp32 tensor of the same values, so the same result."""
+    if bertforge.cpu.int8_weight_bits() is None or not _has_onednn_ops():
+        pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
+    torch.manual_seed(0)
+    q = Int8Linear(nn.Linear(64, 16), weight_bits=bertforge.cpu.int8_weight_bits())
+    x = (torch.randn(3, 9, 64) * 2 - 0.5).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(q(x), q(x.float()))
+
+
+def test_int8_products_do_not_saturate_on_this_cpu():
+    """The worst case for a kernel that sums pairs of u8 x s8 products in int16 (AVX2 without VNNI): every
+    activation code near 255 and every weight at its largest code. With the weight bits this CPU gets
+    (`bertforge.cpu.int8_weight_bits`) the output is the exact product of the quantized operands, up to fp32
+    rounding; 8-bit weights on an AVX2-only CPU were off by 5.4 on outputs of size 21."""
+    bits = bertforge.cpu.int8_weight_bits()
+    if bits is None or not _has_onednn_ops():
+        pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
+    torch.manual_seed(0)
+    layer = nn.Linear(384, 256)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(256, 384).sign() * 0.1)  # every weight code at +-(2^(bits-1) - 1)
+    x = 3 + torch.rand(32, 384)  # codes from about 190 to 255, all positive: pairs of large products
+    q = Int8Linear(layer, weight_bits=bits)
+    with torch.no_grad():
+        y = q(x).double()
+    codes, scale, _ = activation_codes(x)  # all positive: the range [0, max], zero point 0
+    top = 2 ** (bits - 1) - 1
+    w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-top, top)
+    exact = (codes @ w.T) * scale * q.weight_scale.double() + layer.bias.detach().double()
+    assert float((y - exact).abs().max()) < 1e-3 * float(exact.abs().max())
+
+
