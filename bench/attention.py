@@ -1,6 +1,6 @@
 """Which attention kernel the model should use on this CPU: PyTorch's fused kernel
 (`F.scaled_dot_product_attention`, flash attention for CPU) against the explicit one bertforge's model switches
-to for short sequences under bf16 training (`bertforge.model._explicit_attention`), per shape.
+to for short sequences under bf16 training (`bertforge.encoder._explicit_attention`), per shape.
 
 Training (the default): both sides get the same q, k, v (B, N, T, D) with B x T = 4,096 tokens; times are per
 call of forward + backward (the sum of the output). The model takes the explicit kernel when training under
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from measure import ratio, spread
 
+from bertforge.encoder import _EXPLICIT_ATTENTION_MAX_T, _EXPLICIT_INFERENCE_MAX_T, _explicit_attention
 from bertforge.infer import INT8_BF16_ATTENTION_MAX_T
-from bertforge.model import _EXPLICIT_ATTENTION_MAX_T, _EXPLICIT_INFERENCE_MAX_T, _explicit_attention
 from bertforge.train.memory import keep_freed_memory
 
 

@@ -24,8 +24,8 @@ import model_time
 os.environ["BERTFORGE_KERNELS"] = "0"  # the int8 model on PyTorch's operators, where this attention choice applies
 
 from bertforge import cpu
+from bertforge.encoder import BertSelfAttention
 from bertforge.infer import INT8_BF16_ATTENTION_MAX_T, Predictor
-from bertforge.model import BertSelfAttention
 
 
 def bf16_attention_up_to(predictor: Predictor, tokens: int) -> Predictor:

@@ -43,7 +43,7 @@ from scipy import stats
 from bertforge.baseline import bag_of_words
 from bertforge.cpu import has_native_bf16
 from bertforge.demo_data import fetch_demo_data, write_movie_corpus
-from bertforge.io import cache_dir
+from bertforge.files import cache_dir
 from bertforge.train.finetune import FinetuneOptions
 from bertforge.train.memory import keep_freed_memory
 from bertforge.train.recipe import get_recipe

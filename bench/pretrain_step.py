@@ -51,7 +51,7 @@ import torch
 from measure import pin_device, ratio, spread, sync
 
 from bertforge import BertConfig, BertForPreTraining
-from bertforge.checkpoint import to_hf_state_dict
+from bertforge.model_files import to_hf_state_dict
 from bertforge.train.memory import keep_freed_memory
 from bertforge.train.optim import build_optimizer
 

@@ -155,7 +155,7 @@ def clf_dir(tmp_path_factory, word_tokenizer) -> Path:
     `bertforge finetune --task csv` writes it. Session-wide: copy it before changing it."""
     from infer_support import save
 
-    from bertforge.heads import BertForSequenceClassification
+    from bertforge.models import BertForSequenceClassification
 
     labels = ["negative", "positive"]
     with torch.random.fork_rng():

@@ -11,7 +11,7 @@ import httpx
 import torch
 
 from bertforge import BertConfig, BertForMaskedLM
-from bertforge.heads import (
+from bertforge.models import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,

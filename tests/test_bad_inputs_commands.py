@@ -134,6 +134,10 @@ EVERY_COMMAND = [
           "cannot read weights"),
     _case("export", "--out inside a file", ["export", "--model", "{run}", "--out", "{a_file}/m.onnx"], "is a file"),
     _case("demo", "--out is a file", ["demo", "--out", "{a_file}", "--cache", "{new}/cache"], "is a file"),
+    _case("serve", "model weights cut short", ["serve", "--model", "{cut_weights}", "--port", "0"],
+          "model.safetensors"),
+    _case("join", "a part that is a data directory of no --shard run", ["join", "{data}", "--out", "{new}/joined"],
+          "--shard"),
     _case("env", "an option it does not have", ["env", "--verbose"], "unrecognized arguments: --verbose"),
 ]
 

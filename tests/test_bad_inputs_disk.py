@@ -24,18 +24,11 @@ import torch
 from bad_inputs_support import labelled_csv, pretrain_args, refused
 from support import file_digests
 
-from bertforge.checkpoint import read_weights
 from bertforge.cli import main
 from bertforge.data.shards import ShardWriter
-from bertforge.io import (
-    MetricsLog,
-    PlainProgress,
-    atomic_dir,
-    os_error_message,
-    progress_reporter,
-    read_jsonl,
-    write_text,
-)
+from bertforge.files import atomic_dir, os_error_message, read_jsonl, write_text
+from bertforge.model_files import read_weights
+from bertforge.progress import MetricsLog, PlainProgress, progress_reporter
 from bertforge.train.rundir import LOCK_FILE, claim_run_dir
 
 # -- progress -------------------------------------------------------------------------------------------------
@@ -154,7 +147,7 @@ def test_the_run_lock_gets_the_mode_the_umask_gives(tmp_path):
 # -- a full disk ----------------------------------------------------------------------------------------------
 
 def _leftovers(root: Path) -> list[str]:
-    """Temporaries and set-aside copies of bertforge.io's atomic writes under `root`: none may stay."""
+    """Temporaries and set-aside copies of bertforge.files's atomic writes under `root`: none may stay."""
     return sorted(str(p) for p in root.rglob("*") if p.name.endswith((".tmp", ".old")))
 
 
@@ -211,7 +204,7 @@ def test_a_metrics_record_that_does_not_fit_is_cut_off_whole(tmp_path, monkeypat
 
 
 def test_a_write_past_the_file_size_limit_names_the_output(tmp_path):
-    """torch.save to a path says only "unexpected pos" (a RuntimeError) when the write fails: bertforge.io finds the
+    """torch.save to a path says only "unexpected pos" (a RuntimeError) when the write fails: bertforge.files finds the
     reason and names the directory being written, not its temporary, and leaves nothing behind."""
     out = tmp_path / "checkpoint"
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import bertforge.cpu
 from bertforge.cli import _commands, build_parser, main
-from bertforge.commands.base import _unwrap_optional, build_args
+from bertforge.commands.arguments import _unwrap_optional, build_args
 from bertforge.train.rundir import LOCK_FILE, claim_run_dir
 
 # The required arguments of each command, so that only the option under test is wrong.
@@ -39,6 +39,8 @@ REQUIRED = {
     "embed": ["--model", "model", "--text", "a text"],
     "export": ["--model", "model", "--out", "m.onnx"],
     "demo": [],
+    "serve": ["--model", "model"],
+    "join": ["part1", "--out", "data"],
 }
 
 SEED = "[0,4294967295]"
@@ -72,6 +74,8 @@ ALLOWED = {
     ("demo", "--finetune-lr-pretrained"): ">0", ("demo", "--finetune-lr-scratch"): ">0",
     ("demo", "--finetune-examples"): ">=1", ("demo", "--seed"): SEED, ("demo", "--vocab-size"): ">=6",
     ("demo", "--batch-size"): ">=1",
+    ("serve", "--port"): "[0,65535]", ("serve", "--max-batch-tokens"): ">=1", ("serve", "--max-wait-ms"): ">=0",
+    ("serve", "--max-queue"): ">=1", ("serve", "--max-inputs"): ">=1", ("serve", "--max-body-bytes"): ">=64",
 }
 
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from bertforge.io import read_jsonl
-from bertforge.train.loop import LoopConfig
+from bertforge.files import read_jsonl
+from bertforge.train.loop import LoopOptions
 from bertforge.train.pretrain import DataOptions, pretrain
 
 
 def _losses(prepared: Path, config: str, out: Path, *, compile: bool) -> list[float]:
-    loop = LoopConfig(steps=6, batch_size=4, lr=1e-3, warmup_steps=2, log_every=1, progress=False, seed=3,
+    loop = LoopOptions(steps=6, batch_size=4, lr=1e-3, warmup_steps=2, log_every=1, progress=False, seed=3,
                       compile=compile, precision="fp32")
     pretrain(prepared, out, model=config, loop=loop, data_options=DataOptions(eval_batches=0))
     return [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]

@@ -26,9 +26,9 @@ import bertforge.cpu
 from bertforge import BertForPreTraining
 from bertforge.cli import main
 from bertforge.device import to_device
+from bertforge.encoder import attention_mask_for_sdpa
 from bertforge.errors import BertforgeError
-from bertforge.io import read_jsonl
-from bertforge.model import attention_mask_for_sdpa
+from bertforge.files import read_jsonl
 from bertforge.train.loop import autocast, resolve_precision
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -246,7 +246,7 @@ def _worker(job: dict) -> None:
     import torch.distributed as dist
 
     from bertforge.train import distributed
-    from bertforge.train.loop import LoopConfig
+    from bertforge.train.loop import LoopOptions
     from bertforge.train.pretrain import DataOptions, pretrain
 
     nccl = job["backend"] == "nccl"
@@ -256,7 +256,7 @@ def _worker(job: dict) -> None:
     dist.init_process_group(backend=job["backend"])
     distributed.setup = lambda requested=None: distributed.Dist(rank=0, world_size=1, local_rank=0, device=device)
     distributed.Dist.enabled = property(lambda self: dist.is_initialized())
-    loop = LoopConfig(steps=4, batch_size=8, lr=1e-3, warmup_steps=1, eval_every=2, save_every=2, log_every=1,
+    loop = LoopOptions(steps=4, batch_size=8, lr=1e-3, warmup_steps=1, eval_every=2, save_every=2, log_every=1,
                       progress=False, device=str(device))
     pretrain(job["data"], job["out"], model=job["model"], loop=loop, data_options=DataOptions(eval_batches=2))
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertforge.io import read_jsonl
+from bertforge.files import read_jsonl
 
 pytestmark = pytest.mark.slow  # each test launches torchrun
 

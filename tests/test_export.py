@@ -20,7 +20,7 @@ from bertforge import BertModel
 from bertforge.batching import length_batches
 from bertforge.cli import main
 from bertforge.export import write_onnx
-from bertforge.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bertforge.models import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bertforge.ort import run_session, session
 from bertforge.tokenizer import Tokenizer
 

@@ -18,8 +18,8 @@ import bertforge.tasks.runner
 from bertforge import BertforgeError, BertForMaskedLM, BertModel
 from bertforge.cli import main
 from bertforge.commands.inputs import read_input_records
-from bertforge.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bertforge.infer import Encoder, MaskFiller, Predictor, predict_records
+from bertforge.models import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 
 # --- fill-mask -----------------------------------------------------------------------------------------
 

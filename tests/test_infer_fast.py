@@ -19,10 +19,10 @@ import bertforge.cpu
 from bertforge import BertforgeError
 from bertforge.batching import length_batches
 from bertforge.cli import main
-from bertforge.heads import BertForSequenceClassification
 from bertforge.infer import Encoder, Int8Linear, PackedLinear, Predictor
 from bertforge.infer.checks import inference_dtype
 from bertforge.infer.transforms import _has_onednn_ops
+from bertforge.models import BertForSequenceClassification
 from bertforge.tokenizer import Tokenizer
 
 LABELS = ["negative", "positive"]

@@ -13,10 +13,10 @@ from infer_support import activation_codes
 import bertforge.cpu
 import bertforge.infer.transforms
 from bertforge import BertConfig, kernels
-from bertforge.heads import BertForSequenceClassification
+from bertforge.encoder import BertEncoder, attention_mask_for_sdpa
 from bertforge.infer import FusedInt8Encoder, quantize_int8
 from bertforge.infer.transforms import _fused_int8_layer, _has_onednn_ops
-from bertforge.model import BertEncoder, attention_mask_for_sdpa
+from bertforge.models import BertForSequenceClassification
 
 # built by the first test that needs them, not when the tests are collected; skipped where they cannot be
 needs_kernels = pytest.mark.usefixtures("int8_kernels")

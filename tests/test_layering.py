@@ -257,7 +257,7 @@ def test_a_cycle_is_found_and_reported_as_a_path():
 def test_the_rules_name_the_edges_that_break_them():
     fake = {"bertforge.demo": {"bertforge.commands.train"}, "bertforge.cli": {"bertforge.commands"},
             "bertforge.commands.train": {"bertforge.train.pretrain"},
-            "bertforge.infer.engines": {"bertforge.train.loop", "bertforge.model"}}
+            "bertforge.infer.engines": {"bertforge.train.loop", "bertforge.encoder"}}
     assert edges_breaking(fake, "bertforge", "bertforge.commands", ("bertforge.commands", "bertforge.cli")) == [
         "bertforge.demo -> bertforge.commands.train"]
     assert edges_breaking(fake, "bertforge.infer", "bertforge.train") == [

@@ -14,7 +14,7 @@ from bertforge import (
     BertForTokenClassification,
     BertModel,
 )
-from bertforge.checkpoint import load_state
+from bertforge.model_files import load_state
 
 ATOL = 1e-5
 
@@ -83,7 +83,7 @@ def test_sparse_mlm_loss_equals_dense_loss():
 
 
 def test_mlm_positions_lists_cls_then_the_labelled_positions():
-    from bertforge.heads import mlm_positions
+    from bertforge.models import mlm_positions
 
     labels = torch.tensor([[-100, 5, -100, 7], [-100, -100, -100, -100], [-100, -100, 9, -100]])
     positions, picked = mlm_positions(labels)
@@ -103,7 +103,7 @@ def test_pretraining_gradients_match_reference():
     nsp = torch.tensor([0, 1, 1, 0])
     hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, next_sentence_label=nsp).loss.backward()
     ours(ids, types, mask, mlm_labels=labels, nsp_labels=nsp).loss.backward()
-    from bertforge.checkpoint import from_hf_state_dict
+    from bertforge.model_files import from_hf_state_dict
 
     ref_grads = from_hf_state_dict({n: p.grad for n, p in hf.named_parameters() if p.grad is not None},
                                    with_bert_prefix=True)
@@ -160,7 +160,7 @@ def test_classification_gradients_match_reference():
     labels = torch.tensor([0, 2, 1])
     hf(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels).loss.backward()
     ours(ids, types, mask, labels=labels).loss.backward()
-    from bertforge.checkpoint import from_hf_state_dict
+    from bertforge.model_files import from_hf_state_dict
 
     ref_grads = from_hf_state_dict({n: p.grad for n, p in hf.named_parameters()}, with_bert_prefix=True)
     for name, p in ours.named_parameters():
@@ -237,7 +237,7 @@ def test_too_long_input_is_refused():
 
 
 def test_explicit_attention_equals_the_fused_kernel_with_padding_and_query_subsets():
-    from bertforge.model import _explicit_attention
+    from bertforge.encoder import _explicit_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, 7, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -254,7 +254,7 @@ def test_explicit_attention_equals_the_fused_kernel_with_padding_and_query_subse
 
 
 def test_bf16_on_a_cpu_takes_the_explicit_attention_for_short_sequences_and_matches_the_fused_one(monkeypatch):
-    from bertforge import model as model_module
+    from bertforge import encoder as model_module
 
     torch.manual_seed(0)
     config = BertConfig.from_preset("tiny", vocab_size=100, hidden_dropout_prob=0.0,

@@ -15,24 +15,24 @@ import torch
 
 import bertforge.cpu
 from bertforge.cli import build_parser
-from bertforge.commands.base import build_args, options_from
+from bertforge.commands.arguments import build_args, options_from
 from bertforge.commands.train import pretrain_kwargs
 from bertforge.errors import BertforgeError
-from bertforge.options import PRECISIONS, DataOptions, DemoOptions, FinetuneOptions, LoopConfig
+from bertforge.options import PRECISIONS, DataOptions, DemoOptions, FinetuneOptions, LoopOptions
 from bertforge.train.loop import resolve_precision
 
 # The option classes each command runs its library entry point with.
-LIBRARY_OPTIONS = {"pretrain": (LoopConfig, DataOptions), "finetune": (FinetuneOptions,), "demo": (DemoOptions,)}
+LIBRARY_OPTIONS = {"pretrain": (LoopOptions, DataOptions), "finetune": (FinetuneOptions,), "demo": (DemoOptions,)}
 REQUIRED = {"pretrain": ["--data", "d", "--out", "o"],
             "finetune": ["--task", "sst2", "--data", "d", "--init", "m", "--out", "o"], "demo": []}
 # Options the code that makes the class sets, never the user.
-LIBRARY_ONLY = {(LoopConfig, "best_metric")}  # fine-tuning: the task's main metric
+LIBRARY_ONLY = {(LoopOptions, "best_metric")}  # fine-tuning: the task's main metric
 # Where a command, given no options, runs with other values than the library's defaults: pretrain has its own
 # --steps and one --seed for the loop and the data, and its default recipe (bert) fills in the batch size and the
 # warmup (1% of the steps), which the library requires or sets for the paper's 1M steps.
-COMMAND_DEFAULTS = {("pretrain", LoopConfig, "steps"): 10000, ("pretrain", LoopConfig, "seed"): 12345,
-                    ("pretrain", LoopConfig, "batch_size"): 256, ("pretrain", LoopConfig, "warmup_steps"): 100}
-OWN_HELP = {("pretrain", "seed")}  # pretrain's one --seed, for LoopConfig's and DataOptions' seeds, says so
+COMMAND_DEFAULTS = {("pretrain", LoopOptions, "steps"): 10000, ("pretrain", LoopOptions, "seed"): 12345,
+                    ("pretrain", LoopOptions, "batch_size"): 256, ("pretrain", LoopOptions, "warmup_steps"): 100}
+OWN_HELP = {("pretrain", "seed")}  # pretrain's one --seed, for LoopOptions's and DataOptions' seeds, says so
 
 
 def subparser(command: str) -> argparse.ArgumentParser:
@@ -50,7 +50,7 @@ def library_options(command: str, args) -> dict[type, object]:
     """The option class instances the command would run its entry point with."""
     if command == "pretrain":
         kwargs = pretrain_kwargs(args)
-        return {LoopConfig: kwargs["loop"], DataOptions: kwargs["data_options"]}
+        return {LoopOptions: kwargs["loop"], DataOptions: kwargs["data_options"]}
     if command == "finetune":
         return {FinetuneOptions: options_from(FinetuneOptions, args)}
     return {DemoOptions: args}

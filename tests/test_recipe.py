@@ -17,13 +17,13 @@ from bertforge.cli import main
 from bertforge.config import BertConfig
 from bertforge.data.instances import create_single_segment_instances
 from bertforge.data.loader import PretrainingData, default_max_predictions
+from bertforge.encoder import BertModel
 from bertforge.errors import BertforgeError
-from bertforge.heads import BertForPreTraining
-from bertforge.io import read_jsonl
-from bertforge.model import BertModel
+from bertforge.files import read_jsonl
+from bertforge.models import BertForPreTraining
 from bertforge.train import distributed
 from bertforge.train.budget import BudgetPlan, Deadline, parse_minutes, plan_steps
-from bertforge.train.loop import LoopConfig
+from bertforge.train.loop import LoopOptions
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
 from bertforge.train.rundir import RUN_CONFIG
 from bertforge.train.state import checkpoints
@@ -154,9 +154,9 @@ def test_moving_the_end_of_the_schedule_keeps_it_linear_to_zero_at_the_new_end()
 
 def test_warmup_must_fit_the_run():
     with pytest.raises(BertforgeError, match="--warmup-steps"):
-        LoopConfig(steps=100, batch_size=8, warmup_steps=100).accumulation(1)
+        LoopOptions(steps=100, batch_size=8, warmup_steps=100).accumulation(1)
     with pytest.raises(BertforgeError, match="--warmup-steps"):
-        LoopConfig(steps=100, batch_size=8, warmup_steps=-5).accumulation(1)
+        LoopOptions(steps=100, batch_size=8, warmup_steps=-5).accumulation(1)
 
 
 @pytest.mark.slow
@@ -272,7 +272,7 @@ def test_pretrained_pre_ln_model_loads_with_its_architecture_and_says_transforme
 
 
 def test_bag_of_words_loss_is_the_cross_entropy_against_each_sequences_word_distribution():
-    from bertforge.heads import bag_of_words
+    from bertforge.models import bag_of_words
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=40, max_position_embeddings=16)).eval()

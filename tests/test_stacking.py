@@ -14,8 +14,8 @@ from simulated_clock import simulated_clock
 from bertforge.cli import main
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
-from bertforge.heads import BertForPreTraining
-from bertforge.io import read_jsonl
+from bertforge.files import read_jsonl
+from bertforge.models import BertForPreTraining
 from bertforge.train.rundir import RUN_CONFIG
 from bertforge.train.stacking import half_depth, stack_layers
 

@@ -20,8 +20,8 @@ import bertforge.cpu
 from bertforge import BertForPreTraining
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
-from bertforge.io import read_jsonl
-from bertforge.train.loop import LoopConfig, resolve_precision
+from bertforge.files import read_jsonl
+from bertforge.train.loop import LoopOptions, resolve_precision
 from bertforge.train.optim import parameter_groups, warmup_linear_decay
 from bertforge.train.pretrain import DataOptions, pretrain
 from bertforge.train.rundir import RUN_CONFIG
@@ -29,9 +29,9 @@ from bertforge.train.rundir import RUN_CONFIG
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def loop(**kw) -> LoopConfig:
+def loop(**kw) -> LoopOptions:
     base = dict(steps=8, batch_size=8, lr=1e-3, warmup_steps=2, log_every=1, progress=False, seed=3)
-    return LoopConfig(**{**base, **kw})
+    return LoopOptions(**{**base, **kw})
 
 
 def tiny_model_config(tmp_path: Path, **overrides) -> str:
@@ -86,9 +86,9 @@ def test_a_pretraining_run_equals_a_plain_reference_loop(prepared, tmp_path):
     """`pretrain` (loop, loss weighting, parameter groups, schedule, clipping) ends where a textbook loop with
     transformers' BertForPreTraining and torch's AdamW ends, from the same weights on the same batches."""
     transformers = pytest.importorskip("transformers")
-    from bertforge.checkpoint import from_hf_state_dict
     from bertforge.config import BertConfig
     from bertforge.data.loader import PretrainingData
+    from bertforge.model_files import from_hf_state_dict
 
     config = BertConfig.from_dict(json.loads(Path(tiny_model_config(
         tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).read_text()))

@@ -13,13 +13,13 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "BertConfig": "bertforge.config",
-    "BertModel": "bertforge.model",
-    "BertForPreTraining": "bertforge.heads",
-    "BertForMaskedLM": "bertforge.heads",
-    "BertForSequenceClassification": "bertforge.heads",
-    "BertForTokenClassification": "bertforge.heads",
-    "BertForQuestionAnswering": "bertforge.heads",
-    "BertForMultipleChoice": "bertforge.heads",
+    "BertModel": "bertforge.encoder",
+    "BertForPreTraining": "bertforge.models",
+    "BertForMaskedLM": "bertforge.models",
+    "BertForSequenceClassification": "bertforge.models",
+    "BertForTokenClassification": "bertforge.models",
+    "BertForQuestionAnswering": "bertforge.models",
+    "BertForMultipleChoice": "bertforge.models",
     "Tokenizer": "bertforge.tokenizer",
     "BertforgeError": "bertforge.errors",
 }

@@ -19,7 +19,7 @@ import sys
 import typing
 
 from bertforge import __version__
-from bertforge.commands.base import Command, add_dataclass_arguments, build_args
+from bertforge.commands.arguments import Command, add_dataclass_arguments, build_args
 from bertforge.errors import BertforgeError
 from bertforge.train.memory import keep_freed_memory
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # the machine's, not a bug: a full disk, a file where --out wants a directory
-        from bertforge.io import os_error_message  # here only: bertforge.io loads tqdm, which --help need not
+        from bertforge.files import os_error_message  # here only: bertforge.files loads tqdm, which --help need not
 
         message = os_error_message(e)
         if message is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import read_json_object, write_json
+from bertforge.files import read_json_object, write_json
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 

@@ -28,8 +28,8 @@ from bertforge.config import BertConfig
 from bertforge.corpus import expand_inputs, read_sentences
 from bertforge.data.prepare import prepare
 from bertforge.errors import BertforgeError
+from bertforge.files import cache_dir, read_jsonl, write_json, write_text
 from bertforge.infer import MaskFiller
-from bertforge.io import cache_dir, read_jsonl, write_json, write_text
 from bertforge.options import DemoOptions
 from bertforge.tokenizer import Tokenizer, corpus_summary
 from bertforge.train.finetune import FinetuneOptions

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_dir, read_json_object, write_text
+from bertforge.files import atomic_dir, read_json_object, write_text
 
 WHEEL_DIR_ENV = "BERTFORGE_DEMO_WHEELS"
 """Names a folder holding both wheels already downloaded; used when `wheel_dir` is None."""

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_dir, atomic_path
+from bertforge.files import atomic_dir, atomic_path
 from bertforge.tasks.runner import MODEL_INPUTS, TASK_FILE, load_encoder, load_task_model
 
 OPSET = 17  # the first opset with a LayerNormalization operator

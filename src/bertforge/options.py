@@ -1,9 +1,9 @@
 """The library's options, each declared once: its name, type, default, help and the values it may take.
 
 An option is a dataclass field made with `option(default, help=..., bound=...)`. The option classes here are
-what the library's entry points take (`Trainer` a `LoopConfig`, `pretrain` a `DataOptions`, `finetune` a
+what the library's entry points take (`Trainer` a `LoopOptions`, `pretrain` a `DataOptions`, `finetune` a
 `FinetuneOptions`, `run_demo` a `DemoOptions`), and the `bertforge` commands build their command lines from
-these same fields (`bertforge.commands.base`): the flag from the field's name (or its `flag`), the help and the
+these same fields (`bertforge.commands.arguments`): the flag from the field's name (or its `flag`), the help and the
 default from the declaration, and a numeric option's `bound` checked where a value arrives, on the command line
 or in a `--config` file. A field declared without `option` is the library's only: the code that makes the class
 sets it.
@@ -127,7 +127,7 @@ def quantize_option() -> Any:
 
 
 @dataclass
-class LoopConfig:
+class LoopOptions:
     """The training loop's options.
 
     `bertforge.train.loop.Trainer` runs pretraining and every fine-tuning task with them."""
@@ -212,18 +212,18 @@ class FinetuneOptions:
     batch_size: int = option(32, help="batch size (the paper: 16 or 32)", bound=at_least(1))
     epochs: float = option(3.0, help="epochs (the paper: 2 to 4)", bound=POSITIVE)
     warmup_ratio: float = option(0.1, help="fraction of steps with linear warmup", bound=FRACTION)
-    weight_decay: float = same_as(LoopConfig, "weight_decay")
+    weight_decay: float = same_as(LoopOptions, "weight_decay")
     seed: int = seed_option(42)
     max_length: int | None = option(None, help="sequence length (default: 128; SQuAD 384)",
                                     bound=at_least(5, "[CLS] A [SEP] B [SEP] needs 5"))
-    micro_batch_size: int | None = same_as(LoopConfig, "micro_batch_size")
+    micro_batch_size: int | None = same_as(LoopOptions, "micro_batch_size")
     from_scratch: bool = option(False, help="random weights with --init's architecture and tokenizer (a baseline)")
     max_train_examples: int | None = option(None, help="use only the first N training examples", bound=at_least(1))
     eval_batch_size: int = option(64, help="sequences per forward pass when evaluating on dev", bound=at_least(1))
-    device: str | None = same_as(LoopConfig, "device")
-    progress: bool = same_as(LoopConfig, "progress")
-    compile: bool = same_as(LoopConfig, "compile")
-    precision: str = same_as(LoopConfig, "precision")
+    device: str | None = same_as(LoopOptions, "device")
+    progress: bool = same_as(LoopOptions, "progress")
+    compile: bool = same_as(LoopOptions, "compile")
+    precision: str = same_as(LoopOptions, "precision")
 
 
 @dataclass
@@ -258,4 +258,4 @@ class DemoOptions:
     finetune_examples: int | None = option(None, help="fine-tune on only the first N training reviews",
                                            bound=at_least(1))
     seed: int = seed_option(12345)
-    progress: bool = same_as(LoopConfig, "progress")
+    progress: bool = same_as(LoopOptions, "progress")

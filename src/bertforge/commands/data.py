@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from bertforge.commands.base import Command
+from bertforge.commands.arguments import Command
 from bertforge.options import FRACTION, MIN_SEQ_LEN, at_least, option, seed_option
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bertforge.commands.base import Command
+from bertforge.commands.arguments import Command
 from bertforge.options import DemoOptions
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from bertforge.commands.base import Command
+from bertforge.commands.arguments import Command
 from bertforge.options import option
 from bertforge.train import memory
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command
+from bertforge.commands.arguments import Command
 from bertforge.options import at_least, option
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, check_output_file, command_args, options_from
+from bertforge.commands.arguments import Command, check_output_file, command_args, options_from
 from bertforge.options import FinetuneOptions, at_least, option
 
 
@@ -86,7 +86,7 @@ class EvaluateArgs:
 
 
 def run_evaluate(args: EvaluateArgs) -> int:
-    from bertforge.io import write_json
+    from bertforge.files import write_json
     from bertforge.tasks.runner import evaluate_examples, load_task_model
 
     check_output_file(args.out)

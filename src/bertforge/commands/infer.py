@@ -21,7 +21,7 @@ import io
 import json
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command, check_output_file, emit_jsonl
+from bertforge.commands.arguments import Command, check_output_file, emit_jsonl
 from bertforge.errors import BertforgeError
 from bertforge.options import at_least, backend_option, inference_precision_option, option, quantize_option
 
@@ -127,7 +127,7 @@ def run_embed(args: EmbedArgs) -> int:
                       backend=args.backend)
     vectors = encoder.embed(texts, pooling=args.pooling, normalize=args.normalize)
     if args.out and args.out.endswith(".npy"):
-        from bertforge.io import write_bytes
+        from bertforge.files import write_bytes
 
         # np.save into a file writes the array with ndarray.tofile, which can lose a write on a full disk without
         # a word: save into memory, then write the bytes as every other output is written

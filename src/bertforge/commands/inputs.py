@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
-from bertforge.io import open_text
+from bertforge.files import open_text
 
 
 def read_input_records(path: str | Path) -> list[dict]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertforge.commands.base import Command
+from bertforge.commands.arguments import Command
 from bertforge.options import at_least, option
 
 
@@ -26,7 +26,7 @@ def _load_config(spec: str):
 
 def model_info(args: ModelInfoArgs) -> None:
     """Print the configuration, parameter counts and training FLOPs per token."""
-    from bertforge.heads import BertForPreTraining
+    from bertforge.models import BertForPreTraining
 
     config = _load_config(args.model)
     import torch
@@ -64,7 +64,7 @@ def smoke(args: SmokeArgs) -> None:
 
     import torch
 
-    from bertforge.heads import BertForPreTraining
+    from bertforge.models import BertForPreTraining
 
     torch.manual_seed(0)
     config = _load_config(args.model).replace(vocab_size=1000, max_position_embeddings=128)

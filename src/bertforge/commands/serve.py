@@ -14,7 +14,7 @@ otherwise: another address lets other machines call the model (add --api-key).
 
 from __future__ import annotations
 
-from bertforge.commands.base import Command
+from bertforge.commands.arguments import Command
 from bertforge.serve.options import ServeOptions
 
 

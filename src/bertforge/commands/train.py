@@ -17,14 +17,14 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from bertforge.commands.base import Command, command_args, options_from
+from bertforge.commands.arguments import Command, command_args, options_from
 from bertforge.errors import BertforgeError
 from bertforge.options import (
     FRACTION,
     MIN_SEQ_LEN,
     SHARE,
     DataOptions,
-    LoopConfig,
+    LoopOptions,
     at_least,
     option,
     seed_option,
@@ -46,10 +46,10 @@ def recipe_note(field: str) -> str:
     return "recipe: " + ", ".join(f"{r.name} {shown(getattr(r, field))}" for r in RECIPES.values())
 
 
-@command_args(LoopConfig, DataOptions, defaults={"steps": 10000},
+@command_args(LoopOptions, DataOptions, defaults={"steps": 10000},
               optional={name: recipe_note(field) for name, field in RECIPE_OPTIONS.items()})
 class PretrainArgs:
-    """`bertforge pretrain`'s arguments: these, then the options of LoopConfig and DataOptions."""
+    """`bertforge pretrain`'s arguments: these, then the options of LoopOptions and DataOptions."""
 
     data: str = option(help="prepared data directory (from `bertforge prepare`)")
     out: str = option(help="run directory: checkpoints, metrics.jsonl, curves and the final model")
@@ -96,7 +96,7 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     resolved = resolve(args.recipe, given, minutes=minutes)
     warmup_fraction = resolved.pop("warmup_fraction")
     args = dataclasses.replace(args, **resolved)
-    return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=options_from(LoopConfig, args),
+    return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=options_from(LoopOptions, args),
                 data_options=options_from(DataOptions, args), init=args.init, resume=args.resume,
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
                 warmup_fraction=warmup_fraction, recipe=get_recipe(args.recipe), stack_fraction=args.stack_fraction,

@@ -6,7 +6,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from bertforge.commands.base import Command
+from bertforge.commands.arguments import Command
 from bertforge.commands.data import PrepareArgs
 from bertforge.errors import BertforgeError
 from bertforge.options import at_least, option, same_as
@@ -45,7 +45,7 @@ class VocabTrainArgs:
 
 def vocab_train(args: VocabTrainArgs) -> None:
     from bertforge.corpus import ReadStats, expand_inputs, read_sentences
-    from bertforge.io import write_json
+    from bertforge.files import write_json
     from bertforge.tokenizer import Tokenizer, corpus_summary
 
     out = Path(args.out)

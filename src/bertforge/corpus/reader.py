@@ -256,7 +256,7 @@ def _text_document(value: str, stats: ReadStats, max_line_bytes: int) -> Iterato
 def read_sentences(paths: list[Path], stats: ReadStats | None = None, *, fmt: str = "auto",
                    text_field: str = TEXT_FIELD, progress: Any = None) -> Iterator[str]:
     """The sentences of every file in order, without document ends: text to count (`vocab train`), read exactly
-    as `prepare` reads it. `progress` (`bertforge.io.progress_reporter`) advances by each unit's bytes."""
+    as `prepare` reads it. `progress` (`bertforge.progress.progress_reporter`) advances by each unit's bytes."""
     stats = stats if stats is not None else ReadStats()
     for unit in plan_units(paths, fmt, stats=stats, text_field=text_field):
         yield from (s for s in read_unit(unit, stats) if s is not END)

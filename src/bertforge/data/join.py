@@ -18,7 +18,7 @@ from bertforge.corpus import ReadStats
 from bertforge.data.prepare import check_out, check_shard_sizes
 from bertforge.data.shards import SPLITS, ShardWriter, assemble_manifest, open_split, read_manifest
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_dir, write_json
+from bertforge.files import atomic_dir, write_json
 
 
 def _part_manifests(parts: list[str | os.PathLike]) -> list[tuple[Path, dict]]:

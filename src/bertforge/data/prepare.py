@@ -32,7 +32,8 @@ from bertforge.data.shards import (
     token_dtype,
 )
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_dir, progress_reporter, write_json
+from bertforge.files import atomic_dir, write_json
+from bertforge.progress import progress_reporter
 from bertforge.tokenizer import Tokenizer
 
 BATCH_CHARS = 1 << 20  # text tokenized per call, per worker
@@ -301,7 +302,7 @@ def _merge_part(stem: Path, writer: ShardWriter, dtype: np.dtype) -> None:
 
 def check_shard_sizes(out: Path, manifest: dict) -> None:
     """Every shard file has the size its counts give: a last guard against a short write (a full disk) that
-    went unreported; an OSError here lets bertforge.io find out which limit was hit and say so."""
+    went unreported; an OSError here lets bertforge.files find out which limit was hit and say so."""
     dtype = np.dtype(manifest["dtype"])
     for split in SPLITS:
         for meta in manifest["splits"][split]["shards"]:

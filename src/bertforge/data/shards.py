@@ -23,7 +23,7 @@ from typing import BinaryIO
 import numpy as np
 
 from bertforge.errors import BertforgeError
-from bertforge.io import read_json_object
+from bertforge.files import read_json_object
 
 FORMAT = "bertforge-pretraining-data/1"
 # what readers of a manifest look up, besides its format

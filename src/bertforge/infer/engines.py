@@ -15,13 +15,13 @@ import torch
 from torch import nn
 
 from bertforge.batching import MAX_TOKENS, length_batches, run_batches
-from bertforge.checkpoint import load_model
 from bertforge.config import BertConfig
 from bertforge.data.padding import pad_ids
 from bertforge.errors import BertforgeError
-from bertforge.heads import BertForMaskedLM
 from bertforge.infer.checks import auto_streams, check_backend, check_options, check_quantize
 from bertforge.infer.transforms import prepare
+from bertforge.model_files import load_model
+from bertforge.models import BertForMaskedLM
 from bertforge.ort import load_ort_model
 from bertforge.tasks.runner import TaskModel, load_encoder, load_task, load_task_model, run_model
 from bertforge.tokenizer import Tokenizer

@@ -18,8 +18,8 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
 from bertforge import cpu, kernels
+from bertforge.encoder import BertEncoder, BertLayer, BertSelfAttention
 from bertforge.infer.checks import inference_dtype
-from bertforge.model import BertEncoder, BertLayer, BertSelfAttention
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from bertforge import cpu
-from bertforge.io import cache_dir
+from bertforge.files import cache_dir
 
 SOURCE = Path(__file__).with_name("cpu_int8.cpp")
 # the ISA the kernels are compiled for (-march=native): a build is only reused on a CPU with the same flags

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import open_text
+from bertforge.files import open_text
 
 KINDS = ("classification", "regression", "multiple_choice", "token_classification", "question_answering")
 SPLITS = ("train", "dev", "test")

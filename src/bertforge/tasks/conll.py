@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import open_text
+from bertforge.files import open_text
 from bertforge.tasks.base import Feature, TaggedExample, Task, split_file, where
 from bertforge.tasks.classification import as_array
 from bertforge.tasks.features import tagging_features

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import open_text
+from bertforge.files import open_text
 from bertforge.tasks.base import TextExample, split_file, where
 from bertforge.tasks.classification import SequenceTask
 

@@ -18,17 +18,17 @@ import torch
 from torch import nn
 
 from bertforge.batching import length_batches, run_batches
-from bertforge.checkpoint import load_model
 from bertforge.device import pick_device, to_device
+from bertforge.encoder import BertModel
 from bertforge.errors import BertforgeError
-from bertforge.heads import (
+from bertforge.files import read_json_object
+from bertforge.model_files import load_model
+from bertforge.models import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bertforge.io import read_json_object
-from bertforge.model import BertModel
 from bertforge.tasks.base import QAExample, TaggedExample, Task
 from bertforge.tasks.features import collate
 from bertforge.tasks.registry import get_task

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import BertforgeError
-from bertforge.io import open_text
+from bertforge.files import open_text
 from bertforge.tasks.base import Feature, QAExample, Task, split_file
 from bertforge.tasks.features import encode_plain
 from bertforge.tasks.metrics import squad_scores

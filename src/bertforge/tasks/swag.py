@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import open_text
+from bertforge.files import open_text
 from bertforge.tasks.base import ChoiceExample, Feature, Task, split_file, where
 from bertforge.tasks.classification import as_array
 from bertforge.tasks.features import choice_features

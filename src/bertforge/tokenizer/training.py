@@ -32,7 +32,7 @@ from tokenizers import trainers
 
 from bertforge.corpus import TEXT_FIELD, ReadStats, expand_inputs, read_sentences
 from bertforge.errors import BertforgeError
-from bertforge.io import progress_reporter
+from bertforge.progress import progress_reporter
 from bertforge.tokenizer.engine import CONTROL_BYTES, SURROGATES, pipeline, wordpiece
 from bertforge.tokenizer.unicode import class_table
 from bertforge.tokenizer.vocab import MAX_VOCAB_SIZE, SPECIAL_TOKENS, SUBWORD_PREFIX

@@ -18,7 +18,7 @@ import unicodedata
 import numpy as np
 
 from bertforge.errors import BertforgeError
-from bertforge.io import cache_dir, read_json_object, write_json
+from bertforge.files import cache_dir, read_json_object, write_json
 
 # CJK Unified Ideographs blocks, exactly the reference's list (the engine's own list differs at U+2B820).
 CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
-from bertforge.io import read_json_object
+from bertforge.files import read_json_object
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)  # the order training gives them: [PAD] = 0

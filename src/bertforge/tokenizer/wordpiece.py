@@ -14,7 +14,7 @@ import tokenizers
 
 from bertforge.corpus import TEXT_FIELD, ReadStats
 from bertforge.errors import BertforgeError
-from bertforge.io import write_json, write_text
+from bertforge.files import write_json, write_text
 from bertforge.tokenizer.encoding import BatchEncoding, Encoding, join_segments
 from bertforge.tokenizer.engine import NOT_FAST, SURROGATES, backend
 from bertforge.tokenizer.training import train_vocab

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.io import write_json
-from bertforge.options import LoopConfig
+from bertforge.files import write_json
+from bertforge.options import LoopOptions
 from bertforge.train import distributed, loop
 from bertforge.train.loop import Objective, autocast, resolve_precision
 from bertforge.train.optim import build_optimizer
@@ -73,7 +73,7 @@ def parse_minutes(text: str | float) -> float:
     return minutes
 
 
-def time_steps(model: nn.Module, batches: Iterator[dict], objective: Objective, config: LoopConfig, *, accum: int,
+def time_steps(model: nn.Module, batches: Iterator[dict], objective: Objective, config: LoopOptions, *, accum: int,
                device: torch.device) -> float:
     """Median seconds of one optimizer step (`accum` micro-batches, the training's own step function
     `loop.train_step` with the run's optimizer, clipping and precision) of a copy of `model` in this process
@@ -183,10 +183,10 @@ def deadline_for(plan: BudgetPlan, origin: float) -> Deadline:
     return Deadline(plan.minutes, origin=origin, reserve=plan.eval_seconds, every=max(1, plan.steps // REPLANS))
 
 
-def plan_run(config: LoopConfig, *, minutes: float, warmup_fraction: float | None, out_dir: Path, resume: bool,
+def plan_run(config: LoopOptions, *, minutes: float, warmup_fraction: float | None, out_dir: Path, resume: bool,
              started: float, dist: distributed.Dist, model: nn.Module, batches: Iterator[dict],
              objective: Objective, accum: int, evaluate: Callable[[nn.Module], dict] | None) -> tuple[BudgetPlan,
-                                                                                                  LoopConfig]:
+                                                                                                  LoopOptions]:
     """The plan of a run with a budget of `minutes` (the one `out_dir` recorded when resumed, else timed now on
     copies of `model`), and the loop `config` with the planned steps and a warmup of `warmup_fraction` of them
     (None: `config.warmup_steps`). Every process gets the same."""
@@ -205,7 +205,7 @@ def plan_run(config: LoopConfig, *, minutes: float, warmup_fraction: float | Non
     return plan, config
 
 
-def _time_evaluation(model: nn.Module, evaluate: Callable[[nn.Module], dict] | None, config: LoopConfig,
+def _time_evaluation(model: nn.Module, evaluate: Callable[[nn.Module], dict] | None, config: LoopOptions,
                      device: torch.device) -> float:
     """Seconds of one evaluation, run as the trainer runs it, on a copy of `model` (0 without evaluation)."""
     if evaluate is None:

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.checkpoint import unwrap
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_dir, write_json
+from bertforge.files import atomic_dir, write_json
+from bertforge.model_files import unwrap
 from bertforge.options import FinetuneOptions
 from bertforge.tasks import collate, get_task
 from bertforge.tasks.runner import (
@@ -41,7 +41,7 @@ from bertforge.tasks.runner import (
 )
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
-from bertforge.train.loop import LoopConfig, Trainer, TrainingInterrupted, resolve_precision
+from bertforge.train.loop import LoopOptions, Trainer, TrainingInterrupted, resolve_precision
 from bertforge.train.report import plot_metrics
 from bertforge.train.rundir import RUN_CONFIG, write_run_config
 
@@ -210,11 +210,11 @@ def _task_model(task: Any, init: str | Path, labels: list | None, o: FinetuneOpt
     return model_cls.from_pretrained(init, verbose=d.is_main, **overrides)
 
 
-def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopConfig:
+def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopOptions:
     """The loop of `o.epochs` over `n_features`: evaluated every epoch, the best by `main_metric` kept."""
     steps_per_epoch = math.ceil(n_features / o.batch_size)
     steps = max(1, round(o.epochs * steps_per_epoch))
-    return LoopConfig(steps=steps, batch_size=o.batch_size, micro_batch_size=o.micro_batch_size, lr=o.lr,
+    return LoopOptions(steps=steps, batch_size=o.batch_size, micro_batch_size=o.micro_batch_size, lr=o.lr,
                       warmup_steps=round(o.warmup_ratio * steps), weight_decay=o.weight_decay,
                       log_every=max(1, min(50, steps_per_epoch // 4)), eval_every=steps_per_epoch,
                       seed=o.seed, best_metric=main_metric, progress=o.progress,
@@ -222,7 +222,7 @@ def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopC
 
 
 def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, dev: list, dev_features: list,
-           loop: LoopConfig, spec: dict, o: FinetuneOptions, d: distributed.Dist, work: Path,
+           loop: LoopOptions, spec: dict, o: FinetuneOptions, d: distributed.Dist, work: Path,
            run_config: dict) -> dict:
     """The training run of `finetune`, writing into the work directory `work`."""
     last_eval: dict[str, Any] = {}

@@ -27,17 +27,18 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bertforge.checkpoint import unwrap
 from bertforge.device import pick_device, pick_precision, to_device
 from bertforge.errors import BertforgeError
-from bertforge.io import MetricsLog, atomic_dir, progress_reporter, write_json
-from bertforge.options import PRECISIONS, LoopConfig
+from bertforge.files import atomic_dir, write_json
+from bertforge.model_files import unwrap
+from bertforge.options import PRECISIONS, LoopOptions
+from bertforge.progress import MetricsLog, progress_reporter
 from bertforge.train import distributed
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
 from bertforge.train.state import CHECKPOINTS_DIR, METRICS_FILE, checkpoints, load_checkpoint, save_checkpoint
 
-# LoopConfig is imported from here by callers that build a loop (it is declared in options.py with the others)
-__all__ = ["LoopConfig", "Objective", "Trainer", "TrainResult", "TrainingInterrupted", "autocast", "resolve_precision",
+# LoopOptions is imported from here by callers that build a loop (it is declared in options.py with the others)
+__all__ = ["LoopOptions", "Objective", "Trainer", "TrainResult", "TrainingInterrupted", "autocast", "resolve_precision",
            "train_step"]
 
 
@@ -155,7 +156,7 @@ class Trainer:
     metrics.jsonl, checkpoints/step-N/, the final model (via `save_model`, into `final_dir`, by default
     `out_dir` itself) and, with `best_metric`, the model of the best evaluation in best/."""
 
-    def __init__(self, model: nn.Module, data: Any, objective: Objective, config: LoopConfig, out_dir: str | Path,
+    def __init__(self, model: nn.Module, data: Any, objective: Objective, config: LoopOptions, out_dir: str | Path,
                  *, evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
                  save_model: Callable[[nn.Module, Path], None] | None = None,
                  dist: distributed.Dist | None = None, resume: bool = False, on_log: Callable | None = None,
@@ -363,7 +364,7 @@ class _Window:
 
 
 @contextlib.contextmanager
-def _progress(cfg: LoopConfig, start: int, enabled: bool, total: int):
+def _progress(cfg: LoopOptions, start: int, enabled: bool, total: int):
     """A bar on a terminal, plain lines now and then when stderr is a log file (see `progress_reporter`)."""
     if not (enabled and cfg.progress):
         yield None

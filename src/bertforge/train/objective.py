@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from bertforge.device import to_device
-from bertforge.heads import IGNORE_INDEX, BertForPreTraining
+from bertforge.models import IGNORE_INDEX, BertForPreTraining
 from bertforge.train import distributed
 
 

@@ -12,16 +12,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from bertforge.checkpoint import WEIGHTS_NAME, unwrap
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.loader import PretrainingData
 from bertforge.errors import BertforgeError
-from bertforge.heads import BertForPreTraining
+from bertforge.model_files import WEIGHTS_NAME, unwrap
+from bertforge.models import BertForPreTraining
 from bertforge.options import DataOptions
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import budget, distributed, stacking
 from bertforge.train.budget import BudgetPlan, deadline_for, plan_run, save_plan
-from bertforge.train.loop import LoopConfig, Trainer, TrainResult, resolve_precision
+from bertforge.train.loop import LoopOptions, Trainer, TrainResult, resolve_precision
 from bertforge.train.objective import PretrainingObjective, evaluate_pretraining
 from bertforge.train.recipe import BERT, Recipe, get_recipe, resolve
 from bertforge.train.report import plot_metrics
@@ -30,7 +30,7 @@ from bertforge.train.rundir import RUN_CONFIG, claim_run_dir, write_run_config
 from bertforge.train.stacking import HALF_DEPTH_DIR, half_depth, stack_layers
 from bertforge.train.state import METRICS_FILE
 
-__all__ = ["DataOptions", "LoopConfig", "PretrainingObjective", "evaluate_pretraining", "pretrain",
+__all__ = ["DataOptions", "LoopOptions", "PretrainingObjective", "evaluate_pretraining", "pretrain",
            "resolve_model_config"]
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
@@ -58,7 +58,7 @@ def resolve_model_config(spec: str, vocab_size: int, max_seq_len: int) -> BertCo
 
 
 def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
-             loop: LoopConfig | Mapping[str, Any] | None = None,
+             loop: LoopOptions | Mapping[str, Any] | None = None,
              data_options: DataOptions | Mapping[str, Any] | None = None, init: str | Path | None = None,
              resume: bool = False, max_seq_len: int | None = None, dropout: float | None = None,
              pre_layer_norm: bool | None = None, minutes: float | None = None, warmup_fraction: float | None = None,
@@ -117,22 +117,22 @@ def _given(options: Any) -> dict[str, Any]:
     return {k: v for k, v in items if v is not None}
 
 
-_LOOP_OPTIONS = ("batch_size", "lr", "warmup_steps", "betas", "weight_decay")  # the recipe's, of LoopConfig
+_LOOP_OPTIONS = ("batch_size", "lr", "warmup_steps", "betas", "weight_decay")  # the recipe's, of LoopOptions
 
 
-def apply_recipe(recipe: Recipe | str | None, loop: LoopConfig | Mapping[str, Any] | None,
+def apply_recipe(recipe: Recipe | str | None, loop: LoopOptions | Mapping[str, Any] | None,
                  data_options: DataOptions | Mapping[str, Any] | None, minutes: float | None,
-                 explicit: Mapping[str, Any]) -> tuple[LoopConfig, DataOptions, dict[str, Any]]:
+                 explicit: Mapping[str, Any]) -> tuple[LoopOptions, DataOptions, dict[str, Any]]:
     """`pretrain`'s loop and data options and the recipe options' values (`recipe.resolve`) for `recipe` (None:
     `bert`), the options given winning: `explicit` (by command-line name, None: not given) and the fields `loop`
     and `data_options` set. An option class instance is used as it is."""
     loop_given, data_given = _given(loop), _given(data_options)
     given = {**loop_given, "mask_prob": data_given.get("masked_lm_prob"), "nsp": data_given.get("nsp"), **explicit}
     values = resolve(recipe if recipe is not None else BERT, given, minutes=minutes)
-    if not isinstance(loop, LoopConfig):
+    if not isinstance(loop, LoopOptions):
         if values["steps"] is None:
             raise BertforgeError("pretrain needs the run's length: the loop's steps, or a time budget (minutes)")
-        loop = LoopConfig(**{**loop_given, **{k: values[k] for k in _LOOP_OPTIONS}, "steps": values["steps"]})
+        loop = LoopOptions(**{**loop_given, **{k: values[k] for k in _LOOP_OPTIONS}, "steps": values["steps"]})
     if not isinstance(data_options, DataOptions):
         data_options = DataOptions(**{**data_given, "masked_lm_prob": values["mask_prob"], "nsp": values["nsp"]})
     return loop, data_options, values
@@ -147,7 +147,7 @@ class _Stage:
 
     data_dir: str | Path
     model: str
-    loop: LoopConfig
+    loop: LoopOptions
     data_options: DataOptions
     init: str | Path | None
     resume: bool
@@ -312,7 +312,7 @@ def _model_saver(tok_dir: Path):
     return save_model
 
 
-def _run_config(s: _Stage, config: BertConfig, loop: LoopConfig, train: PretrainingData, plan: BudgetPlan | None,
+def _run_config(s: _Stage, config: BertConfig, loop: LoopOptions, train: PretrainingData, plan: BudgetPlan | None,
                 d: distributed.Dist) -> dict:
     return dict(command="pretrain", data=str(s.data_dir), model=config.to_dict(), loop=loop,
                 data_options=s.data_options, max_seq_len=train.max_seq_len, init=str(s.init) if s.init else None,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bertforge.io import atomic_path, read_jsonl
+from bertforge.files import atomic_path, read_jsonl
 
 _TRAIN_KEYS = ("loss", "mlm_loss", "nsp_loss", "bow_loss")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import read_json_object
+from bertforge.files import read_json_object
 from bertforge.train.rundir import RUN_CONFIG
 from bertforge.train.state import checkpoints, recorded_total_steps
 

@@ -5,7 +5,7 @@ resumed, and takes an exclusive `flock` on `.lock` inside it, so a second proces
 at once with an `error:` line. The operating system drops the lock when the process ends, however it ends
 (SIGKILL too), so a killed run never leaves a stale lock behind; the `.lock` file stays, holding the pid of
 the last process that locked it, which a refusal names. Temporaries a killed run left (`.NAME.*.tmp`, see
-`bertforge.io`) do not count as contents and are removed once the lock is held.
+`bertforge.files`) do not count as contents and are removed once the lock is held.
 
 A run records its resolved configuration in `RUN_CONFIG` (`write_run_config`); `bertforge.train.resume` compares
 a resumed or reused run with it.
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import write_json
+from bertforge.files import write_json
 
 LOCK_FILE = ".lock"
 RUN_CONFIG = "run_config.json"  # a run's resolved configuration, in its directory
-_TEMPORARY = re.compile(r"\..+\.tmp")  # what bertforge.io's atomic writes leave when killed midway
+_TEMPORARY = re.compile(r"\..+\.tmp")  # what bertforge.files's atomic writes leave when killed midway
 
 
 class RunDir:

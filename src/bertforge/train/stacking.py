@@ -17,8 +17,8 @@ from typing import Any
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.shards import read_manifest
 from bertforge.errors import BertforgeError
-from bertforge.heads import BertForPreTraining
-from bertforge.options import MIN_SEQ_LEN, LoopConfig
+from bertforge.models import BertForPreTraining
+from bertforge.options import MIN_SEQ_LEN, LoopOptions
 from bertforge.train import distributed
 from bertforge.train.resume import check_stack
 from bertforge.train.rundir import used_dir_refusal
@@ -68,7 +68,7 @@ def model_depth(spec: str) -> int | None:
     return BertConfig.from_json(path).num_hidden_layers if path.is_file() else None
 
 
-def split(loop: LoopConfig, minutes: float | None, fraction: float) -> list[tuple[LoopConfig, float | None]]:
+def split(loop: LoopOptions, minutes: float | None, fraction: float) -> list[tuple[LoopOptions, float | None]]:
     """The two stages' loop settings and budgets: `fraction` of the steps (or minutes) for the first."""
     first = min(max(1, round(fraction * loop.steps)), loop.steps - 1) if loop.steps > 1 else 1
     stages = []
@@ -79,7 +79,7 @@ def split(loop: LoopConfig, minutes: float | None, fraction: float) -> list[tupl
     return stages
 
 
-def short_stage(loop: LoopConfig, run_len: int, short_len: int) -> LoopConfig:
+def short_stage(loop: LoopOptions, run_len: int, short_len: int) -> LoopOptions:
     """The first stage's loop at `short_len` (<= `run_len`): as many more sequences a batch and micro-batch, so a
     step takes about as many tokens as at the run's length (the same loop when the lengths are equal)."""
     def scale(n: int | None) -> int | None:
@@ -88,7 +88,7 @@ def short_stage(loop: LoopConfig, run_len: int, short_len: int) -> LoopConfig:
     return dataclasses.replace(loop, batch_size=scale(loop.batch_size), micro_batch_size=scale(loop.micro_batch_size))
 
 
-def stages(out_dir: Path, *, model: str, loop: LoopConfig, minutes: float | None, data_dir: str | Path,
+def stages(out_dir: Path, *, model: str, loop: LoopOptions, minutes: float | None, data_dir: str | Path,
            max_seq_len: int | None, resume: bool, fraction: float,
            length_fraction: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """The settings of a stacked run's two stages (what each changes of the run's): the first at half depth in

@@ -2,7 +2,7 @@
 run saves it), `trainer_state.pt` (optimizer, scheduler, every rank's random number generators, the data
 position, the schedule's current length and the budget spent) and `state.json`, the same figures readable.
 
-Not to be confused with `bertforge.checkpoint`, which reads and writes model files: a checkpoint here is what
+Not to be confused with `bertforge.model_files`, which reads and writes model files: a checkpoint here is what
 `--resume` continues from.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bertforge.checkpoint import load_state, read_weights, unwrap
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_dir, read_jsonl, write_json, write_text
+from bertforge.files import atomic_dir, read_jsonl, write_json, write_text
+from bertforge.model_files import load_state, read_weights, unwrap
 from bertforge.train import distributed
 
 STATE_FILE = "trainer_state.pt"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_path, write_json
+from bertforge.files import atomic_path, write_json
 from bertforge.tasks.runner import evaluate_examples, load_task_model
 from bertforge.train.finetune import FinetuneOptions, check_out_dir, finetune
 from bertforge.train.rundir import RUN_CONFIG, write_run_config

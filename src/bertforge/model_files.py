@@ -19,7 +19,7 @@ from torch import nn
 
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_path
+from bertforge.files import atomic_path
 
 WEIGHTS_NAME = "model.safetensors"
 LEGACY_WEIGHTS_NAME = "pytorch_model.bin"

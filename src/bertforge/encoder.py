@@ -5,7 +5,7 @@ Conventions: `attention_mask` is 1 for real tokens and 0 for padding; `token_typ
 and 1 for segment B; padding may sit anywhere but is usually on the right.
 
 Differences from the Hugging Face module tree, for speed: query, key and value are one (3H, H) projection,
-and the feed-forward and normalisation modules sit directly on the layer. `checkpoint.py` holds the one
+and the feed-forward and normalisation modules sit directly on the layer. `model_files.py` holds the one
 name map between the two layouts.
 """
 
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.checkpoint import load_pretrained, save_pretrained
 from bertforge.config import BertConfig
+from bertforge.model_files import load_pretrained, save_pretrained
 
 CLS_INDEX = 0  # the tokenizer puts [CLS] first in every sequence: token 0 is what the pooler reads
 

@@ -16,7 +16,7 @@ from bertforge import (
     BertForTokenClassification,
     BertModel,
 )
-from bertforge.checkpoint import unwrap
+from bertforge.model_files import unwrap
 
 
 def close(a, b, atol=1e-5):
@@ -136,7 +136,7 @@ def test_saving_unwraps_compile_and_ddp(tmp_path):
 
 
 def _saved(model, path):
-    from bertforge.checkpoint import save_pretrained
+    from bertforge.model_files import save_pretrained
 
     save_pretrained(model, path)
     return path

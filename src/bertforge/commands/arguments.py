@@ -2,7 +2,7 @@
 
 A command is a dataclass of arguments plus a function that takes an instance of it. Each field is an option
 declared with `bertforge.options.option` (help, default, choices, a numeric `bound`); a command that runs a
-library entry point takes that entry point's options from its option class (`command_args(LoopConfig, ...)`)
+library entry point takes that entry point's options from its option class (`command_args(LoopOptions, ...)`)
 rather than declaring them again, and hands them back with one conversion (`options_from`).
 
 Field types decide the parsing: `str`, `int`, `float`, `bool` (a `--x/--no-x` switch), `list[str]` (one or more
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import read_json_object
+from bertforge.files import read_json_object
 from bertforge.options import Bound, default_of, redeclare
 
 
@@ -265,7 +265,7 @@ def emit_jsonl(records: typing.Iterable[dict], out: str | None, what: str) -> No
     """Write one JSON object per line to `out` (atomically, then say how many) or, without `out`, to stdout."""
     lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in records]
     if out:
-        from bertforge.io import write_text
+        from bertforge.files import write_text
 
         write_text(out, "".join(lines))
         print(f"{len(lines)} {what} written to {out}")

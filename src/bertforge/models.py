@@ -1,4 +1,6 @@
-"""Pretraining heads (MLM tied to the word embeddings, NSP) and the task models.
+"""The BERT models: the encoder (`encoder.BertModel`) with a head. Pretraining (`BertForPreTraining`: MLM tied to
+the word embeddings, NSP; `BertForMaskedLM`) and the task models (sequence and token classification, extractive
+QA, multiple choice), each with its head module.
 
 Shapes: B batch, T tokens, H hidden, V vocabulary, C choices, M labelled (masked) positions.
 Labels use ignore index -100: positions with -100 contribute nothing to any loss.
@@ -13,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.config import BertConfig
-from bertforge.model import CLS_INDEX, BertModel, BertPreTrainedModel, activation
+from bertforge.encoder import CLS_INDEX, BertModel, BertPreTrainedModel, activation
 
 IGNORE_INDEX = -100
 
