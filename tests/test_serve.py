@@ -301,6 +301,7 @@ def test_command_refuses_a_port_in_use_a_missing_model_and_a_missing_extra_in_on
     assert capsys.readouterr().err == "error: bertforge serve needs fastapi: pip install 'bertforge[serve]'\n"
 
 
+@pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_sigterm_finishes_the_accepted_requests_and_exits_0(models):
     proc = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", str(models["clf"]), "--port", "0",
                              "--max-wait-ms", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -102,6 +102,7 @@ def test_a_stacked_run_pretrains_half_depth_then_the_full_model_from_it(prepared
     assert json.loads((plain / "config.json").read_text())["num_hidden_layers"] == 2
 
 
+@pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_the_short_first_stage_reads_shorter_sequences_with_the_same_tokens_a_step(prepared, tmp_path, capsys):
     out = tmp_path / "short"
     args = _args(prepared, out, "--steps", "6", "--stack-fraction", "0.5", "--max-seq-len", "32",
@@ -122,6 +123,7 @@ def test_the_short_first_stage_reads_shorter_sequences_with_the_same_tokens_a_st
     assert (first["max_seq_len"], first["loop"]["batch_size"]) == (8, 4)
 
 
+@pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_a_stacked_run_resumes_in_the_stage_it_was_stopped_in(prepared, tmp_path, capsys):
     out = tmp_path / "stacked"
     args = _args(prepared, out, "--steps", "10", "--stack-fraction", "0.5", "--save-every", "2")
@@ -163,6 +165,7 @@ def test_stacked_runs_refuse_a_used_directory_an_odd_depth_and_init(prepared, tm
     assert "--stack-fraction" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_a_stacked_budget_splits_the_minutes_and_resumes_only_as_it_was_started(prepared, tmp_path, capsys):
     out = tmp_path / "budget"
     args = _args(prepared, out, "--minutes", "0.4")

@@ -46,6 +46,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "model.safetensors")
 
 
+@pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_tiny_pretraining_loss_falls_and_model_loads_here_and_in_transformers(prepared, tmp_path):
     out = tmp_path / "run"
     result = pretrain(prepared, out, model="tiny", loop=loop(steps=30, batch_size=16, lr=2e-3, eval_every=15),
@@ -68,6 +69,7 @@ def test_tiny_pretraining_loss_falls_and_model_loads_here_and_in_transformers(pr
                                atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_gradient_accumulation_takes_the_same_step(prepared, tmp_path):
     cfg = tiny_model_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     pretrain(prepared, tmp_path / "whole", model=cfg, loop=loop(steps=3),
@@ -125,6 +127,7 @@ def test_a_pretraining_run_equals_a_plain_reference_loop(prepared, tmp_path):
     assert moved > len(got) // 2  # the weights did change: the comparison is not between two initial states
 
 
+@pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_bf16_autocast_trains_fp32_weights_close_to_an_fp32_run(prepared, tmp_path, monkeypatch):
     """--precision bf16 on the CPU: the matmuls run in bf16 (the weights end different from an fp32 run of the
     same seed), the stored weights and optimizer stay fp32, and the run follows the fp32 one closely. On a CPU
