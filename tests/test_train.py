@@ -273,30 +273,6 @@ def test_sigterm_checkpoints_and_exits(prepared, tmp_path):
     assert state["step"] >= 4 and state["data_position"]["position"] > 0
 
 
-@pytest.mark.slow
-def test_two_processes_match_one(prepared, tmp_path):
-    pytest.importorskip("torch.distributed.run")
-    cfg = tiny_model_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    args = ["pretrain", "--data", str(prepared), "--model", cfg, "--steps", "4", "--batch-size", "8",
-            "--lr", "1e-3", "--warmup-steps", "1", "--eval-batches", "0", "--log-every", "1"]
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "bertforge", *args, "--out", str(tmp_path / "one")], env=env,
-                         capture_output=True, text=True)
-    assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "bertforge", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
-                         text=True)
-    assert two.returncode == 0, two.stderr[-3000:]
-    la = [r["loss"] for r in read_jsonl(tmp_path / "one" / "metrics.jsonl")]
-    lb = [r["loss"] for r in read_jsonl(tmp_path / "two" / "metrics.jsonl")]
-    assert len(la) == len(lb) == 4
-    # Same global batches, exact loss weighting: equal up to float summation order.
-    assert la == pytest.approx(lb, abs=1e-4)
-    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
-
-
 def test_a_val_split_of_one_document_reports_no_nsp_accuracy(prepared, tmp_path, shared_data, capsys):
     """One validation document gives IsNext pairs only: an NSP accuracy on it would be meaningless."""
     corpus = tmp_path / "corpus"
