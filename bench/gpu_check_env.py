@@ -80,6 +80,9 @@ def cuda_tests(ctx) -> dict:
         run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
                               "tests/test_cuda.py"], cwd=REPO, capture_output=True, text=True,
                              timeout=max(10, ctx.left() - 5))
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        run = subprocess.CompletedProcess(e.cmd, -1, out + "\n= error: pytest stopped by the time box =", "")
     finally:
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)

@@ -61,7 +61,7 @@ def prepared_data(ctx, seq_len: int) -> tuple[Path, Path, int]:
 
 
 def pretrain_args(ctx, data: Path, model: Path, out: Path) -> list[str]:
-    steps, save = (120, 20) if ctx.dry else (300, 100)
+    steps, save = (120, 20) if ctx.dry else (240, 80)
     return ["pretrain", "--data", str(data), "--model", str(model), "--out", str(out), "--steps", str(steps),
             "--batch-size", "8" if ctx.dry else "32", "--warmup-steps", "10", "--save-every", str(save),
             "--eval-every", str(steps // 2), "--eval-batches", "2", "--log-every", "1", "--seed", "1",
