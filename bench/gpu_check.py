@@ -20,8 +20,10 @@ printed last. Nothing is downloaded: the check writes its own synthetic corpus a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +43,7 @@ PARTS: dict[str, tuple[str, str, int]] = {
     "data_wait": ("gpu_check_journey", "data_wait", 40),
 }
 DRY_RUN_BOX = 90  # seconds per part in the dry run (tiny sizes on a CPU)
+GRACE = 10  # seconds past its time box before a part is stopped (it saves what it has at its deadline)
 TOTAL_SECONDS = 460  # parts start only while the check has run less than this (8 minutes in all)
 
 
@@ -79,12 +82,22 @@ def run_child(name: str, args: argparse.Namespace, work: Path, box: float) -> di
            "--deadline", str(time.time() + box)] + (["--cpu-dry-run"] if args.cpu_dry_run else [])
     start = time.time()
     error = None
+    # A session of its own, so a part stopped by its time box takes the processes it started (torchrun, pytest)
+    # with it rather than leaving them on the GPU for the next part.
+    proc = subprocess.Popen(cmd, env=env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        run = subprocess.run(cmd, env=env_for_children(), capture_output=True, text=True, timeout=box + 15)
-        if run.returncode:
-            error = f"exit {run.returncode}: " + _tail(run.stderr or run.stdout)
-    except subprocess.TimeoutExpired as e:
-        error = f"stopped by its time box of {box:.0f} s: " + _tail(e.stderr.decode() if e.stderr else "")
+        out, err = proc.communicate(timeout=box + GRACE)
+        if proc.returncode:
+            error = f"exit {proc.returncode}: " + _tail(err or out)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a process outside the group holds the pipe: its output is lost
+            err = ""
+        error = f"stopped by its time box of {box:.0f} s: " + _tail(err)
     figures = json.loads(result_file.read_text()) if result_file.is_file() else {}
     if figures.get("error") and error is None:
         error = figures["error"]
@@ -101,8 +114,11 @@ def child(args: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(BENCH))
     module, function, _ = PARTS[args.child]
-    if args.child in os.environ.get("GPU_CHECK_FAIL", "").split(","):  # the check's own test of a failing part
+    # the check's own tests: a part that fails, a part that hangs
+    if args.child in os.environ.get("GPU_CHECK_FAIL", "").split(","):
         raise RuntimeError(f"{args.child} failed on purpose (GPU_CHECK_FAIL)")
+    if args.child in os.environ.get("GPU_CHECK_HANG", "").split(","):
+        time.sleep(3600)
     work = Path(args.work)
     ctx = Context(args.child, args.cpu_dry_run, work / args.child, args.deadline, work / f"{args.child}.json")
     ctx.work.mkdir(parents=True, exist_ok=True)
@@ -114,6 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="directory for report.json and summary.md (created)")
     p.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS), help="parts to run, in order")
     p.add_argument("--cpu-dry-run", action="store_true", help="every part on the CPU at tiny sizes (CI)")
+    p.add_argument("--time-box", type=float, help="seconds for each part (default: each part's own; dry run: "
+                   f"{DRY_RUN_BOX})")
     p.add_argument("--work", help="directory for the parts' files (default: a new temporary one)")
     p.add_argument("--child", choices=list(PARTS), help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
@@ -139,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "work": str(work), "parts": {}}
     for name in args.parts:
         left = TOTAL_SECONDS - (time.time() - start)
-        box = DRY_RUN_BOX if args.cpu_dry_run else min(PARTS[name][2], left)
-        if box < 10:
+        box = args.time_box or (DRY_RUN_BOX if args.cpu_dry_run else min(PARTS[name][2], left))
+        if left < 10 and not args.cpu_dry_run:
             report["parts"][name] = {"ok": False, "seconds": 0, "error": "not run: the check's time was spent"}
             continue
         print(f"[gpu_check] {name} (time box {box:.0f} s) ...", flush=True)

@@ -71,3 +71,10 @@ def test_a_failing_part_is_recorded_and_the_check_goes_on(tmp_path):
     rows = table_of(run.stdout)[3:]
     assert rows[0].split("|")[2].strip() == "FAILED" and "failed on purpose" in rows[0]
     assert rows[1].split("|")[2].strip() == "ok"
+
+
+def test_a_part_past_its_time_box_is_stopped_and_recorded(tmp_path):
+    run, report = run_check(tmp_path, "--parts", "env", "--time-box", "1", GPU_CHECK_HANG="env")
+    env = report["parts"]["env"]
+    assert run.returncode == 1 and not env["ok"] and env["error"].startswith("stopped by its time box of 1 s")
+    assert env["seconds"] < 30 and "FAILED" in table_of(run.stdout)[-1]
