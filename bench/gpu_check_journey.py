@@ -50,7 +50,9 @@ def prepared_data(ctx, seq_len: int) -> tuple[Path, Path, int]:
     """(tokenizer, prepared data, vocabulary size) of a synthetic corpus at `seq_len`, made once per check run."""
     root = ctx.work.parent / f"data-{seq_len}"
     if not (root / "data" / "manifest.json").is_file():
-        n_docs = 60 if ctx.dry else 400
+        # BERT-base's batch of 256 at 128 needs thousands of instances, so that an epoch (whose start may restart
+        # the loader's workers) is not every few steps
+        n_docs = 60 if ctx.dry else (1500 if seq_len >= 128 else 400)
         corpus = write_doc_corpus(root / "corpus", make_documents(n_docs, seed=7))
         cli(ctx, "vocab", "train", "--corpus", str(corpus), "--vocab-size", "1000", "--min-frequency", "1",
             "--out", str(root / "tok"), "--no-progress")
@@ -263,7 +265,7 @@ def data_wait(ctx) -> None:
     from bertforge import BertConfig
 
     BertConfig.from_preset("tiny" if ctx.dry else "base", vocab_size=vocab).to_json(model)
-    steps, batch = (8, 8) if ctx.dry else (30, 256)
+    steps, batch = (8, 8) if ctx.dry else (25, 256)
     for workers in (0, 2):
         out = ctx.work / f"run-{workers}"
         timing = timed_pretrain(["pretrain", "--data", str(data), "--model", str(model), "--out", str(out), "--steps",
