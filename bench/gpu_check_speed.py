@@ -85,9 +85,9 @@ def _curve(model, V: int, B: int, T: int, steps: int, bf16: bool, device: torch.
 def bf16_against_fp32(ctx) -> None:
     """50 steps from the same weights on the same batches (`zipf_batch`), in fp32 and under bf16 autocast.
     Tolerances: the first loss (same weights, forward only) within 1% (bf16's unit roundoff 2^-8 per matmul
-    operand, averaged over the masked tokens: test_cuda's derivation); the mean of the last 10 losses within the fp32 curve's own
-    step-to-step noise over 10 steps (3 s / sqrt(10), s the spread of its last 10 losses around their linear
-    trend) or 1% of it, whichever is larger: bf16 must not move the curve more than the batches do."""
+    operand, averaged over the masked tokens: test_cuda's derivation); the mean of the last 10 losses within the
+    fp32 curve's own step-to-step noise over 10 steps (3 s / sqrt(10), s the spread of its last 10 losses around
+    their linear trend) or 1% of it, whichever is larger: bf16 must not move the curve more than the batches do."""
     preset, B, T, V = ("tiny", 4, 16, 500) if ctx.dry else ("mini", 32, 128, 30522)
     config = BertConfig.from_preset(preset, vocab_size=V, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     if ctx.dry:
