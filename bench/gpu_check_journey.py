@@ -36,7 +36,11 @@ def cli(ctx, *args: str, timeout: float | None = None, launcher: list[str] | Non
     """Runs `python -m bertforge ARGS` (or under `launcher`); its stdout. A failure raises naming the command."""
     cmd = (launcher or [sys.executable, "-m", "bertforge"]) + list(args)
     start = time.time()
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout or max(5.0, ctx.left() - 2))
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout or max(5.0, ctx.left() - 2))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"`{' '.join(args[:2])}` was still running at the part's deadline, after "
+                           f"{time.time() - start:.0f} s") from None
     seconds = ctx.result.setdefault("step_seconds", {})  # each command's seconds, summed over its runs
     name = args[0] if args[0] != "vocab" else "vocab train"
     seconds[name] = round(seconds.get(name, 0.0) + time.time() - start, 1)
@@ -63,7 +67,7 @@ def prepared_data(ctx, seq_len: int) -> tuple[Path, Path, int]:
 
 
 def pretrain_args(ctx, data: Path, model: Path, out: Path) -> list[str]:
-    steps, save = (120, 20) if ctx.dry else (240, 80)
+    steps, save = (60, 10) if ctx.dry else (240, 80)
     return ["pretrain", "--data", str(data), "--model", str(model), "--out", str(out), "--steps", str(steps),
             "--batch-size", "8" if ctx.dry else "32", "--warmup-steps", "10", "--save-every", str(save),
             "--eval-every", str(steps // 2), "--eval-batches", "2", "--log-every", "1", "--seed", "1",
