@@ -1,0 +1,80 @@
+"""bench/gpu_check.py, the prepared GPU check (issue 44), run as CI runs it: `--cpu-dry-run`, every part on the
+CPU at tiny sizes, so the script cannot rot between the rare runs on a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # each test runs the check, which starts many processes
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "gpu_check.py"
+PARTS = ["env", "journey", "bf16", "speed", "finetune", "inference", "data_wait"]
+# figures each part must report when it is ok (beyond its headline)
+FIGURES = {
+    "env": ["torch", "matmul_bf16_tflops", "cuda_tests", "bertforge_env"],
+    "journey": ["resume", "kill", "eval_steps", "checkpoints", "finetune_metrics", "device_vs_cpu_max_diff",
+                "onnx_vs_torch_max_diff"],
+    "bf16": ["losses_fp32", "losses_bf16", "within_tolerance", "last10_tolerance"],
+    "speed": ["table", "matmul_bf16_tflops", "flops_note"],
+    "finetune": ["rates", "ratio"],
+    "inference": ["rates", "ratio"],
+    "data_wait": ["workers_0", "workers_2"],
+}
+
+
+def run_check(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
+    cmd = [sys.executable, str(SCRIPT), "--cpu-dry-run", "--out", str(tmp_path / "out"), "--work",
+           str(tmp_path / "work"), *args]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+    return run, json.loads((tmp_path / "out" / "report.json").read_text())
+
+
+def table_of(stdout: str) -> list[str]:
+    """The lines from the table's heading to the end of the output."""
+    lines = stdout.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("GPU check ("))
+    return lines[start:]
+
+
+def test_the_dry_run_runs_every_part_and_prints_the_table_last(tmp_path):
+    run, report = run_check(tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert report["dry_run"] and list(report["parts"]) == PARTS
+    for name, part in report["parts"].items():
+        assert part["ok"] and part["error"] is None, (name, part.get("error"))
+        assert part["headline"] and all(k in part for k in FIGURES[name]), (name, sorted(part))
+    journey = report["parts"]["journey"]
+    assert journey["resume"]["bitwise_equal"] and not journey["kill"]["finished_before_kill"]
+    speed = report["parts"]["speed"]["table"]["tiny/32 x8"]
+    assert speed["ours-kept"]["tokens_per_s"] > 0 and speed["ref-kept"]["mfu"] > 0
+    # the table is the output's last lines: a heading, a rule, one row per part in order, each ok
+    table = table_of(run.stdout)
+    assert [row.split("|")[1].strip() for row in table[3:]] == PARTS
+    assert all(row.split("|")[2].strip() == "ok" for row in table[3:])
+    assert (tmp_path / "out" / "summary.md").read_text().count("\n## ") == len(PARTS)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.json", "summary.md"]
+
+
+def test_a_failing_part_is_recorded_and_the_check_goes_on(tmp_path):
+    run, report = run_check(tmp_path, "--parts", "env", "bf16", GPU_CHECK_FAIL="env")
+    assert run.returncode == 1
+    env, bf16 = report["parts"]["env"], report["parts"]["bf16"]
+    assert not env["ok"] and "env failed on purpose (GPU_CHECK_FAIL)" in env["error"]
+    assert bf16["ok"] and bf16["within_tolerance"]
+    rows = table_of(run.stdout)[3:]
+    assert rows[0].split("|")[2].strip() == "FAILED" and "failed on purpose" in rows[0]
+    assert rows[1].split("|")[2].strip() == "ok"
+
+
+def test_a_part_past_its_time_box_is_stopped_and_recorded(tmp_path):
+    run, report = run_check(tmp_path, "--parts", "env", "--time-box", "1", GPU_CHECK_HANG="env")
+    env = report["parts"]["env"]
+    assert run.returncode == 1 and not env["ok"] and env["error"].startswith("stopped by its time box of 1 s")
+    assert env["seconds"] < 30 and "FAILED" in table_of(run.stdout)[-1]
