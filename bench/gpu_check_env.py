@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-STAND_IN = REPO.parent / "shared" / "data" / "corpus" / "sotu"
 
 
 def matmul_rate(device: torch.device, n: int, repeats: int = 10) -> float:
@@ -54,28 +53,8 @@ def card(device: torch.device) -> dict:
     return facts
 
 
-def stand_in_shared_data() -> Path | None:
-    """tests/conftest.py's `prepared` fixture reads ../shared/data/corpus/sotu/18*.txt and skips its tests
-    without it; the GPU machine has no ../shared. Writes 12 synthetic documents there (removed after the tests),
-    so the CUDA tests that need prepared data run rather than skip. Returns the directory it made, or None."""
-    if STAND_IN.parent.parent.exists():
-        return None
-    sys.path.insert(0, str(REPO / "tests"))
-    from support import make_documents, write_doc_corpus
-
-    made = next(p for p in reversed(STAND_IN.parents) if not p.exists())  # the topmost folder this creates
-    write_doc_corpus(STAND_IN, make_documents(12, seed=3, min_sents=60, max_sents=90))
-    for i, f in enumerate(sorted(STAND_IN.iterdir())):
-        f.rename(STAND_IN / f"18{i:02d}.txt")
-    return made
-
-
 def cuda_tests(ctx) -> dict:
-    made = None
-    try:
-        made = None if ctx.dry else stand_in_shared_data()  # on the CPU the CUDA tests skip whatever the data
-    except OSError as e:  # a read-only parent: the tests that need prepared data skip, and the report says so
-        ctx.save(stand_in_error=str(e))
+    # without ../shared, conftest's `prepared` stands synthetic documents in, so the CUDA tests run rather than skip
     try:
         run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
                               "tests/test_cuda.py"], cwd=REPO, capture_output=True, text=True,
@@ -83,15 +62,12 @@ def cuda_tests(ctx) -> dict:
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         run = subprocess.CompletedProcess(e.cmd, -1, out + "\n= error: pytest stopped by the time box =", "")
-    finally:
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
     lines = run.stdout.strip().splitlines()
     summary = next((ln for ln in reversed(lines) if re.search(r"passed|failed|skipped|deselected|error", ln)), "")
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", summary)}
     skips = [ln for ln in lines if ln.startswith("SKIPPED")]
     return {"summary": summary.strip("= "), "counts": counts, "skipped": skips,
-            "stand_in_shared_data": made is not None, "exit": run.returncode,
+            "exit": run.returncode,
             "tail": "\n".join(lines[-30:]) if run.returncode not in (0, 5) else ""}
 
 
