@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import make_documents, write_doc_corpus
+from support import pseudo_documents, write_doc_corpus
 
 from bertforge.cli import main
 
@@ -67,7 +67,7 @@ def prepared(tmp_path_factory) -> Path:
         for f in addresses:
             shutil.copy(f, corpus / f.name)
     else:
-        write_doc_corpus(corpus, make_documents(12, seed=3, min_sents=60, max_sents=90))
+        write_doc_corpus(corpus, pseudo_documents(12, seed=3))
     assert main(["vocab", "train", "--corpus", str(corpus), "--vocab-size", "2000", "--out", str(root / "tok")]) == 0
     assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(root / "tok"), "--out", str(root / "data"),
                  "--max-seq-len", "64", "--val-fraction", "0.2", "--workers", "1", "--no-progress"]) == 0

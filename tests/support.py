@@ -32,6 +32,19 @@ def make_documents(n_docs: int, seed: int = 0, *, min_sents: int = 3, max_sents:
     return docs
 
 
+def pseudo_documents(n_docs: int, seed: int = 0, *, sentences: int = 75, lexicon_size: int = 6000) -> list[list[str]]:
+    """Documents as lists of sentences over a lexicon of pronounceable pseudo-words drawn with Zipf frequencies:
+    enough distinct words for a 2k WordPiece vocabulary, which `make_documents`' short word list cannot give."""
+    rng = np.random.default_rng(seed)
+    syllables = [c + v for c in "bcdfghklmnprstvwz" for v in ("a", "e", "i", "o", "u", "ai", "ou")]
+    lexicon = sorted({"".join(rng.choice(syllables, int(rng.integers(1, 4)))) for _ in range(lexicon_size)})
+    rng.shuffle(lexicon)
+    zipf = 1.0 / np.arange(1, len(lexicon) + 1)
+    zipf /= zipf.sum()
+    return [[" ".join(lexicon[i] for i in rng.choice(len(lexicon), int(rng.integers(5, 25)), p=zipf)).capitalize()
+             + "." for _ in range(sentences)] for _ in range(n_docs)]
+
+
 def write_doc_corpus(directory: Path, docs: list[list[str]]) -> Path:
     """One document per file, paragraphs of up to 4 sentences separated by blank lines."""
     directory.mkdir(parents=True, exist_ok=True)
