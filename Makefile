@@ -40,10 +40,12 @@ test-fast: $(STAMP) lint
 COVERAGE_DIR := build/coverage
 coverage: $(STAMP)
 	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
-	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage run -m pytest -q $(ARGS)
-	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage combine -q
-	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage report
-	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage html -q -d $(COVERAGE_DIR)/html
+	status=0; COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage run -m pytest -q $(ARGS) \
+		|| status=$$?; \
+	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage combine -q && \
+	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage report && \
+	COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DIR)/data $(BIN)/python -m coverage html -q -d $(COVERAGE_DIR)/html && \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build/coverage
