@@ -28,6 +28,8 @@ CHANGEABLE_ON_RESUME = frozenset({
     "data",  # the path: the data itself is compared through its manifest
     "loop.log_every", "loop.eval_every", "loop.save_every", "loop.keep_last", "loop.progress", "loop.device",
     "loop.compile", "data_options.num_workers",
+    # fine-tuning's options (its loop's are above)
+    "options.save_every", "options.progress", "options.device", "options.compile", "options.eval_batch_size",
 })
 
 
@@ -73,12 +75,15 @@ def resume_refusal(path: Path, refused: list[str]) -> BertforgeError:
 
 _FLAG_NAMES = {"masked_lm_prob": "mask-prob", "num_workers": "workers"}  # where the option's name is not the field's
 _TOP_LEVEL_OPTIONS = ("max_seq_len", "dropout", "init")  # run_config.json keys that are options of their own
+_TASK_KEYS = {"task.task": "--task", "task.max_length": "--max-length"}  # fine-tuning's task, as it records it
 
 
 def _flag(key: str) -> str:
     section, _, name = key.partition(".")
-    if section in ("loop", "data_options") and name and "." not in name:
+    if section in ("loop", "data_options", "options") and name and "." not in name:
         return "--" + _FLAG_NAMES.get(name, name.replace("_", "-"))
+    if key in _TASK_KEYS or key.startswith("task.options."):
+        return _TASK_KEYS.get(key) or "--" + key.rpartition(".")[2].replace("_", "-")
     if key in _TOP_LEVEL_OPTIONS:
         return "--" + key.replace("_", "-")
     return key

@@ -12,7 +12,7 @@ from pathlib import Path
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_path, write_json
 from bertforge.tasks.runner import evaluate_examples, load_task_model
-from bertforge.train.finetune import FinetuneOptions, check_out_dir, finetune
+from bertforge.train.finetune import FinetuneOptions, check_out_dir, finetune, partial_dir
 from bertforge.train.rundir import RUN_CONFIG, write_run_config
 
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
@@ -20,11 +20,12 @@ PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3,
 
 def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
                   task_options: dict | None = None, options: FinetuneOptions | None = None, grid: bool = False,
-                  seeds: int = 1) -> dict:
+                  seeds: int = 1, resume: bool = False) -> dict:
     """The paper's grid (batch x lr x epochs, best mean dev score) and/or several seeds (mean and sample
     standard deviation reported). Each run goes to `out/runs/<settings>-seed<N>/`; the best run of the best
     settings is copied to `out` with a `metrics.json` holding every run's scores. Only that run keeps its
-    weights (the others keep their metrics and predictions), so a grid costs the disk of one model."""
+    weights (the others keep their metrics and predictions), so a grid costs the disk of one model. `resume`: runs
+    that finished are read back, not run again, and the interrupted one continues from its checkpoint."""
     if seeds < 1:
         raise BertforgeError(f"--seeds {seeds} must be at least 1")
     base = options or FinetuneOptions()
@@ -43,7 +44,7 @@ def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str |
             opts = FinetuneOptions(**{**base.__dict__, **combo, "seed": base.seed + s})
             name = "-".join(f"{k}{v}" for k, v in combo.items()) or "run"
             run_dir = out / "runs" / f"{name}-seed{opts.seed}"
-            result = finetune(task_name, data, init, run_dir, task_options=task_options, options=opts)
+            result = _run(task_name, data, init, run_dir, task_options, opts, resume)
             per_seed.append({"dir": str(run_dir), "seed": opts.seed, **combo, "metrics": result["metrics"]})
         main = result["main_metric"]
         keys = list(per_seed[0]["metrics"])
@@ -68,6 +69,15 @@ def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str |
               "all": runs, "metrics": best["best_run"]["metrics"]}
     write_json(out / "metrics.json", report)  # last: its presence marks a finished run
     return report
+
+
+def _run(task_name: str, data: str | Path, init: str | Path, run_dir: Path, task_options: dict | None,
+         opts: FinetuneOptions, resume: bool) -> dict:
+    done = run_dir / "metrics.json"
+    if resume and done.is_file() and not partial_dir(run_dir).exists():
+        print(f"--resume: {run_dir} is finished; reading its metrics", flush=True)
+        return json.loads(done.read_text())
+    return finetune(task_name, data, init, run_dir, task_options=task_options, options=opts, resume=resume)
 
 
 def finetune_scored(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
