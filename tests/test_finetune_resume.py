@@ -25,28 +25,21 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 ARGS = ["--task", "csv", "--label-column", "label", "--batch-size", "4", "--epochs", "3", "--lr", "1e-3",
         "--max-length", "16", "--eval-batch-size", "4"]
 
-# Runs `bertforge` in a process that SIGKILLs itself at the N-th call of one function: the optimizer step
-# (`loop.train_step`), a dev evaluation (`Trainer._evaluate`) or `torch.save` (a checkpoint's trainer state, so
-# the kill leaves a half-written checkpoint directory behind).
+# Runs `bertforge` in a process that SIGKILLs itself at the N-th call of one function, named "module:name:N"
+# (a name may be Class.method): the optimizer step, a dev evaluation, `torch.save` (a checkpoint's trainer state,
+# so the kill leaves a half-written checkpoint directory behind), or a step of the run's end.
 KILLER = """
-import os, signal, sys
-import torch
-from bertforge.train import loop
-what, at = sys.argv[1].split(":")
-calls = []
-def killing(real):
-    def wrapper(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == int(at):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(*args, **kwargs)
-    return wrapper
-if what == "step":
-    loop.train_step = killing(loop.train_step)
-elif what == "evaluate":
-    loop.Trainer._evaluate = killing(loop.Trainer._evaluate)
-else:
-    torch.save = killing(torch.save)
+import functools, importlib, os, signal, sys
+module, name, at = sys.argv[1].split(":")
+*path, attr = name.split(".")
+owner = functools.reduce(getattr, path, importlib.import_module(module))
+real, calls = getattr(owner, attr), []
+def killing(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == int(at):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kwargs)
+setattr(owner, attr, killing)
 from bertforge.cli import main
 sys.exit(main(sys.argv[2:]))
 """
@@ -106,19 +99,21 @@ def _files(run: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill, options, resumed_from", [
-    ("step:6", ["--save-every", "4"], "step 4"),  # inside the first epoch
-    ("step:8", [], "step 6"),  # at an epoch boundary: after the epoch's evaluation and checkpoint
-    ("evaluate:2", [], "step 6"),  # during the second epoch's dev evaluation
-    ("save:2", [], "step 6"),  # while writing the second checkpoint
-], ids=["in-epoch", "epoch-boundary", "dev-evaluation", "writing-checkpoint"])
+    ("bertforge.train.loop:train_step:6", ["--save-every", "4"], "(step 4)"),  # inside the first epoch
+    ("bertforge.train.loop:train_step:8", [], "(step 6)"),  # at an epoch boundary: after its evaluation and checkpoint
+    ("bertforge.train.loop:Trainer._evaluate:2", [], "(step 6)"),  # during the second epoch's dev evaluation
+    ("torch:save:2", [], "(step 6)"),  # while writing the second checkpoint
+    ("bertforge.train.finetune:read_jsonl:1", [], ""),  # after the last checkpoint, before the run's end
+    ("bertforge.train.finetune:plot_metrics:1", [], ""),  # while putting the finished run in place
+], ids=["in-epoch", "epoch-boundary", "dev-evaluation", "writing-checkpoint", "after-training", "at-the-end"])
 def test_a_killed_run_resumes_to_the_uninterrupted_result(task, tmp_path, kill, options, resumed_from):
     out = tmp_path / "run"
     killed = _run([*task["base"], "--out", out, *options], kill=kill)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
-    assert not out.exists() and (tmp_path / "run.partial" / "checkpoints").is_dir()
+    assert not out.exists() and (tmp_path / "run.partial").is_dir()
     resumed = _run([*task["base"], "--out", out, *options, "--resume"])
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"({resumed_from})" in resumed.stdout, resumed.stdout
+    assert resumed_from in resumed.stdout, resumed.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     assert _files(out) == _files(task["full"])
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

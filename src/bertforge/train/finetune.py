@@ -50,7 +50,7 @@ from bertforge.train.loop import LoopOptions, Trainer, TrainingInterrupted, reso
 from bertforge.train.report import plot_metrics
 from bertforge.train.resume import resume_history
 from bertforge.train.rundir import LOCK_FILE, RUN_CONFIG, claim_run_dir, used_dir_refusal, write_run_config
-from bertforge.train.state import METRICS_FILE
+from bertforge.train.state import METRICS_FILE, checkpoints
 
 TARGETS = ("labels", "start_positions", "end_positions")
 
@@ -183,7 +183,8 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
                           train_examples=len(train), train_features=len(train_features), dev_examples=len(dev),
                           manifest={"train": fingerprint(train_features), "dev": fingerprint(dev_features)})
         # what --resume may not change is refused before the model is loaded
-        run_config["resumes"] = resume_history(work, run_config, None, verbose=d.is_main) if resume else []
+        run_config["resumes"] = resume_history(work, run_config, None, verbose=d.is_main,
+                                               complete_ok=True) if resume else []
         model = _task_model(task, init, labels, o, d)
         _check_fits(model, tokenizer, max_length)
         try:
@@ -259,6 +260,12 @@ def _claim(work: Path, out: Path, resume: bool, d: distributed.Dist):
     return run_dir
 
 
+def trained(work: Path, steps: int) -> bool:
+    """Whether the run in `work` wrote its last checkpoint (at step `steps`)."""
+    found = checkpoints(work)
+    return bool(found) and found[-1][0] >= steps
+
+
 def _put_in_place(work: Path, out: Path, run_dir: Any) -> None:
     """Replace `out` with the finished `work` directory, released; an earlier run is moved aside until then."""
     (work / LOCK_FILE).unlink()  # still locked through the open descriptor until released
@@ -323,14 +330,15 @@ def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, de
         if last_eval:
             write_json(path / "predictions_dev.json", _jsonable(last_eval["predictions"]))
 
+    if resume and (work / "metrics.json").is_file():  # killed while putting the finished run in place
+        return json.loads((work / "metrics.json").read_text())
     if d.is_main:
         write_run_config(work, **run_config)
     source = FeatureBatches(train_features, tokenizer.pad_id, seed=o.seed, rank=d.rank, world_size=d.world_size)
-    trainer = Trainer(model, source, TaskObjective(task.kind), loop, work, evaluate=evaluate,
-                      save_model=save_model, dist=d, final_dir=work / "last", resume=resume)
-    trainer.run()
-    best = trainer.best or {}
-    result = {"task": task.name, "metrics": {}, "best_step": best.get("step"), "history": history,
+    if not (resume and trained(work, loop.steps)):  # else killed after its last checkpoint: only the end is left
+        Trainer(model, source, TaskObjective(task.kind), loop, work, evaluate=evaluate, save_model=save_model,
+                dist=d, final_dir=work / "last", resume=resume).run()
+    result = {"task": task.name, "metrics": {}, "best_step": None, "history": history,
               "main_metric": task.main_metric, "steps": loop.steps, "epochs": o.epochs}
     if d.is_main:
         # every evaluation, those before a resumption too (the log keeps each step once, `state.truncate_metrics`)
@@ -340,6 +348,7 @@ def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, de
         if not best_dir.is_dir():
             raise RuntimeError(f"no best model in {work}: the dev metric {task.main_metric} was never reported")
         best_metrics = json.loads((best_dir / "metrics.json").read_text())
+        result["best_step"] = best_metrics["step"]
         result["metrics"] = {k: v for k, v in best_metrics.items() if k != "step"}
         for f in best_dir.iterdir():
             if f.name != "metrics.json":

@@ -131,10 +131,12 @@ def _plain(x: Any) -> Any:
     return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else str(x)
 
 
-def resume_history(out_dir: Path, run_config: dict, minutes: float | None, *, verbose: bool) -> list[dict]:
+def resume_history(out_dir: Path, run_config: dict, minutes: float | None, *, verbose: bool,
+                   complete_ok: bool = False) -> list[dict]:
     """The resumed run's history of changed options (for run_config.json), after `check_resume` refused what may
-    not change and a run whose schedule has ended was refused. Nothing is compared when no checkpoint was written:
-    the run starts again from step 0."""
+    not change and a run whose schedule has ended was refused (unless `complete_ok`: fine-tuning then only puts
+    the finished run in place). Nothing is compared when no checkpoint was written: the run starts again from
+    step 0."""
     found = checkpoints(out_dir)
     if not found or read_run_config(out_dir) is None:
         return []
@@ -143,7 +145,7 @@ def resume_history(out_dir: Path, run_config: dict, minutes: float | None, *, ve
         plain["budget"]["minutes"] = minutes  # the plan is reloaded on resume: compare the budget asked for now
     changed = check_resume(out_dir, plain)
     steps = recorded_total_steps(out_dir, plain["loop"]["steps"])  # a budget re-planned it
-    if found[-1][0] >= steps:
+    if found[-1][0] >= steps and not complete_ok:
         raise BertforgeError(f"the run in {out_dir} is complete (checkpoint at step {found[-1][0]} of {steps}) and "
                              f"its learning-rate schedule has ended: to train further, start a new run from its "
                              f"model with --init {out_dir} and a new --out")
