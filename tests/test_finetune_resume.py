@@ -174,3 +174,30 @@ def test_an_interrupted_run_is_kept_and_its_directory_held_by_one_process(task, 
     assert main(["finetune", *[str(a) for a in base], "--out", str(out), "--resume"]) == 0
     assert "resumed from" in capsys.readouterr().out
     assert _files(out) == _files(task["full"])
+
+
+def test_a_seed_sweep_interrupted_in_its_second_run_resumes_to_the_same_summary(task, tmp_path, capsys,
+                                                                                 monkeypatch):
+    args = ["finetune", *[str(a) for a in task["base"]], "--seeds", "3"]
+    assert main([*args, "--out", str(tmp_path / "full")]) == 0
+    real, calls = ft.TaskObjective.losses, []
+
+    def interrupting(self, model, batch):
+        calls.append(1)
+        if len(calls) == 18 + 3:  # the second run's third step
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, model, batch)
+
+    monkeypatch.setattr(ft.TaskObjective, "losses", interrupting)
+    out = tmp_path / "swept"
+    assert main([*args, "--out", str(out)]) == 130
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["run-seed42", "run-seed43.partial"]
+    capsys.readouterr()
+    assert main([*args, "--out", str(out), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{out / 'runs' / 'run-seed42'} is finished" in printed and "resumed from" in printed
+    assert len(calls) == 18 * 3 + 3 - 3  # the first run was not trained again; the second went on from step 3
+    assert (out / "metrics.json").read_text().replace(str(out), "OUT") == \
+        (tmp_path / "full" / "metrics.json").read_text().replace(str(tmp_path / "full"), "OUT")
+    assert {k: v for k, v in _files(out).items() if k != "metrics.json"} == \
+        {k: v for k, v in _files(tmp_path / "full").items() if k != "metrics.json"}  # the best run's model
