@@ -201,3 +201,18 @@ def test_a_seed_sweep_interrupted_in_its_second_run_resumes_to_the_same_summary(
         (tmp_path / "full" / "metrics.json").read_text().replace(str(tmp_path / "full"), "OUT")
     assert {k: v for k, v in _files(out).items() if k != "metrics.json"} == \
         {k: v for k, v in _files(tmp_path / "full").items() if k != "metrics.json"}  # the best run's model
+
+
+def test_a_sweep_resumes_only_as_it_was_started(task, tmp_path, capsys, monkeypatch):
+    args = ["finetune", *[str(a) for a in task["base"]], "--out", str(tmp_path / "swept")]
+    real = ft.TaskObjective.losses
+    monkeypatch.setattr(ft.TaskObjective, "losses",
+                        lambda *a: (os.kill(os.getpid(), signal.SIGINT), real(*a))[1])  # stops after step 1
+    assert main([*args, "--seeds", "2"]) == 130
+    capsys.readouterr()
+    err = _one_error(capsys, *args[1:], "--seeds", "2")
+    assert "run-seed42.partial holds an interrupted run of the sweep" in err and "--resume" in err, err
+    for changed, expected in ((["--seeds", "3"], "--seeds 2 -> 3"), (["--seeds", "2", "--grid"], "--grid null ->"),
+                              (["--seeds", "2", "--lr", "2e-3"], "--lr 0.001 -> 0.002")):
+        err = _one_error(capsys, *args[1:], *changed, "--resume")
+        assert expected in err and "--resume cannot change" in err, err

@@ -74,7 +74,8 @@ def resume_refusal(path: Path, refused: list[str]) -> BertforgeError:
 
 
 _FLAG_NAMES = {"masked_lm_prob": "mask-prob", "num_workers": "workers"}  # where the option's name is not the field's
-_TOP_LEVEL_OPTIONS = ("max_seq_len", "dropout", "init")  # run_config.json keys that are options of their own
+# run_config.json keys that are options of their own (fine-tuning sweeps' too)
+_TOP_LEVEL_OPTIONS = ("max_seq_len", "dropout", "init", "seeds", "grid", "task")
 _TASK_KEYS = {"task.task": "--task", "task.max_length": "--max-length"}  # fine-tuning's task, as it records it
 
 
@@ -82,7 +83,7 @@ def _flag(key: str) -> str:
     section, _, name = key.partition(".")
     if section in ("loop", "data_options", "options") and name and "." not in name:
         return "--" + _FLAG_NAMES.get(name, name.replace("_", "-"))
-    if key in _TASK_KEYS or key.startswith("task.options."):
+    if key in _TASK_KEYS or key.startswith(("task.options.", "task_options.")):
         return _TASK_KEYS.get(key) or "--" + key.rpartition(".")[2].replace("_", "-")
     if key in _TOP_LEVEL_OPTIONS:
         return "--" + key.replace("_", "-")
