@@ -216,3 +216,25 @@ def test_a_sweep_resumes_only_as_it_was_started(task, tmp_path, capsys, monkeypa
                               (["--seeds", "2", "--lr", "2e-3"], "--lr 0.001 -> 0.002")):
         err = _one_error(capsys, *args[1:], *changed, "--resume")
         assert expected in err and "--resume cannot change" in err, err
+
+
+@pytest.mark.slow
+def test_two_processes_killed_and_resumed_equal_an_uninterrupted_two_process_run(task, tmp_path):
+    pytest.importorskip("torch.distributed.run")
+    killer = tmp_path / "killer.py"
+    killer.write_text(KILLER)
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+
+    def torchrun(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               *[str(a) for a in args]], env=env, capture_output=True, text=True, timeout=240)
+
+    base = ["finetune", *task["base"], "--device", "cpu"]
+    full = torchrun("-m", "bertforge", *base, "--out", tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = torchrun(killer, "bertforge.train.loop:train_step:8", *base, "--out", tmp_path / "run")
+    assert killed.returncode != 0 and not (tmp_path / "run").exists(), killed.stderr[-3000:]
+    resumed = torchrun("-m", "bertforge", *base, "--out", tmp_path / "run", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "(step 6)" in resumed.stdout, resumed.stdout
+    assert _files(tmp_path / "run") == _files(tmp_path / "full")
