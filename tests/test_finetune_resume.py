@@ -25,19 +25,20 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 ARGS = ["--task", "csv", "--label-column", "label", "--batch-size", "4", "--epochs", "3", "--lr", "1e-3",
         "--max-length", "16", "--eval-batch-size", "4"]
 
-# Runs `bertforge` in a process that SIGKILLs itself at the N-th call of one function, named "module:name:N"
-# (a name may be Class.method): the optimizer step, a dev evaluation, `torch.save` (a checkpoint's trainer state,
-# so the kill leaves a half-written checkpoint directory behind), or a step of the run's end.
+# Runs `bertforge` in a process that SIGKILLs itself (or sends itself the signal named after N) at the N-th call
+# of one function, named "module:name:N[:SIGNAL]" (a name may be Class.method): the optimizer step, a dev
+# evaluation, `torch.save` (a checkpoint's trainer state, so the kill leaves a half-written checkpoint directory
+# behind), or a step of the run's end.
 KILLER = """
 import functools, importlib, os, signal, sys
-module, name, at = sys.argv[1].split(":")
+module, name, at, *how = sys.argv[1].split(":")
 *path, attr = name.split(".")
 owner = functools.reduce(getattr, path, importlib.import_module(module))
 real, calls = getattr(owner, attr), []
 def killing(*args, **kwargs):
     calls.append(1)
     if len(calls) == int(at):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, how[0] if how else "SIGKILL"))
     return real(*args, **kwargs)
 setattr(owner, attr, killing)
 from bertforge.cli import main
@@ -119,6 +120,20 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(task, tmp_path, kill, 
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if r["split"] == "eval"] == [6, 12, 18]  # each once
     assert not (out / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_prints_the_command_that_resumes(task, tmp_path):
+    out = tmp_path / "run"
+    stopped = _run([*task["base"], "--out", out], kill="bertforge.train.loop:train_step:3:SIGTERM")
+    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    state = json.loads((tmp_path / "run.partial" / "checkpoints" / "step-3" / "state.json").read_text())
+    assert state["data_position"] == {"epoch": 0, "batch": 3}
+    command = stopped.stderr.splitlines()[-1]
+    assert command.startswith("to resume: bertforge finetune ") and command.endswith(" --resume"), stopped.stderr
+    resumed = _run(command.split()[4:])  # after "to resume: bertforge finetune"
+    assert resumed.returncode == 0 and "(step 3)" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert _files(out) == _files(task["full"])
 
 
 def _one_error(capsys, *args) -> str:
