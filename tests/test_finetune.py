@@ -606,7 +606,7 @@ def test_a_failed_run_leaves_the_output_as_it_was(csv_model, init_dir, tmp_path,
     assert sorted(p.name for p in csv_model.parent.iterdir() if p.name.startswith(".")) == []
 
 
-def test_an_interrupted_run_leaves_nothing_and_exits_130(init_dir, tmp_path, capsys, monkeypatch):
+def test_an_interrupted_run_leaves_out_as_it_was_exits_130_and_resumes(init_dir, tmp_path, capsys, monkeypatch):
     import os
     import signal
 
@@ -621,7 +621,13 @@ def test_an_interrupted_run_leaves_nothing_and_exits_130(init_dir, tmp_path, cap
     code, _, err = _cli(capsys, "finetune", "--task", "csv", "--data", data, "--init", init_dir, "--out",
                         tmp_path / "run", *FAST, *CUSTOM_OPTIONS)
     assert code == 130 and "interrupted" in err and "was left as it was" in err and "Traceback" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "run.partial"]  # no model: its checkpoint
+    resume = err.splitlines()[-1]
+    assert resume.startswith("to resume: bertforge finetune --task csv ") and resume.endswith(" --resume"), resume
+    monkeypatch.setattr(ft.TaskObjective, "losses", real)
+    code, _, err = _cli(capsys, *resume.split()[3:])
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "run"]
 
 
 def test_out_that_is_not_a_run_directory_is_refused(init_dir, tmp_path, capsys):

@@ -220,6 +220,8 @@ class FinetuneOptions:
     from_scratch: bool = option(False, help="random weights with --init's architecture and tokenizer (a baseline)")
     max_train_examples: int | None = option(None, help="use only the first N training examples", bound=at_least(1))
     eval_batch_size: int = option(64, help="sequences per forward pass when evaluating on dev", bound=at_least(1))
+    save_every: int | None = option(None, help="write a checkpoint to --resume from every N steps (default: every "
+                                    "epoch; and on SIGTERM/SIGINT)", bound=at_least(1))
     device: str | None = same_as(LoopOptions, "device")
     progress: bool = same_as(LoopOptions, "progress")
     compile: bool = same_as(LoopOptions, "compile")

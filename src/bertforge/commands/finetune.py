@@ -4,10 +4,15 @@
     bertforge finetune --task csv --data reviews/ --text-column text --label-column label --init runs/mini \\
         --out runs/reviews --seeds 3
     bertforge evaluate --model runs/sst2 --data glue/SST-2 --split dev
+
+An interrupted run (SIGTERM, SIGINT, a kill) continues from its last checkpoint with the same command and
+--resume, and ends as the uninterrupted run would have.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 import sys
 from dataclasses import dataclass
 
@@ -26,6 +31,7 @@ class FinetuneArgs:
     out: str = option(help="output directory: the best model on dev, metrics.json, predictions")
     grid: bool = option(False, help="run the paper's grid (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), keep "
                                     "the best on dev")
+    resume: bool = option(False, help="continue an interrupted run from its last checkpoint (in <out>.partial/)")
     seeds: int = option(1, help="repeat with this many seeds and report mean and standard deviation",
                         bound=at_least(1))
     text_column: str | None = option(None, help="csv/jsonl: column with the text (default: text)")
@@ -51,7 +57,20 @@ def run_finetune(args: FinetuneArgs) -> int:
         return _finetune(args)
     except TrainingInterrupted as e:
         print(str(e), file=sys.stderr)
+        print(f"to resume: {resume_command(args)}", file=sys.stderr)
         return 130
+
+
+def resume_command(args: FinetuneArgs) -> str:
+    """The command line that continues this run: its arguments that are not the defaults, and --resume."""
+    words = ["bertforge", "finetune"]
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if f.name == "resume" or (f.default is not dataclasses.MISSING and value == f.default):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        words += [flag] if value is True else [flag, str(value)]
+    return shlex.join([*words, "--resume"])
 
 
 def _finetune(args: FinetuneArgs) -> int:
@@ -61,14 +80,15 @@ def _finetune(args: FinetuneArgs) -> int:
     opts = options_from(FinetuneOptions, args)
     if args.grid or args.seeds > 1:
         report = finetune_many(args.task, args.data, args.init, args.out, task_options=task_options(args),
-                               options=opts, grid=args.grid, seeds=args.seeds)
+                               options=opts, grid=args.grid, seeds=args.seeds, resume=args.resume)
         for run in report["all"]:
             mean = ", ".join(f"{k} {v:.2f} ± {run['std'][k]:.2f}" for k, v in run["mean"].items())
             print(f"{run['settings'] or 'runs'}: {mean} (over {len(run['runs'])} seed(s))")
         print(f"best settings: {report['best_settings'] or 'default'}")
         _print_metrics("best dev", report["metrics"])
     else:
-        result = finetune(args.task, args.data, args.init, args.out, task_options=task_options(args), options=opts)
+        result = finetune(args.task, args.data, args.init, args.out, task_options=task_options(args), options=opts,
+                          resume=args.resume)
         _print_metrics(f"best dev (step {result['best_step']})", result["metrics"])
     print(f"model saved to {args.out}")
     return 0

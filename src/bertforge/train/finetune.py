@@ -5,14 +5,19 @@ A fine-tuned model directory holds the model (config.json with the label map, mo
 tokenizer, `task.json` (task name, options, labels, sequence length), `metrics.json` (best dev scores and
 the history), `metrics.jsonl` (training progress), `run_config.json` and `predictions_dev.json`.
 
-A run works in a temporary directory beside `--out` and puts it in place whole when it ends, so a failed or
-interrupted run leaves `--out` as it was: no half model, no mixed logs. An existing `--out` must be empty or
-hold an earlier fine-tuning run (which is replaced); anything else is refused rather than overwritten.
+A run works in `<out>.partial/` beside `--out` (claimed by one process, see `bertforge.train.rundir`) and puts it
+in place whole when it ends, so a failed or interrupted run leaves `--out` as it was: no half model, no mixed
+logs. An existing `--out` must be empty or hold an earlier fine-tuning run (which is replaced); anything else is
+refused rather than overwritten. The work directory holds checkpoints (`bertforge.train.state`, every
+`--save-every` steps, by default every epoch, and on SIGTERM/SIGINT): an interrupted or killed run continues with
+`--resume` and ends with the weights and metrics.json an uninterrupted run would have. A run that fails
+otherwise (a loss that is not finite, bad dev data) removes it: its settings need changing, which `--resume`
+refuses.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
 import math
 import os
@@ -27,7 +32,7 @@ from torch import nn
 
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
-from bertforge.files import atomic_dir, write_json
+from bertforge.files import read_jsonl, remove_stale_temporaries, write_json
 from bertforge.model_files import unwrap
 from bertforge.options import FinetuneOptions
 from bertforge.tasks import collate, get_task
@@ -43,7 +48,9 @@ from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
 from bertforge.train.loop import LoopOptions, Trainer, TrainingInterrupted, resolve_precision
 from bertforge.train.report import plot_metrics
-from bertforge.train.rundir import RUN_CONFIG, write_run_config
+from bertforge.train.resume import resume_history
+from bertforge.train.rundir import LOCK_FILE, RUN_CONFIG, claim_run_dir, used_dir_refusal, write_run_config
+from bertforge.train.state import METRICS_FILE, checkpoints
 
 TARGETS = ("labels", "start_positions", "end_positions")
 
@@ -145,12 +152,11 @@ def check_out_dir(out: Path) -> None:
 
 
 def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
-             task_options: dict | None = None, options: FinetuneOptions | None = None) -> dict:
+             task_options: dict | None = None, options: FinetuneOptions | None = None, resume: bool = False) -> dict:
     """Fine-tune `init` (a model directory with a tokenizer) on a task; the best dev model ends in `out`.
-    Returns {"metrics": best dev metrics, "best_step", "history": per-evaluation metrics, ...}.
-
-    Every input is read and checked before training starts; `out` appears (or is replaced) only when the
-    run has finished, see the module docstring."""
+    Returns {"metrics": best dev metrics, "best_step", "history": per-evaluation metrics, ...}. Every input is
+    checked before training starts; `out` appears (or is replaced) only when the run has finished, see the module
+    docstring. `resume`: go on from the newest checkpoint in `<out>.partial/` (`partial_dir`)."""
     o = options or FinetuneOptions()
     out = Path(out)
     check_out_dir(out)
@@ -164,38 +170,113 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
     train_features = task.features(train, tokenizer, max_length, label_map)
     dev_features = task.features(dev, tokenizer, max_length, label_map)
     task.references(dev)  # a dev split without gold answers fails now, not after the first epoch
-
     d = distributed.setup(o.device)
+    run_dir = None
     try:
         resolve_precision(o.precision, d.device)  # a refused precision before anything is built or written
-        model = _task_model(task, init, labels, o, d)
-        tokenizer.check_compatible(model.config)
-        if max_length > model.config.max_position_embeddings:
-            raise BertforgeError(f"--max-length {max_length} exceeds the model's max_position_embeddings "
-                                 f"{model.config.max_position_embeddings}")
         loop = _loop_config(o, len(train_features), task.main_metric)
         loop.accumulation(d.world_size)  # a bad batch size fails before anything is written
-        spec = {"task": task.name, "kind": task.kind, "options": {k: v for k, v in (task_options or {}).items()
-                                                                   if v is not None},
-                "labels": task.labels, "max_length": max_length}
-        with atomic_dir(out) if d.is_main else contextlib.nullcontext(out) as work:
-            try:
-                result = _train(task, model, tokenizer, train_features, dev, dev_features, loop, spec, o, d,
-                                work, run_config=dict(data=str(data), init=str(init), train_examples=len(train),
-                                                      train_features=len(train_features), dev_examples=len(dev)))
-            except TrainingInterrupted:
-                raise TrainingInterrupted(f"interrupted; {out} was left as it was (fine-tuning does not resume: "
-                                          "run the command again)") from None
-            except BertforgeError as e:
-                if "the loss became" not in str(e):
-                    raise
-                # the loop's advice (--resume from a checkpoint) is for pretraining; a fine-tuning run keeps nothing
-                raise BertforgeError(f"{str(e).split(';')[0]}; {out} was left as it was: lower --lr or check the "
-                                     "data") from None
+        spec = _task_spec(task, task_options, max_length)
+        work = partial_dir(out)
+        run_dir = _claim(work, out, resume, d)
+        run_config = dict(command="finetune", task=spec, options=o, loop=loop, data=str(data), init=str(init),
+                          train_examples=len(train), train_features=len(train_features), dev_examples=len(dev),
+                          manifest={"train": fingerprint(train_features), "dev": fingerprint(dev_features)})
+        # what --resume may not change is refused before the model is loaded
+        run_config["resumes"] = resume_history(work, run_config, None, verbose=d.is_main,
+                                               complete_ok=True) if resume else []
+        model = _task_model(task, init, labels, o, d)
+        _check_fits(model, tokenizer, max_length)
+        try:
+            result = _train(task, model, tokenizer, train_features, dev, dev_features, loop, spec, o, d, work,
+                            run_config=run_config, resume=resume)
+        except TrainingInterrupted:
+            raise TrainingInterrupted(f"interrupted; {out} was left as it was and the run's checkpoint is in "
+                                      f"{work}: continue it with the same command and --resume") from None
+        except BaseException as e:
+            if d.is_main:
+                run_dir.release()
+                run_dir = None
+                shutil.rmtree(work, ignore_errors=True)  # see the module docstring: --resume could not help
+            if not isinstance(e, BertforgeError) or "the loss became" not in str(e):
+                raise
+            # the loop's advice (--resume from a checkpoint) does not hold: the run needs other settings
+            raise BertforgeError(f"{str(e).split(';')[0]}; {out} was left as it was: lower --lr or check the "
+                                 "data") from None
+        if d.is_main:
+            run_dir = _put_in_place(work, out, run_dir)
         distributed.barrier(d)  # the other ranks wait for rank 0's writes: gloo aborts a peer that leaves early
         return result
     finally:
+        if run_dir is not None:
+            run_dir.release()
         distributed.teardown()
+
+
+def _check_fits(model: nn.Module, tokenizer: Tokenizer, max_length: int) -> None:
+    tokenizer.check_compatible(model.config)
+    if max_length > model.config.max_position_embeddings:
+        raise BertforgeError(f"--max-length {max_length} exceeds the model's max_position_embeddings "
+                             f"{model.config.max_position_embeddings}")
+
+
+def _task_spec(task: Any, task_options: dict | None, max_length: int) -> dict:
+    """What task.json records of the task."""
+    return {"task": task.name, "kind": task.kind,
+            "options": {k: v for k, v in (task_options or {}).items() if v is not None},
+            "labels": task.labels, "max_length": max_length}
+
+
+def partial_dir(out: Path) -> Path:
+    """Where a run into `out` works, checkpoints included, until it is put in place."""
+    return out.parent / f"{out.resolve().name}.partial"
+
+
+def fingerprint(features: Sequence[dict]) -> str:
+    """A digest of the features a run trains or scores on: `--resume` refuses other data."""
+    h = hashlib.sha256()
+    for f in features:
+        for k in sorted(f):
+            v = f[k]
+            h.update(f"{k}={v.tolist() if hasattr(v, 'tolist') else v!r};".encode())
+    return h.hexdigest()[:16]
+
+
+def _claim(work: Path, out: Path, resume: bool, d: distributed.Dist):
+    """Lock the work directory (on the main process; every rank stops if it cannot). Without `resume`, the
+    checkpoints of an interrupted run are refused rather than thrown away."""
+    refusal, run_dir = None, None
+    if d.is_main:
+        try:
+            if not resume and used_dir_refusal(work) is not None:
+                raise BertforgeError(f"{work} holds an interrupted run into --out {out}: continue it with "
+                                     f"--resume, or delete {work} to start again")
+            run_dir = claim_run_dir(work, resume=True)
+            remove_stale_temporaries(out)  # what a run of an earlier version, killed, left beside --out
+        except BertforgeError as e:
+            refusal = e
+    if distributed.any_rank(refusal is not None, d):
+        raise refusal or BertforgeError(f"{work} was refused (see the main process's error)")
+    return run_dir
+
+
+def trained(work: Path, steps: int) -> bool:
+    """Whether the run in `work` wrote its last checkpoint (at step `steps`)."""
+    found = checkpoints(work)
+    return bool(found) and found[-1][0] >= steps
+
+
+def _put_in_place(work: Path, out: Path, run_dir: Any) -> None:
+    """Replace `out` with the finished `work` directory, released; an earlier run is moved aside until then."""
+    (work / LOCK_FILE).unlink()  # still locked through the open descriptor until released
+    run_dir.release()
+    old = out.with_name(f".{out.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out.exists():
+        os.replace(out, old)
+    os.replace(work, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _task_model(task: Any, init: str | Path, labels: list | None, o: FinetuneOptions, d: distributed.Dist) -> nn.Module:
@@ -211,19 +292,21 @@ def _task_model(task: Any, init: str | Path, labels: list | None, o: FinetuneOpt
 
 
 def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopOptions:
-    """The loop of `o.epochs` over `n_features`: evaluated every epoch, the best by `main_metric` kept."""
+    """The loop of `o.epochs` over `n_features`: evaluated every epoch, the best by `main_metric` kept, a
+    checkpoint every `o.save_every` steps (by default every epoch, after its evaluation)."""
     steps_per_epoch = math.ceil(n_features / o.batch_size)
     steps = max(1, round(o.epochs * steps_per_epoch))
     return LoopOptions(steps=steps, batch_size=o.batch_size, micro_batch_size=o.micro_batch_size, lr=o.lr,
                       warmup_steps=round(o.warmup_ratio * steps), weight_decay=o.weight_decay,
                       log_every=max(1, min(50, steps_per_epoch // 4)), eval_every=steps_per_epoch,
                       seed=o.seed, best_metric=main_metric, progress=o.progress,
-                      device=o.device, compile=o.compile, precision=o.precision, keep_last=1)
+                      device=o.device, compile=o.compile, precision=o.precision, keep_last=1,
+                      save_every=o.save_every or steps_per_epoch)
 
 
 def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, dev: list, dev_features: list,
            loop: LoopOptions, spec: dict, o: FinetuneOptions, d: distributed.Dist, work: Path,
-           run_config: dict) -> dict:
+           run_config: dict, resume: bool) -> dict:
     """The training run of `finetune`, writing into the work directory `work`."""
     last_eval: dict[str, Any] = {}
     history: list[dict] = []
@@ -247,20 +330,25 @@ def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, de
         if last_eval:
             write_json(path / "predictions_dev.json", _jsonable(last_eval["predictions"]))
 
+    if resume and (work / "metrics.json").is_file():  # killed while putting the finished run in place
+        return json.loads((work / "metrics.json").read_text())
     if d.is_main:
-        write_run_config(work, command="finetune", task=spec, options=o, loop=loop, **run_config)
+        write_run_config(work, **run_config)
     source = FeatureBatches(train_features, tokenizer.pad_id, seed=o.seed, rank=d.rank, world_size=d.world_size)
-    trainer = Trainer(model, source, TaskObjective(task.kind), loop, work, evaluate=evaluate,
-                      save_model=save_model, dist=d, final_dir=work / "last")
-    trainer.run()
-    best = trainer.best or {}
-    result = {"task": task.name, "metrics": {}, "best_step": best.get("step"), "history": history,
+    if not (resume and trained(work, loop.steps)):  # else killed after its last checkpoint: only the end is left
+        Trainer(model, source, TaskObjective(task.kind), loop, work, evaluate=evaluate, save_model=save_model,
+                dist=d, final_dir=work / "last", resume=resume).run()
+    result = {"task": task.name, "metrics": {}, "best_step": None, "history": history,
               "main_metric": task.main_metric, "steps": loop.steps, "epochs": o.epochs}
     if d.is_main:
+        # every evaluation, those before a resumption too (the log keeps each step once, `state.truncate_metrics`)
+        result["history"] = [{k: v for k, v in r.items() if k not in ("time", "step", "split")}
+                             for r in read_jsonl(work / METRICS_FILE) if r.get("split") == "eval"]
         best_dir = work / "best"
         if not best_dir.is_dir():
             raise RuntimeError(f"no best model in {work}: the dev metric {task.main_metric} was never reported")
         best_metrics = json.loads((best_dir / "metrics.json").read_text())
+        result["best_step"] = best_metrics["step"]
         result["metrics"] = {k: v for k, v in best_metrics.items() if k != "step"}
         for f in best_dir.iterdir():
             if f.name != "metrics.json":

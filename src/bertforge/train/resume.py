@@ -28,6 +28,8 @@ CHANGEABLE_ON_RESUME = frozenset({
     "data",  # the path: the data itself is compared through its manifest
     "loop.log_every", "loop.eval_every", "loop.save_every", "loop.keep_last", "loop.progress", "loop.device",
     "loop.compile", "data_options.num_workers",
+    # fine-tuning's options (its loop's are above)
+    "options.save_every", "options.progress", "options.device", "options.compile", "options.eval_batch_size",
 })
 
 
@@ -72,13 +74,17 @@ def resume_refusal(path: Path, refused: list[str]) -> BertforgeError:
 
 
 _FLAG_NAMES = {"masked_lm_prob": "mask-prob", "num_workers": "workers"}  # where the option's name is not the field's
-_TOP_LEVEL_OPTIONS = ("max_seq_len", "dropout", "init")  # run_config.json keys that are options of their own
+# run_config.json keys that are options of their own (fine-tuning sweeps' too)
+_TOP_LEVEL_OPTIONS = ("max_seq_len", "dropout", "init", "seeds", "grid", "task")
+_TASK_KEYS = {"task.task": "--task", "task.max_length": "--max-length"}  # fine-tuning's task, as it records it
 
 
 def _flag(key: str) -> str:
     section, _, name = key.partition(".")
-    if section in ("loop", "data_options") and name and "." not in name:
+    if section in ("loop", "data_options", "options") and name and "." not in name:
         return "--" + _FLAG_NAMES.get(name, name.replace("_", "-"))
+    if key in _TASK_KEYS or key.startswith(("task.options.", "task_options.")):
+        return _TASK_KEYS.get(key) or "--" + key.rpartition(".")[2].replace("_", "-")
     if key in _TOP_LEVEL_OPTIONS:
         return "--" + key.replace("_", "-")
     return key
@@ -126,10 +132,12 @@ def _plain(x: Any) -> Any:
     return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else str(x)
 
 
-def resume_history(out_dir: Path, run_config: dict, minutes: float | None, *, verbose: bool) -> list[dict]:
+def resume_history(out_dir: Path, run_config: dict, minutes: float | None, *, verbose: bool,
+                   complete_ok: bool = False) -> list[dict]:
     """The resumed run's history of changed options (for run_config.json), after `check_resume` refused what may
-    not change and a run whose schedule has ended was refused. Nothing is compared when no checkpoint was written:
-    the run starts again from step 0."""
+    not change and a run whose schedule has ended was refused (unless `complete_ok`: fine-tuning then only puts
+    the finished run in place). Nothing is compared when no checkpoint was written: the run starts again from
+    step 0."""
     found = checkpoints(out_dir)
     if not found or read_run_config(out_dir) is None:
         return []
@@ -138,7 +146,7 @@ def resume_history(out_dir: Path, run_config: dict, minutes: float | None, *, ve
         plain["budget"]["minutes"] = minutes  # the plan is reloaded on resume: compare the budget asked for now
     changed = check_resume(out_dir, plain)
     steps = recorded_total_steps(out_dir, plain["loop"]["steps"])  # a budget re-planned it
-    if found[-1][0] >= steps:
+    if found[-1][0] >= steps and not complete_ok:
         raise BertforgeError(f"the run in {out_dir} is complete (checkpoint at step {found[-1][0]} of {steps}) and "
                              f"its learning-rate schedule has ended: to train further, start a new run from its "
                              f"model with --init {out_dir} and a new --out")

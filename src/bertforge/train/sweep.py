@@ -3,6 +3,7 @@ one run scored on the test split. Each run is `bertforge.train.finetune.finetune
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import statistics
@@ -12,7 +13,8 @@ from pathlib import Path
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_path, write_json
 from bertforge.tasks.runner import evaluate_examples, load_task_model
-from bertforge.train.finetune import FinetuneOptions, check_out_dir, finetune
+from bertforge.train.finetune import FinetuneOptions, check_out_dir, finetune, partial_dir
+from bertforge.train.resume import check_resume
 from bertforge.train.rundir import RUN_CONFIG, write_run_config
 
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
@@ -20,11 +22,12 @@ PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3,
 
 def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
                   task_options: dict | None = None, options: FinetuneOptions | None = None, grid: bool = False,
-                  seeds: int = 1) -> dict:
+                  seeds: int = 1, resume: bool = False) -> dict:
     """The paper's grid (batch x lr x epochs, best mean dev score) and/or several seeds (mean and sample
     standard deviation reported). Each run goes to `out/runs/<settings>-seed<N>/`; the best run of the best
     settings is copied to `out` with a `metrics.json` holding every run's scores. Only that run keeps its
-    weights (the others keep their metrics and predictions), so a grid costs the disk of one model."""
+    weights (the others keep their metrics and predictions), so a grid costs the disk of one model. `resume`: runs
+    that finished are read back, not run again, and the interrupted one continues from its checkpoint."""
     if seeds < 1:
         raise BertforgeError(f"--seeds {seeds} must be at least 1")
     base = options or FinetuneOptions()
@@ -32,9 +35,11 @@ def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str |
     check_out_dir(out)
     combos = [dict(batch_size=b, lr=lr, epochs=e) for b in PAPER_GRID["batch_size"] for lr in PAPER_GRID["lr"]
               for e in PAPER_GRID["epochs"]] if grid else [{}]
+    config = dict(command="finetune", task=task_name, task_options=task_options or {}, data=str(data),
+                  init=str(init), options=dataclasses.asdict(base), grid=combos if grid else None, seeds=seeds)
+    _check_resume(out, config, resume)
     out.mkdir(parents=True, exist_ok=True)
-    write_run_config(out, command="finetune", task=task_name, task_options=task_options or {}, data=str(data),
-                     init=str(init), options=base, grid=combos if grid else None, seeds=seeds)
+    write_run_config(out, **config)
     runs: list[dict] = []
     best: dict | None = None
     for combo in combos:
@@ -43,7 +48,7 @@ def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str |
             opts = FinetuneOptions(**{**base.__dict__, **combo, "seed": base.seed + s})
             name = "-".join(f"{k}{v}" for k, v in combo.items()) or "run"
             run_dir = out / "runs" / f"{name}-seed{opts.seed}"
-            result = finetune(task_name, data, init, run_dir, task_options=task_options, options=opts)
+            result = _run(task_name, data, init, run_dir, task_options, opts, resume)
             per_seed.append({"dir": str(run_dir), "seed": opts.seed, **combo, "metrics": result["metrics"]})
         main = result["main_metric"]
         keys = list(per_seed[0]["metrics"])
@@ -70,17 +75,39 @@ def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str |
     return report
 
 
+def _check_resume(out: Path, config: dict, resume: bool) -> None:
+    """`--resume` continues the sweep it was started with (other data, task, options, grid or seeds are refused,
+    each run checks its own data too); without it, a sweep with an interrupted run is refused before any work."""
+    if resume:
+        check_resume(out, json.loads(json.dumps(config)))
+        return
+    interrupted = sorted((out / "runs").glob("*.partial")) if (out / "runs").is_dir() else []
+    if interrupted:
+        raise BertforgeError(f"{interrupted[0]} holds an interrupted run of the sweep in --out {out}: continue it "
+                             f"with --resume, or delete {out} to start again")
+
+
+def _run(task_name: str, data: str | Path, init: str | Path, run_dir: Path, task_options: dict | None,
+         opts: FinetuneOptions, resume: bool) -> dict:
+    done = run_dir / "metrics.json"
+    if resume and done.is_file() and not partial_dir(run_dir).exists():
+        print(f"--resume: {run_dir} is finished; reading its metrics", flush=True)
+        return json.loads(done.read_text())
+    return finetune(task_name, data, init, run_dir, task_options=task_options, options=opts, resume=resume)
+
+
 def finetune_scored(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
                     options: FinetuneOptions, task_options: dict | None = None) -> dict:
     """`finetune`, then the kept (best dev) model scored on the test split when it has labels. Returns
     {"dev": dev metrics, "test": test metrics or None, "seconds": wall time}; a finished `out` is read back,
-    not trained again."""
+    not trained again, and an interrupted one continues from its checkpoint (`finetune`'s `resume`)."""
     out = Path(out)
     record_file = out / "scores.json"
     if record_file.is_file():
         return json.loads(record_file.read_text())
-    start = time.perf_counter()
-    result = finetune(task_name, data, init, out, task_options=task_options, options=options)
+    start = time.perf_counter()  # a resumed run's seconds are the resumed part's
+    result = finetune(task_name, data, init, out, task_options=task_options, options=options,
+                      resume=partial_dir(out).is_dir())
     tm = load_task_model(out, device=options.device)
     try:
         test = tm.task.read(data, "test")

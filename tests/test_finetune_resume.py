@@ -1,0 +1,255 @@
+"""Fine-tuning survives interruption: a run SIGKILLed at any point (inside an epoch, at an epoch boundary, during
+dev evaluation, while writing a checkpoint) and continued with `--resume` ends with the weights and metrics.json
+of the uninterrupted run, bit for bit; `--resume` refuses what it cannot continue, in one `error:` line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.train import finetune as ft
+from bertforge.train.rundir import claim_run_dir
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+# 24 training examples in batches of 4: 6 steps an epoch, 18 in all
+ARGS = ["--task", "csv", "--label-column", "label", "--batch-size", "4", "--epochs", "3", "--lr", "1e-3",
+        "--max-length", "16", "--eval-batch-size", "4"]
+
+# Runs `bertforge` in a process that SIGKILLs itself (or sends itself the signal named after N) at the N-th call
+# of one function, named "module:name:N[:SIGNAL]" (a name may be Class.method): the optimizer step, a dev
+# evaluation, `torch.save` (a checkpoint's trainer state, so the kill leaves a half-written checkpoint directory
+# behind), or a step of the run's end.
+KILLER = """
+import functools, importlib, os, signal, sys
+module, name, at, *how = sys.argv[1].split(":")
+*path, attr = name.split(".")
+owner = functools.reduce(getattr, path, importlib.import_module(module))
+real, calls = getattr(owner, attr), []
+def killing(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == int(at):
+        os.kill(os.getpid(), getattr(signal, how[0] if how else "SIGKILL"))
+    return real(*args, **kwargs)
+setattr(owner, attr, killing)
+from bertforge.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.fixture(autouse=True)
+def as_the_subprocesses_run():
+    """In-process runs compare bitwise with the subprocesses' (OMP_NUM_THREADS=1): one thread here too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _write_data(root: Path) -> Path:
+    """A keyword task (good/great -> pos, bad/awful -> neg) over the words of conftest's `mlm_dir`; the label
+    twice, so that another --label-column reads the same data."""
+    import random
+
+    rng = random.Random(0)
+    filler = ["the", "film", "movie", "plot", "acting", "story", "dog", "fox", "was", "it", "and", "of"]
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 24), ("dev", 10)):
+        rows = [["text", "label", "same_label"]]
+        for i in range(n):
+            words = [rng.choice(filler) for _ in range(5)] + [rng.choice(["good", "great"] if i % 2 else
+                                                                         ["bad", "awful"])]
+            rng.shuffle(words)
+            rows.append([" ".join(words), *["pos" if i % 2 else "neg"] * 2])
+        with open(root / f"{split}.csv", "w", newline="") as f:
+            csv.writer(f).writerows(rows)
+    return root
+
+
+def _run(args: list[str], kill: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    command = ["-c", KILLER, kill] if kill else ["-m", "bertforge"]
+    return subprocess.run([sys.executable, *command, "finetune", *[str(a) for a in args]], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory, mlm_dir) -> dict:
+    """The data, the init model, and the uninterrupted run every resumed one must equal."""
+    root = tmp_path_factory.mktemp("ft-resume")
+    data = _write_data(root / "data")
+    base = ["--data", data, "--init", mlm_dir, *ARGS]
+    full = _run([*base, "--out", root / "full"])
+    assert full.returncode == 0, full.stdout + full.stderr
+    return {"base": base, "full": root / "full", "data": data, "init": mlm_dir}
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    return {name: (run / name).read_bytes()
+            for name in ("model.safetensors", "metrics.json", "predictions_dev.json", "task.json")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill, options, resumed_from", [
+    ("bertforge.train.loop:train_step:6", ["--save-every", "4"], "(step 4)"),  # inside the first epoch
+    ("bertforge.train.loop:train_step:8", [], "(step 6)"),  # at an epoch boundary: after its evaluation and checkpoint
+    ("bertforge.train.loop:Trainer._evaluate:2", [], "(step 6)"),  # during the second epoch's dev evaluation
+    ("torch:save:2", [], "(step 6)"),  # while writing the second checkpoint
+    ("bertforge.train.finetune:read_jsonl:1", [], ""),  # after the last checkpoint, before the run's end
+    ("bertforge.train.finetune:plot_metrics:1", [], ""),  # while putting the finished run in place
+], ids=["in-epoch", "epoch-boundary", "dev-evaluation", "writing-checkpoint", "after-training", "at-the-end"])
+def test_a_killed_run_resumes_to_the_uninterrupted_result(task, tmp_path, kill, options, resumed_from):
+    out = tmp_path / "run"
+    killed = _run([*task["base"], "--out", out, *options], kill=kill)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert not out.exists() and (tmp_path / "run.partial").is_dir()
+    resumed = _run([*task["base"], "--out", out, *options, "--resume"])
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed_from in resumed.stdout, resumed.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert _files(out) == _files(task["full"])
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if r["split"] == "eval"] == [6, 12, 18]  # each once
+    assert not (out / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_prints_the_command_that_resumes(task, tmp_path):
+    out = tmp_path / "run"
+    stopped = _run([*task["base"], "--out", out], kill="bertforge.train.loop:train_step:3:SIGTERM")
+    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    state = json.loads((tmp_path / "run.partial" / "checkpoints" / "step-3" / "state.json").read_text())
+    assert state["data_position"] == {"epoch": 0, "batch": 3}
+    command = stopped.stderr.splitlines()[-1]
+    assert command.startswith("to resume: bertforge finetune ") and command.endswith(" --resume"), stopped.stderr
+    resumed = _run(command.split()[4:])  # after "to resume: bertforge finetune"
+    assert resumed.returncode == 0 and "(step 3)" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert _files(out) == _files(task["full"])
+
+
+def _one_error(capsys, *args) -> str:
+    code = main(["finetune", *[str(a) for a in args]])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.fixture
+def interrupted(task, tmp_path, capsys, monkeypatch) -> Path:
+    """A run stopped by SIGINT after its first step: a checkpoint in run.partial/ to resume from."""
+    real = ft.TaskObjective.losses
+
+    def interrupting(self, model, batch):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(self, model, batch)
+
+    monkeypatch.setattr(ft.TaskObjective, "losses", interrupting)
+    assert main(["finetune", *[str(a) for a in task["base"]], "--out", str(tmp_path / "run")]) == 130
+    monkeypatch.setattr(ft.TaskObjective, "losses", real)
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("to resume: bertforge finetune --task csv "), err
+    return tmp_path / "run"
+
+
+def test_resume_refuses_what_changed_in_one_line(task, interrupted, tmp_path, capsys):
+    out, base = interrupted, task["base"]
+    for changed, expected in ((["--lr", "2e-3"], "--lr 0.001 -> 0.002"), (["--seed", "1"], "--seed 42 -> 1"),
+                              (["--batch-size", "8"], "--batch-size 4 -> 8"),
+                              (["--label-column", "same_label"], '--label-column "label" -> "same_label"')):
+        err = _one_error(capsys, *base, *changed, "--out", out, "--resume")
+        assert expected in err and "--resume cannot change" in err, err
+    other_init = tmp_path / "init2"
+    shutil.copytree(task["init"], other_init)
+    assert "--init" in _one_error(capsys, *[other_init if a == task["init"] else a for a in base], "--out", out,
+                                  "--resume")
+    data = tmp_path / "data2"
+    shutil.copytree(task["data"], data)
+    (data / "train.csv").write_text((data / "train.csv").read_text().replace("good", "bad", 1))
+    err = _one_error(capsys, *[data if a == task["data"] else a for a in base], "--out", out, "--resume")
+    assert f"the data: {data} is not the data the run was started on" in err, err
+
+
+def test_an_interrupted_run_is_kept_and_its_directory_held_by_one_process(task, interrupted, capsys):
+    out, base = interrupted, task["base"]
+    err = _one_error(capsys, *base, "--out", out)  # without --resume its checkpoints are not thrown away
+    assert f"{out}.partial holds an interrupted run into --out {out}: continue it with --resume" in err
+    with claim_run_dir(Path(f"{out}.partial"), resume=True):
+        err = _one_error(capsys, *base, "--out", out, "--resume")
+    assert "is in use by another bertforge process" in err
+    assert main(["finetune", *[str(a) for a in base], "--out", str(out), "--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert _files(out) == _files(task["full"])
+
+
+def test_a_seed_sweep_interrupted_in_its_second_run_resumes_to_the_same_summary(task, tmp_path, capsys,
+                                                                                 monkeypatch):
+    args = ["finetune", *[str(a) for a in task["base"]], "--seeds", "3"]
+    assert main([*args, "--out", str(tmp_path / "full")]) == 0
+    real, calls = ft.TaskObjective.losses, []
+
+    def interrupting(self, model, batch):
+        calls.append(1)
+        if len(calls) == 18 + 3:  # the second run's third step
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, model, batch)
+
+    monkeypatch.setattr(ft.TaskObjective, "losses", interrupting)
+    out = tmp_path / "swept"
+    assert main([*args, "--out", str(out)]) == 130
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["run-seed42", "run-seed43.partial"]
+    capsys.readouterr()
+    assert main([*args, "--out", str(out), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{out / 'runs' / 'run-seed42'} is finished" in printed and "resumed from" in printed
+    assert len(calls) == 18 * 3 + 3 - 3  # the first run was not trained again; the second went on from step 3
+    assert (out / "metrics.json").read_text().replace(str(out), "OUT") == \
+        (tmp_path / "full" / "metrics.json").read_text().replace(str(tmp_path / "full"), "OUT")
+    assert {k: v for k, v in _files(out).items() if k != "metrics.json"} == \
+        {k: v for k, v in _files(tmp_path / "full").items() if k != "metrics.json"}  # the best run's model
+
+
+def test_a_sweep_resumes_only_as_it_was_started(task, tmp_path, capsys, monkeypatch):
+    args = ["finetune", *[str(a) for a in task["base"]], "--out", str(tmp_path / "swept")]
+    real = ft.TaskObjective.losses
+    monkeypatch.setattr(ft.TaskObjective, "losses",
+                        lambda *a: (os.kill(os.getpid(), signal.SIGINT), real(*a))[1])  # stops after step 1
+    assert main([*args, "--seeds", "2"]) == 130
+    capsys.readouterr()
+    err = _one_error(capsys, *args[1:], "--seeds", "2")
+    assert "run-seed42.partial holds an interrupted run of the sweep" in err and "--resume" in err, err
+    for changed, expected in ((["--seeds", "3"], "--seeds 2 -> 3"), (["--seeds", "2", "--grid"], "--grid null ->"),
+                              (["--seeds", "2", "--lr", "2e-3"], "--lr 0.001 -> 0.002")):
+        err = _one_error(capsys, *args[1:], *changed, "--resume")
+        assert expected in err and "--resume cannot change" in err, err
+
+
+@pytest.mark.slow
+def test_two_processes_killed_and_resumed_equal_an_uninterrupted_two_process_run(task, tmp_path):
+    pytest.importorskip("torch.distributed.run")
+    killer = tmp_path / "killer.py"
+    killer.write_text(KILLER)
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+
+    def torchrun(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               *[str(a) for a in args]], env=env, capture_output=True, text=True, timeout=240)
+
+    base = ["finetune", *task["base"], "--device", "cpu"]
+    full = torchrun("-m", "bertforge", *base, "--out", tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = torchrun(killer, "bertforge.train.loop:train_step:8", *base, "--out", tmp_path / "run")
+    assert killed.returncode != 0 and not (tmp_path / "run").exists(), killed.stderr[-3000:]
+    resumed = torchrun("-m", "bertforge", *base, "--out", tmp_path / "run", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "(step 6)" in resumed.stdout, resumed.stdout
+    assert _files(tmp_path / "run") == _files(tmp_path / "full")
