@@ -68,6 +68,7 @@ ALLOWED = {
     ("finetune", "--warmup-ratio"): "[0,1)", ("finetune", "--weight-decay"): ">=0", ("finetune", "--seed"): SEED,
     ("finetune", "--max-length"): ">=5", ("finetune", "--micro-batch-size"): ">=1", ("finetune", "--seeds"): ">=1",
     ("finetune", "--max-train-examples"): ">=1", ("finetune", "--eval-batch-size"): ">=1",
+    ("finetune", "--save-every"): ">=1",
     ("evaluate", "--batch-size"): ">=1", ("predict", "--batch-size"): ">=1", ("fill-mask", "--top-k"): ">=1",
     ("export", "--opset"): ">=17",
     ("demo", "--minutes"): ">0", ("demo", "--finetune-epochs"): ">0", ("demo", "--finetune-seeds"): ">=1",
