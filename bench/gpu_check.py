@@ -43,7 +43,8 @@ PARTS: dict[str, tuple[str, str, int]] = {
     "data_wait": ("gpu_check_journey", "data_wait", 40),
 }
 DRY_RUN_BOX = 300  # seconds per part in the dry run: only a guard against a hang (a busy 2-core CI runner is slow)
-GRACE = 10  # seconds past its time box before a part is stopped (it saves what it has at its deadline)
+GRACE = 10  # seconds past its time box before a part is stopped (it saves what it has at its deadline); at most
+#             the box itself, so a part boxed in seconds (the check's own hang test) is stopped in seconds
 TOTAL_SECONDS = 460  # parts start only while the check has run less than this (8 minutes in all)
 
 
@@ -87,7 +88,7 @@ def run_child(name: str, args: argparse.Namespace, work: Path, box: float) -> di
     proc = subprocess.Popen(cmd, env=env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=box + GRACE)
+        out, err = proc.communicate(timeout=box + min(GRACE, box))
         if proc.returncode:
             error = f"exit {proc.returncode}: " + _tail(err or out)
     except subprocess.TimeoutExpired:
