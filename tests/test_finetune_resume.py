@@ -161,6 +161,7 @@ def interrupted(task, tmp_path, capsys, monkeypatch) -> Path:
     return tmp_path / "run"
 
 
+@pytest.mark.slow  # the module's uninterrupted run (`task`) is a process of its own
 def test_resume_refuses_what_changed_in_one_line(task, interrupted, tmp_path, capsys):
     out, base = interrupted, task["base"]
     for changed, expected in ((["--lr", "2e-3"], "--lr 0.001 -> 0.002"), (["--seed", "1"], "--seed 42 -> 1"),
@@ -179,6 +180,7 @@ def test_resume_refuses_what_changed_in_one_line(task, interrupted, tmp_path, ca
     assert f"the data: {data} is not the data the run was started on" in err, err
 
 
+@pytest.mark.slow  # the module's uninterrupted run (`task`) is a process of its own
 def test_an_interrupted_run_is_kept_and_its_directory_held_by_one_process(task, interrupted, capsys):
     out, base = interrupted, task["base"]
     err = _one_error(capsys, *base, "--out", out)  # without --resume its checkpoints are not thrown away
@@ -191,6 +193,7 @@ def test_an_interrupted_run_is_kept_and_its_directory_held_by_one_process(task, 
     assert _files(out) == _files(task["full"])
 
 
+@pytest.mark.slow  # the module's uninterrupted run (`task`) is a process of its own
 def test_a_seed_sweep_interrupted_in_its_second_run_resumes_to_the_same_summary(task, tmp_path, capsys,
                                                                                  monkeypatch):
     args = ["finetune", *[str(a) for a in task["base"]], "--seeds", "3"]
@@ -218,6 +221,7 @@ def test_a_seed_sweep_interrupted_in_its_second_run_resumes_to_the_same_summary(
         {k: v for k, v in _files(tmp_path / "full").items() if k != "metrics.json"}  # the best run's model
 
 
+@pytest.mark.slow  # the module's uninterrupted run (`task`) is a process of its own
 def test_a_sweep_resumes_only_as_it_was_started(task, tmp_path, capsys, monkeypatch):
     args = ["finetune", *[str(a) for a in task["base"]], "--out", str(tmp_path / "swept")]
     real = ft.TaskObjective.losses

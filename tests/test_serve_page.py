@@ -13,7 +13,10 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not 
 from serve_helpers import LIMIT, model_dirs, post, running  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)"),
+    pytest.mark.slow,  # a browser and a server per module: seconds
+]
 MS = LIMIT * 1000
 
 
