@@ -29,6 +29,7 @@ from torch import nn
 
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_dir, atomic_path
+from bertforge.model_files import model_dir as as_model_dir
 from bertforge.tasks.runner import MODEL_INPUTS, TASK_FILE, load_encoder, load_task_model
 
 OPSET = 17  # the first opset with a LayerNormalization operator
@@ -106,10 +107,7 @@ def write_onnx(model: nn.Module, kind: str, path: str | Path, *, opset: int = OP
 
 def load_for_export(model_dir: str | Path) -> tuple[nn.Module, str]:
     """(model, kind) of a model directory: the task model of a fine-tuned one, else its encoder."""
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise BertforgeError(f"{model_dir} is not a model directory (no config.json): pass the --out directory "
-                             "of `bertforge pretrain` or `bertforge finetune`")
+    model_dir = as_model_dir(model_dir)
     if (model_dir / TASK_FILE).is_file():
         tm = load_task_model(model_dir, device="cpu")
         kind = tm.task.kind

@@ -49,6 +49,15 @@ HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "bert.pooler.", "pooler."
 _ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 
 
+def model_dir(path: str | os.PathLike) -> Path:
+    """`path` as a model directory; refuses, in one line, a path without a config.json."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise BertforgeError(f"{path} is not a model directory (no config.json): pass the --out directory of "
+                             "`bertforge pretrain` or `bertforge finetune`")
+    return path
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
     while True:

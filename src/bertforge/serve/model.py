@@ -13,6 +13,7 @@ from typing import Any
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.infer import Encoder, MaskFiller, Predictor
+from bertforge.model_files import model_dir
 from bertforge.tasks.runner import TASK_FILE
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")
@@ -33,10 +34,7 @@ class ServedModel:
     @classmethod
     def load(cls, path: str | Path, *, device: str | None = None, quantize: str | None = None,
              precision: str = "fp32", backend: str = "torch") -> ServedModel:
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise BertforgeError(f"{path} is not a model directory (no config.json): pass the --out directory of "
-                                 "`bertforge pretrain` or `bertforge finetune`")
+        path = model_dir(path)
         served = cls(path, {"device": device, "quantize": quantize, "precision": precision, "backend": backend})
         if (path / TASK_FILE).is_file():
             served.predictor = Predictor(path, quantize=quantize, device=device, precision=precision, backend=backend)
