@@ -234,6 +234,26 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def replace_dir(new: Path, path: Path) -> None:
+    """Put the finished directory `new` in place of `path`: an existing `path` is moved aside to its `.old` name
+    and deleted only after `new` is in place, so a crash at any moment leaves a complete directory under `path` or
+    under its `.old` name; if the move fails, the previous version goes back under `path`."""
+    old = path.with_name(f".{path.name}.old")
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(path, old)
+    try:
+        os.replace(new, path)
+    except OSError:
+        if old.exists() and not path.exists():
+            os.replace(old, path)  # the previous version stays in place, not in a name the next call clears
+        raise
+    _fsync_dir(path.parent)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory beside `path`; on success it replaces `path` whole.
@@ -252,20 +272,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     try:
         with _naming_the_output(tmp, path):
             yield tmp
-        old = path.with_name(f".{path.name}.old")
-        if path.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(path, old)
-        try:
-            os.replace(tmp, path)
-        except OSError:
-            if old.exists() and not path.exists():
-                os.replace(old, path)  # the previous version stays in place, not in a name the next call clears
-            raise
-        _fsync_dir(path.parent)
-        if old.exists():
-            shutil.rmtree(old)
+        replace_dir(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -32,7 +32,7 @@ from torch import nn
 
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
-from bertforge.files import read_jsonl, remove_stale_temporaries, write_json
+from bertforge.files import read_jsonl, remove_stale_temporaries, replace_dir, write_json
 from bertforge.model_files import unwrap
 from bertforge.options import FinetuneOptions
 from bertforge.tasks import collate, get_task
@@ -270,13 +270,7 @@ def _put_in_place(work: Path, out: Path, run_dir: Any) -> None:
     """Replace `out` with the finished `work` directory, released; an earlier run is moved aside until then."""
     (work / LOCK_FILE).unlink()  # still locked through the open descriptor until released
     run_dir.release()
-    old = out.with_name(f".{out.name}.old")
-    if old.exists():
-        shutil.rmtree(old)
-    if out.exists():
-        os.replace(out, old)
-    os.replace(work, out)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(work, out)
 
 
 def _task_model(task: Any, init: str | Path, labels: list | None, o: FinetuneOptions, d: distributed.Dist) -> nn.Module:
