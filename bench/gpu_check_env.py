@@ -4,6 +4,7 @@ here (the MFU denominator of the speed part), and `pytest -m cuda` on tests/test
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import statistics
@@ -54,10 +55,11 @@ def card(device: torch.device) -> dict:
 
 
 def cuda_tests(ctx) -> dict:
-    # without ../shared, conftest's `prepared` stands synthetic documents in, so the CUDA tests run rather than skip
+    # without ../shared, conftest's `prepared` trains on synthetic documents when asked, so the CUDA tests run
+    env = {**os.environ, "BERTFORGE_TESTS_SYNTHETIC_CORPUS": "1"}
     try:
         run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
-                              "tests/test_cuda.py"], cwd=REPO, capture_output=True, text=True,
+                              "tests/test_cuda.py"], cwd=REPO, capture_output=True, text=True, env=env,
                              timeout=max(10, ctx.left() - 5))
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
