@@ -630,6 +630,47 @@ def test_an_interrupted_run_leaves_out_as_it_was_exits_130_and_resumes(init_dir,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "run"]
 
 
+def test_checkpoints_every_save_minutes_of_training_keeping_the_last_keep_last(init_dir, tmp_path, capsys,
+                                                                               monkeypatch):
+    import itertools
+    import time
+    from types import SimpleNamespace
+
+    from bertforge.train import loop, state
+
+    # a clock that moves 3 minutes each time the loop reads it: once after each step, once after each checkpoint
+    minutes = itertools.count(0, 3)
+    monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: 60.0 * next(minutes),
+                                                      perf_counter=time.perf_counter))
+    saved: list[tuple[int, list[int]]] = []  # (step, the checkpoints on disk after it)
+    real = loop.save_checkpoint
+
+    def recording(out_dir, step, **kwargs):
+        real(out_dir, step, **kwargs)
+        saved.append((step, [s for s, _ in state.checkpoints(out_dir)]))
+
+    monkeypatch.setattr(loop, "save_checkpoint", recording)
+    data = write_custom("csv", tmp_path / "data")
+    args = ["finetune", "--task", "csv", "--data", data, "--init", init_dir, "--out", tmp_path / "run", *FAST,
+            "--epochs", "4", *CUSTOM_OPTIONS]
+    code, _, err = _cli(capsys, *args, "--keep-last", "2")
+    assert code == 0, err
+    steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"]
+    assert steps >= 9
+    # read at steps 1, 2, 3 (3, 6, 9 minutes): not yet; step 4 (12) saves and restarts the count at 15; step 8...
+    expected = [s for s in range(4, steps, 4)] + [steps]
+    assert [s for s, _ in saved] == expected
+    assert [kept for _, kept in saved] == [expected[max(0, i - 1):i + 1] for i in range(len(expected))]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "run"]
+
+    # --save-minutes 0: only --save-every's steps and the end
+    saved.clear()
+    code, _, err = _cli(capsys, *args, "--save-minutes", "0", "--save-every", "3")
+    assert code == 0, err
+    assert [s for s, _ in saved] == [s for s in range(3, steps, 3)] + [steps]
+    assert [kept for _, kept in saved][-1] == [steps]  # --keep-last 1 by default
+
+
 def test_out_that_is_not_a_run_directory_is_refused(init_dir, tmp_path, capsys):
     data = write_custom("csv", tmp_path / "data")
     (tmp_path / "mine").mkdir()

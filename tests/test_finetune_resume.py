@@ -21,9 +21,10 @@ from bertforge.train import finetune as ft
 from bertforge.train.rundir import claim_run_dir
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-# 24 training examples in batches of 4: 6 steps an epoch, 18 in all
+# 24 training examples in batches of 4: 6 steps an epoch, 18 in all; a checkpoint at each epoch's end (the default,
+# every 10 minutes of training, would write none in these runs before the last step)
 ARGS = ["--task", "csv", "--label-column", "label", "--batch-size", "4", "--epochs", "3", "--lr", "1e-3",
-        "--max-length", "16", "--eval-batch-size", "4"]
+        "--max-length", "16", "--eval-batch-size", "4", "--save-every", "6"]
 
 # Runs `bertforge` in a process that SIGKILLs itself (or sends itself the signal named after N) at the N-th call
 # of one function, named "module:name:N[:SIGNAL]" (a name may be Class.method): the optimizer step, a dev

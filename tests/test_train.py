@@ -293,3 +293,51 @@ def test_a_val_split_of_one_document_reports_no_nsp_accuracy(prepared, tmp_path,
                       data_options=DataOptions(eval_batches=2))
     assert set(result.final_metrics) == {"mlm_accuracy", "mlm_loss", "mlm_perplexity"}
     assert "NSP accuracy is not reported" in capsys.readouterr().out
+
+
+class _SlowData:
+    """Batches of a regression that take `delay` seconds each to produce, as a loader that cannot keep up does."""
+
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    def batches(self, micro: int, position: dict | None = None):
+        data, start = self, (position or {}).get("batch", 0)
+
+        class _It:
+            position = {"batch": start}
+
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                time.sleep(data.delay)
+                self.position = {"batch": self.position["batch"] + 1}
+                return {"x": torch.ones(micro, 4), "attention_mask": torch.ones(micro, 3, dtype=torch.long)}
+
+        return _It()
+
+
+class _Regression:
+    def counts(self, batch: dict) -> dict[str, float]:
+        return {"loss": float(len(batch["x"]))}
+
+    def losses(self, model, batch: dict) -> dict[str, torch.Tensor]:
+        return {"loss": model(batch["x"]).pow(2).mean()}
+
+
+def test_metrics_say_how_long_each_step_waited_for_data(tmp_path):
+    from bertforge.train.loop import Trainer
+
+    for delay in (0.0, 0.05):
+        out = tmp_path / f"delay-{delay}"
+        Trainer(torch.nn.Linear(4, 1), _SlowData(delay), _Regression(), loop(steps=4, batch_size=2, log_every=2,
+                                                                             device="cpu"),
+                out, save_model=lambda m, path: path.mkdir(parents=True, exist_ok=True)).run()
+        logged = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
+        assert [r["step"] for r in logged] == [2, 4]
+        for r in logged:
+            if delay:  # one batch a step (no accumulation): at least its delay, and never more than the step
+                assert delay <= r["data_wait_s"] <= r["step_time_s"], r
+            else:
+                assert 0 <= r["data_wait_s"] < 0.01, r

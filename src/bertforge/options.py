@@ -149,6 +149,8 @@ class LoopOptions:
                              bound=at_least(0))
     save_every: int = option(0, help="checkpoint every K steps (0: at the end only; also on Ctrl-C/SIGTERM)",
                              bound=at_least(0))
+    save_minutes: float = option(0.0, help="also checkpoint when this many minutes of training have passed since "
+                                 "the last checkpoint (0: off)", bound=at_least(0))
     keep_last: int = option(3, help="checkpoints to keep",
                             bound=at_least(1, "the last checkpoint is what --resume needs"))
     seed: int = seed_option(0, help="seed of the training's randomness (dropout; pretrain: initialisation too)")
@@ -220,8 +222,13 @@ class FinetuneOptions:
     from_scratch: bool = option(False, help="random weights with --init's architecture and tokenizer (a baseline)")
     max_train_examples: int | None = option(None, help="use only the first N training examples", bound=at_least(1))
     eval_batch_size: int = option(64, help="sequences per forward pass when evaluating on dev", bound=at_least(1))
-    save_every: int | None = option(None, help="write a checkpoint to --resume from every N steps (default: every "
-                                    "epoch; and on SIGTERM/SIGINT)", bound=at_least(1))
+    save_every: int | None = option(None, help="also write a checkpoint to --resume from every N steps (one is "
+                                    "written every --save-minutes, at the end, and on SIGTERM/SIGINT)",
+                                    bound=at_least(1))
+    save_minutes: float = option(10.0, help="write a checkpoint to --resume from when this many minutes of training "
+                                 "have passed since the last one (0: only --save-every's)", bound=at_least(0))
+    keep_last: int = option(1, help="trainer checkpoints kept in <out>.partial/ while training (the best model "
+                            "on dev is kept apart)", bound=at_least(1, "the last checkpoint is what --resume needs"))
     device: str | None = same_as(LoopOptions, "device")
     progress: bool = same_as(LoopOptions, "progress")
     compile: bool = same_as(LoopOptions, "compile")

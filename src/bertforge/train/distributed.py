@@ -71,11 +71,16 @@ def all_reduce_sum(values: Sequence[float], d: Dist) -> list[float]:
 
 def any_rank(flag: bool, d: Dist) -> bool:
     """True on every rank if it is True on any rank (used to stop all ranks together)."""
+    return any_ranks([flag], d)[0]
+
+
+def any_ranks(flags: Sequence[bool], d: Dist) -> list[bool]:
+    """`any_rank` of several flags in one collective (the training loop asks two questions every step)."""
     if not d.enabled:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=d.device)
+        return [bool(f) for f in flags]
+    t = torch.tensor([1.0 if f else 0.0 for f in flags], device=d.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return [bool(v) for v in t.tolist()]
 
 
 def gather_objects(obj: Any, d: Dist) -> list[Any]:

@@ -9,7 +9,8 @@ A run works in `<out>.partial/` beside `--out` (claimed by one process, see `ber
 in place whole when it ends, so a failed or interrupted run leaves `--out` as it was: no half model, no mixed
 logs. An existing `--out` must be empty or hold an earlier fine-tuning run (which is replaced); anything else is
 refused rather than overwritten. The work directory holds checkpoints (`bertforge.train.state`, every
-`--save-every` steps, by default every epoch, and on SIGTERM/SIGINT): an interrupted or killed run continues with
+`--save-minutes` of training (10), every `--save-every` steps if given, and on SIGTERM/SIGINT; the last
+`--keep-last` of them, 1 by default, beside the best model on dev): an interrupted or killed run continues with
 `--resume` and ends with the weights and metrics.json an uninterrupted run would have. A run that fails
 otherwise (a loss that is not finite, bad dev data) removes it: its settings need changing, which `--resume`
 refuses.
@@ -287,15 +288,15 @@ def _task_model(task: Any, init: str | Path, labels: list | None, o: FinetuneOpt
 
 def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopOptions:
     """The loop of `o.epochs` over `n_features`: evaluated every epoch, the best by `main_metric` kept, a
-    checkpoint every `o.save_every` steps (by default every epoch, after its evaluation)."""
+    checkpoint every `o.save_minutes` of training and every `o.save_every` steps (if given)."""
     steps_per_epoch = math.ceil(n_features / o.batch_size)
     steps = max(1, round(o.epochs * steps_per_epoch))
     return LoopOptions(steps=steps, batch_size=o.batch_size, micro_batch_size=o.micro_batch_size, lr=o.lr,
                       warmup_steps=round(o.warmup_ratio * steps), weight_decay=o.weight_decay,
                       log_every=max(1, min(50, steps_per_epoch // 4)), eval_every=steps_per_epoch,
                       seed=o.seed, best_metric=main_metric, progress=o.progress,
-                      device=o.device, compile=o.compile, precision=o.precision, keep_last=1,
-                      save_every=o.save_every or steps_per_epoch)
+                      device=o.device, compile=o.compile, precision=o.precision, keep_last=o.keep_last,
+                      save_every=o.save_every or 0, save_minutes=o.save_minutes)
 
 
 def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, dev: list, dev_features: list,

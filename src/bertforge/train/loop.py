@@ -183,6 +183,20 @@ class Trainer:
         save_checkpoint(self.out_dir, step, model=self.model, save_model=self.save_model_fn,
                         optimizer=self.optimizer, scheduler=self.scheduler, position=position, dist=self.dist,
                         keep_last=self.config.keep_last, plan=plan, best=self.best)
+        self._saved_at = time.monotonic()
+
+    def _checkpoint_if_due(self, step: int, last: bool, signalled: bool, position: dict) -> None:
+        """After a step: a checkpoint every `save_every` steps, when `save_minutes` have passed since the last
+        one, at the end, and on SIGINT/SIGTERM (then the run stops). The ranks agree on the clock's and the
+        signal's answers in one collective, so all of them save, or stop, at the same step."""
+        cfg = self.config
+        late = cfg.save_minutes > 0 and time.monotonic() - self._saved_at >= 60 * cfg.save_minutes
+        signalled, late = distributed.any_ranks([signalled, late], self.dist)
+        if (cfg.save_every and step % cfg.save_every == 0) or last or late or signalled:
+            self._save_checkpoint(step, dict(position))
+        if signalled and not last:
+            raise TrainingInterrupted(f"stopped at step {step}; checkpoint saved in {self.out_dir / CHECKPOINTS_DIR}; "
+                                      f"continue with --resume")
 
     def _resume(self) -> tuple[int, dict | None]:
         """The step and data position to go on from: the newest intact checkpoint's, or (0, None)."""
@@ -207,6 +221,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
         self.best: dict | None = None
         self.resumed_budget_spent = None
+        self._saved_at = time.monotonic()  # `save_minutes` count from the start of this process's training
         start, position = self._resume() if self.resume else (0, None)
         if start >= self.total_steps:
             raise BertforgeError(f"{self.out_dir} already holds a checkpoint at step {start} >= --steps "
@@ -247,7 +262,7 @@ class Trainer:
             while step < self.total_steps:
                 step += 1
                 terms, tokens = self._step(model, batches)
-                window.add(terms, tokens)
+                window.add(terms, tokens, self.data_wait)
                 lr = self.scheduler.get_last_lr()[0]
                 self.scheduler.step()
                 self._replan(step, bar)
@@ -260,13 +275,7 @@ class Trainer:
                 last = step == self.total_steps
                 if (cfg.eval_every and step % cfg.eval_every == 0) or last:
                     final = self._evaluate(step, metrics, self.writer)
-                if (cfg.save_every and step % cfg.save_every == 0) or last:
-                    self._save_checkpoint(step, dict(batches.position))
-                if distributed.any_rank(stop.signal is not None, d) and not last:
-                    self._save_checkpoint(step, dict(batches.position))
-                    raise TrainingInterrupted(
-                        f"stopped at step {step}; checkpoint saved in {self.out_dir / CHECKPOINTS_DIR}; "
-                        f"continue with --resume")
+                self._checkpoint_if_due(step, last, stop.signal is not None, batches.position)
         if d.is_main:
             self.save_model_fn(self.model, self.final_dir)
         if self.writer is not None:
@@ -304,7 +313,9 @@ class Trainer:
     def _step(self, model: nn.Module, batches: Iterator[dict]) -> tuple[dict[str, float], int]:
         """One optimizer step (`train_step`) on the next `accum` micro-batches; a loss that is not finite stops the
         run, naming the checkpoint."""
+        waited = time.perf_counter()
         host = [next(batches) for _ in range(self.accum)]
+        self.data_wait = time.perf_counter() - waited  # the loader's time on this step's critical path
         try:
             return train_step(model, host, objective=self.objective, optimizer=self.optimizer, dist=self.dist,
                               precision=self.precision, clip=self.config.clip_grad_norm)
@@ -347,20 +358,24 @@ class _Window:
         self.sums: dict[str, float] = {}
         self.steps = 0
         self.tokens = 0
+        self.data_wait = 0.0
         self.start = time.perf_counter()
 
-    def add(self, terms: dict[str, float], tokens: int) -> None:
+    def add(self, terms: dict[str, float], tokens: int, data_wait: float) -> None:
         for k, v in terms.items():
             self.sums[k] = self.sums.get(k, 0.0) + v
         self.steps += 1
         self.tokens += tokens
+        self.data_wait += data_wait
 
     def mean(self) -> dict[str, float]:
         return {k: v / max(self.steps, 1) for k, v in self.sums.items()}
 
     def rates(self, d: distributed.Dist) -> dict[str, float]:
         seconds = time.perf_counter() - self.start
-        return {"tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0, "step_time_s": seconds / self.steps}
+        # data_wait_s: per step, the time spent waiting for the next batches (a loader that keeps up: near 0)
+        return {"tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0, "step_time_s": seconds / self.steps,
+                "data_wait_s": self.data_wait / self.steps}
 
 
 @contextlib.contextmanager

@@ -26,10 +26,11 @@ from bertforge.train.state import checkpoints, recorded_total_steps
 # shapes the numbers the checkpoint continues from, so `--resume` refuses a different value.
 CHANGEABLE_ON_RESUME = frozenset({
     "data",  # the path: the data itself is compared through its manifest
-    "loop.log_every", "loop.eval_every", "loop.save_every", "loop.keep_last", "loop.progress", "loop.device",
-    "loop.compile", "data_options.num_workers",
+    "loop.log_every", "loop.eval_every", "loop.save_every", "loop.save_minutes", "loop.keep_last", "loop.progress",
+    "loop.device", "loop.compile", "data_options.num_workers",
     # fine-tuning's options (its loop's are above)
-    "options.save_every", "options.progress", "options.device", "options.compile", "options.eval_batch_size",
+    "options.save_every", "options.save_minutes", "options.keep_last", "options.progress", "options.device",
+    "options.compile", "options.eval_batch_size",
 })
 
 
