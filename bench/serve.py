@@ -6,14 +6,16 @@ most users write (a FastAPI server running one forward pass per request, on tran
     .venv/bin/python bench/serve.py --model runs/rt --sides offline serve --burst --hostile 1000
 
 Texts: the rotten-tomatoes test split (../shared/data/tasks/rotten-tomatoes), or --texts FILE (one a line).
-Each server runs in a process of its own on 127.0.0.1 (a free port); --clients threads each send one text per
-request, on a kept-alive connection, until --requests requests have been sent in all; every request has a 60 s
-timeout, so the run stops by itself. Per side: requests/s, p50/p95/p99 latency, errors, and how many served
-labels agree with offline `predict`'s. The client threads share the machine's CPU with the server: on a small
-machine they take some of what the server would have had (the same for every side).
+Each server runs in a process of its own on 127.0.0.1 (a free port); --clients connections (bench/loadgen.py: one
+thread, raw HTTP/1.1 on kept-alive connections) each send one text per request, the next when the last is answered,
+until --requests requests have been sent in all; every request has a 60 s timeout, so the run stops by itself.
+Per side: requests/s, p50/p95/p99 latency, errors, and how many served labels agree with offline `predict`'s. The
+client shares the machine's CPU with the server: on a small machine it takes some of what the server would have
+had (the same for every side); a light client keeps that share small.
 
---burst sends 4x --max-queue requests at once to `bertforge serve` and reports how many were refused (503), the
-slowest refusal, whether every accepted answer is right, and the server's resident memory before and after.
+--burst opens 4x --max-queue connections, then sends a request on each at once to `bertforge serve` and reports how
+many were refused (503), the slowest and the median refusal (from sending to the answer), whether every accepted
+answer is right, and the server's resident memory before and after.
 --hostile N sends N malformed or oversized bodies and reports their statuses (each must be a 4xx with a JSON
 error) and whether the server still answers.
 """
@@ -26,11 +28,11 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
+import loadgen
 
 REPO = Path(__file__).resolve().parents[1]
 RT = REPO.parent / "shared" / "data" / "tasks" / "rotten-tomatoes"
@@ -88,32 +90,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def load(url: str, texts: list[str], clients: int, requests: int) -> dict:
-    """`requests` POSTs of one text each from `clients` threads: wall time, latencies, statuses, answers."""
-    latencies, statuses, labels = [0.0] * requests, [0] * requests, [None] * requests
-    counter, lock = iter(range(requests)), threading.Lock()
+    """`requests` POSTs of one text each from `clients` connections (`loadgen`): wall time, latencies, statuses,
+    answers."""
+    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    run = asyncio.run(loadgen.closed_loop(url, "/predict", bodies, clients, requests))
+    run["labels"] = [_label(s, a) for s, a in zip(run["statuses"], run["answers"], strict=True)]
+    return run
 
-    def client() -> None:
-        with httpx.Client(timeout=TIMEOUT) as http:
-            while True:
-                with lock:
-                    n = next(counter, None)
-                if n is None:
-                    return
-                t0 = time.perf_counter()
-                try:
-                    r = http.post(url + "/predict", json={"inputs": texts[n % len(texts)]})
-                    statuses[n], labels[n] = r.status_code, r.json().get("label") if r.status_code == 200 else None
-                except httpx.HTTPError:
-                    statuses[n] = -1
-                latencies[n] = time.perf_counter() - t0
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {"seconds": time.perf_counter() - t0, "latencies": latencies, "statuses": statuses, "labels": labels}
+def _label(status: int, answer: bytes) -> str | None:
+    return json.loads(answer).get("label") if status == 200 else None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -162,23 +148,14 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-async def _burst(url: str, texts: list[str], count: int) -> list[tuple[int, float, str | None]]:
-    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
-    async with httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as http:
-        async def one(n: int) -> tuple[int, float, str | None]:
-            t0 = time.perf_counter()
-            r = await http.post(url + "/predict", json={"inputs": texts[n % len(texts)]})
-            return r.status_code, time.perf_counter() - t0, r.json().get("label") if r.status_code == 200 else None
-        return await asyncio.gather(*(one(n) for n in range(count)))
-
-
 def burst(url: str, proc: subprocess.Popen, texts: list[str], args: argparse.Namespace, labels: list[str]) -> None:
     before = rss_mib(proc.pid)
-    results = asyncio.run(_burst(url, texts, 4 * args.max_queue))
-    refused = [t for s, t, _ in results if s == 503]
-    wrong = sum(1 for n, (s, _, lab) in enumerate(results) if s == 200 and lab != labels[n % len(texts)])
+    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    results = asyncio.run(loadgen.burst(url, "/predict", bodies, 4 * args.max_queue))
+    refused = sorted(t for s, t, _ in results if s == 503)
+    wrong = sum(1 for n, (s, _, a) in enumerate(results) if s == 200 and _label(s, a) != labels[n % len(texts)])
     other = sorted({s for s, _, _ in results} - {200, 503})
-    slowest = f"{max(refused) * 1000:.1f} ms" if refused else "-"
+    slowest = f"{refused[-1] * 1000:.1f} ms, median {statistics.median(refused) * 1000:.1f} ms" if refused else "-"
     print(f"burst of {len(results)}: {len(results) - len(refused)} answered ({wrong} differing from offline), "
           f"{len(refused)} refused (slowest refusal {slowest}), other statuses {other or 'none'}; server RSS "
           f"{before:.0f} -> {rss_mib(proc.pid):.0f} MiB", flush=True)

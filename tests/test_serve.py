@@ -326,3 +326,26 @@ def test_sigterm_finishes_the_accepted_requests_and_exits_0(models):
         if proc.poll() is None:
             proc.kill()
             proc.wait(LIMIT)
+
+
+def test_a_full_queue_refuses_before_reading_the_body(models):
+    """The refusal a burst meets costs the server no body read and no parsing: one sent with its headers and no
+    body yet is answered at once (reading the body first would wait for bytes that never come)."""
+    with (running(models["clf"], max_queue=1, max_inputs=1) as (url, state), Gate(state) as gate,
+          ThreadPoolExecutor(2) as pool):
+        first = pool.submit(post, url, "/predict", {"inputs": "first"})
+        wait_for(gate.entered.is_set, "the engine to take the first request")
+        queued = pool.submit(post, url, "/predict", {"inputs": "second"})
+        wait_for(lambda: state.batcher.queued == 1, "the second request to be queued")
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=LIMIT) as raw:
+            raw.sendall(b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                        b"content-length: 1000\r\n\r\n")
+            answer = b""
+            while b"inputs waiting" not in answer and (part := raw.recv(65536)):  # headers and body may come apart
+                answer += part
+            answer = answer.decode()
+        assert answer.startswith("HTTP/1.1 503 ") and "retry-after: 1" in answer.lower(), answer
+        assert "the queue is full (1 inputs waiting)" in answer
+        gate.open()
+        assert [f.result(LIMIT).status_code for f in (first, queued)] == [200, 200]

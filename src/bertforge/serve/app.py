@@ -56,13 +56,17 @@ def create_app(served: ServedModel, options: ServeOptions) -> Gate:
     return Gate(app, options, metrics, {r.path for r in app.routes})
 
 
+def queue_full(batcher: Batcher) -> str:
+    return f"the queue is full ({batcher.max_queue} inputs waiting): retry in a moment"
+
+
 async def _run(request: Request, batcher: Batcher, served: ServedModel, key: Hashable, items: list,
                single: bool) -> Response:
     """Queue the request's inputs, wait for its results (or for its client to go away), answer them."""
     try:
         future = batcher.submit(key, items, served.cost(items))
     except QueueFull:
-        raise Refused(503, f"the queue is full ({batcher.max_queue} inputs waiting): retry in a moment") from None
+        raise Refused(503, queue_full(batcher)) from None
     except Closed:
         raise Refused(503, "the server is shutting down") from None
     answer = asyncio.wrap_future(future)
@@ -247,6 +251,11 @@ class Gate:
         if self.options.api_key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
             await _error(401, "Authorization: give the server's --api-key as `Authorization: Bearer KEY`",
                          {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        if scope["method"] == "POST" and self.state.batcher.full and scope["path"] in self.state.served.endpoints:
+            # refused before its body is read or parsed: under a burst, each refusal costs the event loop (which the
+            # accepted requests' answers also wait for) as little as it can
+            await _error(503, queue_full(self.state.batcher), {"Retry-After": "1"})(scope, receive, send)
             return
         body = await self._body(scope, receive)
         refusal = None

@@ -61,6 +61,11 @@ class Batcher:
         return self._queued
 
     @property
+    def full(self) -> bool:
+        """No room for another input: any request `submit`ted now would be refused."""
+        return self._queued >= self.max_queue
+
+    @property
     def accepting(self) -> bool:
         return not self._closed and self._thread.is_alive()
 
