@@ -123,6 +123,13 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
             demo_module.run_demo(dataclasses.replace(options, **change))
         assert "pass another --out, or remove" in str(refused.value)
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+    # nor are stages built from another corpus (an earlier demo's, whose corpus held the IMDB task's dev and test
+    # reviews): its model would be scored on text it was pretrained on
+    with open(small_demo_data.reviews_file, "a") as f:
+        f.write(json.dumps({"text": "One more review."}) + "\n")
+    with pytest.raises(BertforgeError, match=re.escape(f"{out} holds stages built from another corpus (2 files, ")):
+        demo_module.run_demo(options)
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())
 
 
 def _check_untuned(summary: dict, text: str, out, data: DemoData) -> None:

@@ -89,6 +89,7 @@ def run_demo(o: DemoOptions) -> dict:
     data = demo_data.fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
     corpus = _corpus(o, out, data)
     print(f"corpus: {', '.join(corpus)}\nsentiment task: {data.sentiment_dir}")
+    _check_reused_corpus(out, corpus)
     _say(f"2/6 WordPiece vocabulary ({o.vocab_size} tokens)")
     tokenizer, vocab_summary = _vocabulary(o, out / "tokenizer", corpus)
     seq_len = get_recipe(o.recipe).seq_len
@@ -161,6 +162,20 @@ def _vocabulary(o: DemoOptions, tok_dir: Path, corpus: list[str]) -> tuple[Token
         write_json(tok_dir / "vocab_summary.json", summary)
     print(f"vocabulary: {tokenizer.vocab_size} tokens")
     return tokenizer, json.loads((tok_dir / "vocab_summary.json").read_text())
+
+
+def _check_reused_corpus(out: Path, corpus: list[str]) -> None:
+    """Refuse to reuse stages built from another corpus, such as an earlier demo's from the first cache layout, whose
+    corpus held the IMDB task's dev and test reviews: a model pretrained on them would be scored on them."""
+    manifest = out / "data" / "manifest.json"
+    if not manifest.is_file():
+        return
+    had = json.loads(manifest.read_text()).get("inputs", {})
+    now = {"files": len(expand_inputs(corpus)), "bytes": sum(p.stat().st_size for p in expand_inputs(corpus))}
+    if {k: had.get(k) for k in now} != now:
+        raise BertforgeError(f"{out} holds stages built from another corpus ({had.get('files')} files, "
+                             f"{had.get('bytes')} bytes; now {now['files']}, {now['bytes']}): pass another --out, or "
+                             f"remove {out / 'tokenizer'}, {out / 'data'} and {out / 'pretrain'} to build them again")
 
 
 def _prepared(o: DemoOptions, data_dir: Path, corpus: list[str], tokenizer: Tokenizer, seq_len: int) -> Path:
