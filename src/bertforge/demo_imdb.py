@@ -12,10 +12,11 @@ Dev and test reviews are held out of the pretraining corpus: a model is never pr
 or scored on. Train reviews stay in the corpus, unlabelled, as the Rotten Tomatoes training snippets do. Reviews
 of one movie may fall into different splits (no movie ids to split by), for both sides alike.
 
-Sizes: fine-tuning truncates a review to 128 tokens (the reviews average 234 words, so most are cut), and 2,500
-of them make about as many tokens an epoch as Rotten Tomatoes' 10,500 snippets, so the second task costs the demo
-about what the first does per setting. 2,000 test reviews: one run's accuracy has a standard error of about 0.9
-points at 80%, below the spread between seeds; 1,000 dev reviews choose among a small grid.
+Sizes: fine-tuning truncates a review to 128 tokens (the reviews average 234 words: 95% of the training reviews
+are cut), and 2,500 of them make about two thirds of the tokens of an epoch of Rotten Tomatoes' 10,500 snippets
+(316k against 446k with a 2k vocabulary), so a run on the second task costs about what one on the first does.
+2,000 test reviews: one run's accuracy has a standard error of about 0.9 points at 80%, below the spread between
+seeds; 1,000 dev reviews choose among a small grid. The bag-of-words classifier scores 87.6 on dev, 87.3 on test.
 """
 
 from __future__ import annotations

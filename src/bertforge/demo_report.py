@@ -37,7 +37,11 @@ def _isotropy_rows(iso: dict) -> list[tuple[str, str]]:
     pre, init = iso["pretrained"], iso["initial"]
     names = [(band_key(lo, hi), f"word vectors' mean pair cosine, ids {lo}-{hi}") for lo, hi in BANDS]
     names += [("emb_mean_unit_norm", "norm of the mean unit word vector"), ("emb_norm_mean", "mean word vector norm")]
-    return [(f"{label} (at init)", f"{pre[key]:.2f} ({init[key]:.2f})") for key, label in names if key in pre]
+    return [(f"{label} (at init)", f"{_two(pre[key])} ({_two(init[key])})") for key, label in names if key in pre]
+
+
+def _two(x: float) -> str:
+    return f"{x:.2f}".replace("-0.00", "0.00")  # a cosine of -0.004 at initialisation is no negative figure
 
 
 def table(s: dict) -> str:
