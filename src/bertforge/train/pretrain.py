@@ -21,6 +21,7 @@ from bertforge.options import DataOptions
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import budget, distributed, stacking
 from bertforge.train.budget import BudgetPlan, deadline_for, plan_run, save_plan
+from bertforge.train.isotropy import model_isotropy
 from bertforge.train.loop import LoopOptions, Trainer, TrainResult, resolve_precision
 from bertforge.train.objective import PretrainingObjective, evaluate_pretraining
 from bertforge.train.recipe import BERT, Recipe, get_recipe, resolve
@@ -299,7 +300,9 @@ def _validation(data: _TrainerData, opts: DataOptions, micro: int, d: distribute
     if val_docs == 1 and opts.nsp and d.is_main:
         print("the val split has a single document, so no NotNext pairs: NSP accuracy is not reported "
               "(prepare with a larger --val-fraction to have it)")
-    return lambda m: evaluate_pretraining(m, val_batches, d.device, nsp=opts.nsp and val_docs > 1, dist=d)
+    # with the embeddings' isotropy (train/isotropy.py): cheap, and the collapse it tracks is issue 48's
+    return lambda m: {**evaluate_pretraining(m, val_batches, d.device, nsp=opts.nsp and val_docs > 1, dist=d),
+                      **model_isotropy(m)}
 
 
 def _model_saver(tok_dir: Path):
