@@ -296,3 +296,60 @@ def test_two_processes_equal_one(prepared, tmp_path):
 def test_electra_model_rejects_a_generator_of_other_embeddings():
     with pytest.raises(ValueError, match="generator_config"):
         ElectraForPreTraining(_tiny(), _tiny(hidden_size=16, num_attention_heads=1, intermediate_size=64))
+
+
+@pytest.mark.slow
+def test_a_time_budget_plans_and_ends_the_run(prepared, config_file, tmp_path, capsys):
+    """`--minutes` on the simulated clock (tests/simulated_clock.py): the steps are timed and planned with the
+    generator in the step, and the run ends at the plan with its directory complete."""
+    from simulated_clock import simulated_clock
+
+    args = [a for a in _args(prepared, tmp_path / "run", config_file) if a not in ("--steps", "6")]
+    with simulated_clock(0.25):  # 6 seconds of quarter-second steps
+        assert main([*args, "--minutes", "0.1", "--eval-every", "0"]) == 0
+    plan = json.loads((tmp_path / "run" / "budget_plan.json").read_text())
+    steps = [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
+    assert plan["steps"] >= 10 and steps[-1] >= 10
+    assert (tmp_path / "run" / GENERATOR_DIR / "model.safetensors").is_file()
+    assert "a 0.1-minute budget" in capsys.readouterr().out
+
+
+def test_the_losses_under_bf16_autocast_follow_fp32():
+    """The step's forward pass as the loop runs it under `--precision bf16` (autocast; torch emulates bf16 where the
+    CPU lacks it): the samples, labels and losses are computed in fp32 from bf16 logits, and gradients flow."""
+    torch.manual_seed(0)
+    model = build_electra(_tiny(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), ElectraOptions())
+    ids = torch.randint(5, 2000, (4, 16))
+    labels = torch.full_like(ids, -100)
+    labels[:, 2:5] = ids[:, 2:5]
+    batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids),
+             "mlm_labels": labels, "instance": torch.stack([torch.zeros(4, dtype=torch.long), torch.arange(4)], 1)}
+    objective = ElectraObjective(50.0, seed=0)
+    fp32 = objective.losses(model, batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = objective.losses(model, batch)
+    for name in ("mlm", "rtd"):
+        assert bf16[name].dtype == torch.float32
+        assert float(bf16[name].detach()) == pytest.approx(float(fp32[name].detach()), rel=0.05), name
+    (bf16["mlm"] + bf16["rtd"]).backward()
+    assert model.generator.bert.embeddings_project.weight.grad is not None
+    assert model.head.prediction.weight.grad is not None
+
+
+@pytest.mark.slow  # torch.compile takes seconds
+def test_compiled_electra_matches_eager(prepared, tmp_path):
+    """`--compile` compiles both encoders (the generator's and the discriminator's) and ends where eager ends."""
+    from torch._dynamo.utils import counters
+
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps({**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    losses = {}
+    torch._dynamo.reset()
+    counters.clear()
+    for name, extra in (("eager", ()), ("compiled", ("--compile",))):
+        assert main(_args(prepared, tmp_path / name, str(cfg), *extra)) == 0
+        losses[name] = [r["loss"] for r in read_jsonl(tmp_path / name / "metrics.jsonl") if r["split"] == "train"]
+        if name == "eager":
+            assert not counters["stats"]
+    assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])  # one encoder each, at least
+    assert max(abs(a - b) for a, b in zip(losses["compiled"], losses["eager"], strict=True)) < 1e-3, losses
