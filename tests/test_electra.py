@@ -248,6 +248,17 @@ def test_electra_refuses_next_sentence_prediction(prepared, config_file, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+def test_resuming_with_the_other_objective_is_refused_and_leaves_the_checkpoints(run, prepared, config_file,
+                                                                                  tmp_path, capsys):
+    cut = tmp_path / "cut"
+    shutil.copytree(run / "checkpoints" / "step-3", cut / "checkpoints" / "step-3")
+    shutil.copy(run / "run_config.json", cut / "run_config.json")
+    mlm = [a for a in _args(prepared, cut, config_file, "--resume") if a not in ("--objective", "electra")]
+    assert main(mlm) == 2
+    assert "trained with --objective electra" in capsys.readouterr().err
+    assert [p.name for p in (cut / "checkpoints").iterdir()] == ["step-3"]  # nothing set aside
+
+
 @pytest.mark.slow
 def test_resume_after_an_interruption_is_bitwise_equal(run, prepared, config_file, tmp_path):
     """What a run killed after its step-3 checkpoint leaves, resumed: the same three weight files, the same log."""

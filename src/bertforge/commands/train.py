@@ -1,9 +1,10 @@
-"""`bertforge pretrain`: MLM + NSP pretraining on prepared data.
+"""`bertforge pretrain`: MLM + NSP pretraining on prepared data (or ELECTRA's, `--objective electra`).
 
     bertforge pretrain --data data/ --model mini --out runs/mini --steps 10000 --batch-size 256 \\
         --micro-batch-size 32
     bertforge pretrain --data data/ --model mini --out runs/budget --recipe budget --minutes 30
     torchrun --nproc-per-node 2 -m bertforge pretrain --data data/ --model mini --out runs/mini ...
+    bertforge pretrain --data data/ --model mini --out runs/electra --objective electra --steps 10000
 
 The paper's two phases: prepare the corpus twice (--max-seq-len 128 and 512), pretrain 90% of the steps on
 the first, then start the second from the first's model with --init:
@@ -133,6 +134,7 @@ def run_pretrain(args: PretrainArgs) -> int:
 
 
 COMMANDS = [
-    Command("pretrain", PretrainArgs, run_pretrain, help="pretrain BERT with masked-LM + next-sentence prediction",
+    Command("pretrain", PretrainArgs, run_pretrain,
+            help="pretrain BERT with masked-LM + next-sentence prediction, or as ELECTRA's discriminator",
             description=__doc__, keeps_freed_memory=True),
 ]

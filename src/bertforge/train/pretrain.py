@@ -14,7 +14,7 @@ from torch import nn
 
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.loader import PretrainingData
-from bertforge.electra import GENERATOR_DIR
+from bertforge.electra import GENERATOR_DIR, HEAD_FILE
 from bertforge.errors import BertforgeError
 from bertforge.model_files import WEIGHTS_NAME, unwrap
 from bertforge.models import BertForPreTraining
@@ -30,9 +30,9 @@ from bertforge.train.report import plot_metrics
 from bertforge.train.resume import resume_history
 from bertforge.train.rundir import RUN_CONFIG, claim_run_dir, write_run_config
 from bertforge.train.stacking import HALF_DEPTH_DIR, half_depth, stack_layers
-from bertforge.train.state import METRICS_FILE
+from bertforge.train.state import METRICS_FILE, checkpoints
 
-__all__ = ["DataOptions", "LoopOptions", "PretrainingObjective", "evaluate_pretraining", "pretrain",
+__all__ = ["DataOptions", "ElectraOptions", "LoopOptions", "PretrainingObjective", "evaluate_pretraining", "pretrain",
            "resolve_model_config"]
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
@@ -243,6 +243,8 @@ def _pretrain_stage(out_dir: Path, s: _Stage) -> TrainResult:
                                   batches=data.train.batches(micro), objective=objective, accum=accum,
                                   evaluate=evaluate)
         run_config = _run_config(s, config, loop, data.train, plan, d)
+        if s.resume:
+            _check_objective(out_dir, s.electra is not None)
         resumes = resume_history(out_dir, run_config, s.minutes, verbose=d.is_main) if s.resume else []
         if d.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -260,6 +262,16 @@ def _pretrain_stage(out_dir: Path, s: _Stage) -> TrainResult:
     finally:
         if run_dir is not None:
             run_dir.release()
+
+
+def _check_objective(out_dir: Path, electra: bool) -> None:
+    """Refuse to resume a run with the other objective: its checkpoints hold other models (an ELECTRA one has the
+    replaced-token head), which would be set aside as unreadable or loaded with fresh heads."""
+    found = checkpoints(out_dir)
+    if found and (found[-1][1] / HEAD_FILE).is_file() != electra:
+        was = "mlm" if electra else "electra"
+        raise BertforgeError(f"the run in {out_dir} was trained with --objective {was}: resume it with --objective "
+                             f"{was}, or start a new run in a new --out")
 
 
 class _TrainerData:
