@@ -229,6 +229,8 @@ def _pretrain_stage(out_dir: Path, s: _Stage) -> TrainResult:
                 refusal = e
         if distributed.any_rank(refusal is not None, d):
             raise refusal or BertforgeError(f"--out {out_dir} was refused (see the main process's error)")
+        if s.resume:
+            _check_objective(out_dir, s.electra is not None)
         data = _TrainerData(s.data_dir, s.data_options, s.max_seq_len, d)
         net, config = _build_model(s, data.train.tokenizer, data.train.max_seq_len, d)
         objective = PretrainingObjective(nsp=s.data_options.nsp, bow_weight=s.bow_weight,
@@ -243,8 +245,6 @@ def _pretrain_stage(out_dir: Path, s: _Stage) -> TrainResult:
                                   batches=data.train.batches(micro), objective=objective, accum=accum,
                                   evaluate=evaluate)
         run_config = _run_config(s, config, loop, data.train, plan, d)
-        if s.resume:
-            _check_objective(out_dir, s.electra is not None)
         resumes = resume_history(out_dir, run_config, s.minutes, verbose=d.is_main) if s.resume else []
         if d.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
