@@ -105,6 +105,8 @@ EVERY_COMMAND = [
     _case("pretrain", "a shard file cut short", _pretrain_argv("{cut_shard}"), "wrong size"),
     _case("pretrain", "manifest.json holds a list", _pretrain_argv("{list_manifest}"), "manifest.json"),
     _case("pretrain", "a device that does not exist", _pretrain_argv("{data}", "--device", "gpu0"), "--device"),
+    _case("pretrain", "ELECTRA with next-sentence prediction",
+          _pretrain_argv("{data}", "--objective", "electra", "--nsp"), "--nsp"),
     _case("pretrain", "--init weights cut short", _pretrain_argv("{data}", "--init", "{cut_weights}"),
           "cannot read weights"),
     _case("pretrain", "--model config.json is not UTF-8",

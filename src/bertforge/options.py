@@ -205,6 +205,21 @@ class DataOptions:
 
 
 @dataclass
+class ElectraOptions:
+    """ELECTRA's generator and loss (`pretrain --objective electra`; Clark et al. 2020).
+
+    `bertforge.train.pretrain.pretrain` takes them."""
+
+    generator_width: float = option(0.25, help="electra: the generator's hidden size as a share of the model's (the "
+                                    "paper's best: 1/4 to 1/2); it reads the shared embeddings through a projection",
+                                    bound=SHARE)
+    generator_layers: float = option(1.0, help="electra: the generator's layers as a share of the model's",
+                                     bound=SHARE)
+    discriminator_weight: float = option(50.0, help="electra: loss = generator MLM loss + this x the discriminator's "
+                                         "replaced-token loss (the paper's lambda)", bound=POSITIVE)
+
+
+@dataclass
 class FinetuneOptions:
     """How fine-tuning trains (defaults: the paper's).
 

@@ -1,9 +1,10 @@
-"""`bertforge pretrain`: MLM + NSP pretraining on prepared data.
+"""`bertforge pretrain`: MLM + NSP pretraining on prepared data (or ELECTRA's, `--objective electra`).
 
     bertforge pretrain --data data/ --model mini --out runs/mini --steps 10000 --batch-size 256 \\
         --micro-batch-size 32
     bertforge pretrain --data data/ --model mini --out runs/budget --recipe budget --minutes 30
     torchrun --nproc-per-node 2 -m bertforge pretrain --data data/ --model mini --out runs/mini ...
+    bertforge pretrain --data data/ --model mini --out runs/electra --objective electra --steps 10000
 
 The paper's two phases: prepare the corpus twice (--max-seq-len 128 and 512), pretrain 90% of the steps on
 the first, then start the second from the first's model with --init:
@@ -24,6 +25,7 @@ from bertforge.options import (
     MIN_SEQ_LEN,
     SHARE,
     DataOptions,
+    ElectraOptions,
     LoopOptions,
     at_least,
     option,
@@ -46,10 +48,10 @@ def recipe_note(field: str) -> str:
     return "recipe: " + ", ".join(f"{r.name} {shown(getattr(r, field))}" for r in RECIPES.values())
 
 
-@command_args(LoopOptions, DataOptions, defaults={"steps": 10000},
+@command_args(LoopOptions, DataOptions, ElectraOptions, defaults={"steps": 10000},
               optional={name: recipe_note(field) for name, field in RECIPE_OPTIONS.items()})
 class PretrainArgs:
-    """`bertforge pretrain`'s arguments: these, then the options of LoopOptions and DataOptions."""
+    """`bertforge pretrain`'s arguments: these, then the options of LoopOptions, DataOptions and ElectraOptions."""
 
     data: str = option(help="prepared data directory (from `bertforge prepare`)")
     out: str = option(help="run directory: checkpoints, metrics.jsonl, curves and the final model")
@@ -58,6 +60,10 @@ class PretrainArgs:
                               "compute (higher lr and masking rate, no NSP but a bag-of-words loss on [CLS], no "
                               "dropout while pretraining, pre-LN, stacking); an option given on the command line or "
                               "in --config wins over its recipe")
+    objective: str = option("mlm", choices=["mlm", "electra"],
+                            help="mlm: masked-LM (+ NSP); electra: replaced-token detection (Clark et al. 2020), a "
+                                 "small generator trained beside the model; the run directory holds the model (the "
+                                 "discriminator), its head, and the generator in generator/ (fill-mask uses it)")
     model: str = option("mini", help="preset (tiny, mini, small, medium, base, large) or a config.json")
     init: str | None = option(None, help="start from this model directory's weights (e.g. phase 1 of 2)")
     minutes: str | None = option(None, help="time budget instead of --steps: 30, 90s, 30m or 1.5h; the steps are "
@@ -88,6 +94,12 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     filling those not given (None, see `bertforge.train.recipe.resolve`); refuses impossible values."""
     from bertforge.train.budget import parse_minutes
 
+    if args.objective == "electra":
+        for flag, value in (("--nsp", args.nsp), ("--stack-fraction", args.stack_fraction),
+                            ("--bow-weight", args.bow_weight), ("--init", args.init)):
+            if value:
+                raise BertforgeError(f"{flag} is not available with --objective electra: drop it")
+        args = dataclasses.replace(args, nsp=False, stack_fraction=0.0, bow_weight=0.0)
     if args.stack_fraction and args.init:
         raise BertforgeError("--stack-fraction builds a new model in two stages; with --init there is none to "
                              "build: drop one of them")
@@ -100,7 +112,8 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
                 data_options=options_from(DataOptions, args), init=args.init, resume=args.resume,
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
                 warmup_fraction=warmup_fraction, recipe=get_recipe(args.recipe), stack_fraction=args.stack_fraction,
-                stack_length_fraction=args.stack_length_fraction, bow_weight=args.bow_weight)
+                stack_length_fraction=args.stack_length_fraction, bow_weight=args.bow_weight, objective=args.objective,
+                electra=options_from(ElectraOptions, args))
 
 
 def run_pretrain(args: PretrainArgs) -> int:
@@ -121,6 +134,7 @@ def run_pretrain(args: PretrainArgs) -> int:
 
 
 COMMANDS = [
-    Command("pretrain", PretrainArgs, run_pretrain, help="pretrain BERT with masked-LM + next-sentence prediction",
+    Command("pretrain", PretrainArgs, run_pretrain,
+            help="pretrain BERT with masked-LM + next-sentence prediction, or as ELECTRA's discriminator",
             description=__doc__, keeps_freed_memory=True),
 ]

@@ -239,6 +239,9 @@ class _BatchDataset(torch.utils.data.IterableDataset):
             if k % n != worker:
                 continue
             out = collate([data.mask(inst, e, i) for e, i, inst in batch], data.pad_id)
+            # (B, 2) each instance's (epoch, index) in the stream, the same on any number of ranks (ELECTRA keys its
+            # samples on it); the epoch a static-masking epoch replays, so a replayed batch is the same batch
+            out["instance"] = torch.tensor([[data._data_epoch(e), i] for e, i, _ in batch], dtype=torch.long)
             out["_position"] = after
             yield out
 

@@ -17,11 +17,11 @@ from torch import nn
 from bertforge.batching import MAX_TOKENS, length_batches, run_batches
 from bertforge.config import BertConfig
 from bertforge.data.padding import pad_ids
+from bertforge.electra import generator_of, masked_lm_class
 from bertforge.errors import BertforgeError
 from bertforge.infer.checks import auto_streams, check_backend, check_options, check_quantize
 from bertforge.infer.transforms import prepare
 from bertforge.model_files import load_model
-from bertforge.models import BertForMaskedLM
 from bertforge.ort import load_ort_model
 from bertforge.tasks.runner import TaskModel, load_encoder, load_task, load_task_model, run_model
 from bertforge.tokenizer import Tokenizer
@@ -135,13 +135,15 @@ class MaskFiller:
     """`MaskFiller("runs/mini").fill("the [MASK] of the union", top_k=5)`: the likeliest tokens per [MASK].
 
     The MLM head runs on the [MASK] positions only (not on every token), so its vocabulary-sized output
-    costs nothing for the rest of the text. `precision` and `quantize` as for `Predictor`.
+    costs nothing for the rest of the text. `precision` and `quantize` as for `Predictor`. An ELECTRA run
+    directory's model (the discriminator) has no masked-LM head: its generator (`generator/`) fills the masks.
     """
 
     def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
                  precision: str = "fp32"):
         where = check_options(quantize, device, precision)
-        model, fresh = load_model(BertForMaskedLM, path, verbose=False)
+        path = generator_of(path)
+        model, fresh = load_model(masked_lm_class(BertConfig.from_json(path)), path, verbose=False)
         if any(k.startswith("cls.predictions.") for k in fresh):
             raise BertforgeError(f"{path} has no masked-LM head (cls.predictions.*): fill-mask needs a model from "
                                  "`bertforge pretrain` (or a Hugging Face BertForMaskedLM/BertForPreTraining)")

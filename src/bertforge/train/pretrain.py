@@ -14,14 +14,16 @@ from torch import nn
 
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.loader import PretrainingData
+from bertforge.electra import GENERATOR_DIR, HEAD_FILE
 from bertforge.errors import BertforgeError
 from bertforge.model_files import WEIGHTS_NAME, unwrap
 from bertforge.models import BertForPreTraining
-from bertforge.options import DataOptions
+from bertforge.options import DataOptions, ElectraOptions
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import budget, distributed, stacking
 from bertforge.train.budget import BudgetPlan, deadline_for, plan_run, save_plan
-from bertforge.train.isotropy import model_isotropy
+from bertforge.train.electra import ElectraObjective, build_electra, evaluate_electra
+from bertforge.train.isotropy import isotropy, model_isotropy
 from bertforge.train.loop import LoopOptions, Trainer, TrainResult, resolve_precision
 from bertforge.train.objective import PretrainingObjective, evaluate_pretraining
 from bertforge.train.recipe import BERT, Recipe, get_recipe, resolve
@@ -29,9 +31,9 @@ from bertforge.train.report import plot_metrics
 from bertforge.train.resume import resume_history
 from bertforge.train.rundir import RUN_CONFIG, claim_run_dir, write_run_config
 from bertforge.train.stacking import HALF_DEPTH_DIR, half_depth, stack_layers
-from bertforge.train.state import METRICS_FILE
+from bertforge.train.state import METRICS_FILE, checkpoints
 
-__all__ = ["DataOptions", "LoopOptions", "PretrainingObjective", "evaluate_pretraining", "pretrain",
+__all__ = ["DataOptions", "ElectraOptions", "LoopOptions", "PretrainingObjective", "evaluate_pretraining", "pretrain",
            "resolve_model_config"]
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
@@ -64,9 +66,11 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
              resume: bool = False, max_seq_len: int | None = None, dropout: float | None = None,
              pre_layer_norm: bool | None = None, minutes: float | None = None, warmup_fraction: float | None = None,
              recipe: Recipe | str | None = None, stack_fraction: float | None = None,
-             stack_length_fraction: float | None = None, bow_weight: float | None = None) -> TrainResult:
+             stack_length_fraction: float | None = None, bow_weight: float | None = None, objective: str = "mlm",
+             electra: ElectraOptions | Mapping[str, Any] | None = None) -> TrainResult:
     """Pretrain a BERT with MLM (+ NSP unless `data_options.nsp` is False) on `data_dir` (made by `bertforge
-    prepare`) into `out_dir`.
+    prepare`) into `out_dir`; with `objective="electra"`, as ELECTRA's discriminator (`electra` its options; see
+    bertforge.electra for the run directory's layout): no NSP, stacking, bag-of-words loss or `init` then.
 
     `init` starts from a model directory's weights (the paper's second phase at length 512 starts from the
     first phase's model); the optimizer and schedule start fresh. `resume` continues exactly from the last
@@ -93,12 +97,17 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
     out_dir = Path(out_dir)
     explicit = dict(dropout=dropout, pre_ln=pre_layer_norm, stack_fraction=stack_fraction,
                     stack_length_fraction=stack_length_fraction, bow_weight=bow_weight)
+    electra_options = _electra_options(objective, electra, explicit, init)
+    if electra_options is not None and not isinstance(data_options, DataOptions):
+        data_options = {"nsp": False, **_given(data_options)}
     loop, data_options, values = apply_recipe(recipe, loop, data_options, minutes, explicit)
+    if electra_options is not None and data_options.nsp:
+        raise BertforgeError("ELECTRA has no next-sentence prediction: drop --nsp (its instances fill the sequence)")
     stage = _Stage(data_dir=data_dir, model=model, loop=loop, data_options=data_options, init=init, resume=resume,
                    max_seq_len=max_seq_len, dropout=values["dropout"], pre_layer_norm=values["pre_ln"],
                    minutes=minutes, warmup_fraction=values["warmup_fraction"] if warmup_fraction is None
                    else warmup_fraction, recipe=get_recipe(recipe) if recipe is not None else None,
-                   bow_weight=values["bow_weight"])
+                   bow_weight=values["bow_weight"], electra=electra_options)
     try:
         if not values["stack_fraction"] or init is not None:
             if resume and (out_dir / HALF_DEPTH_DIR).is_dir():
@@ -108,6 +117,23 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
         return _pretrain_stacked(out_dir, stage, values["stack_fraction"], values["stack_length_fraction"])
     finally:
         distributed.teardown()
+
+
+def _electra_options(objective: str, electra: ElectraOptions | Mapping[str, Any] | None, explicit: dict,
+                     init: str | Path | None) -> ElectraOptions | None:
+    """ELECTRA's options (None: the masked-LM objective); with ELECTRA, `explicit` gets stacking and the
+    bag-of-words loss off unless given, and refuses them given."""
+    if objective not in ("mlm", "electra"):
+        raise BertforgeError(f"unknown objective {objective!r}; choose mlm or electra")
+    if objective == "mlm":
+        return None
+    for name, flag in (("stack_fraction", "--stack-fraction"), ("bow_weight", "--bow-weight")):
+        if explicit[name]:
+            raise BertforgeError(f"{flag} is not available with --objective electra: drop it or set it to 0")
+        explicit[name] = 0.0
+    if init is not None:
+        raise BertforgeError("--init is not available with --objective electra (it would need a generator): drop it")
+    return electra if isinstance(electra, ElectraOptions) else ElectraOptions(**_given(electra))
 
 
 def _given(options: Any) -> dict[str, Any]:
@@ -159,6 +185,7 @@ class _Stage:
     warmup_fraction: float | None
     recipe: Recipe | None
     bow_weight: float
+    electra: ElectraOptions | None = None  # the ELECTRA objective's options; None: masked-LM
     half: bool = False
     stack_init: bool = False
     stack: dict | None = None
@@ -203,12 +230,15 @@ def _pretrain_stage(out_dir: Path, s: _Stage) -> TrainResult:
                 refusal = e
         if distributed.any_rank(refusal is not None, d):
             raise refusal or BertforgeError(f"--out {out_dir} was refused (see the main process's error)")
+        if s.resume:
+            _check_objective(out_dir, s.electra is not None)
         data = _TrainerData(s.data_dir, s.data_options, s.max_seq_len, d)
         net, config = _build_model(s, data.train.tokenizer, data.train.max_seq_len, d)
         objective = PretrainingObjective(nsp=s.data_options.nsp, bow_weight=s.bow_weight,
-                                         is_special=data.train.is_special)
+                                         is_special=data.train.is_special) if s.electra is None else \
+            ElectraObjective(s.electra.discriminator_weight, seed=s.data_options.seed)
         micro, accum = s.loop.accumulation(d.world_size)
-        evaluate = _validation(data, s.data_options, micro, d)
+        evaluate = _validation(data, s.data_options, micro, d, objective)
         loop, plan = s.loop, None
         if s.minutes is not None:
             plan, loop = plan_run(loop, minutes=s.minutes, warmup_fraction=s.warmup_fraction, out_dir=out_dir,
@@ -235,6 +265,16 @@ def _pretrain_stage(out_dir: Path, s: _Stage) -> TrainResult:
             run_dir.release()
 
 
+def _check_objective(out_dir: Path, electra: bool) -> None:
+    """Refuse to resume a run with the other objective: its checkpoints hold other models (an ELECTRA one has the
+    replaced-token head), which would be set aside as unreadable or loaded with fresh heads."""
+    found = checkpoints(out_dir)
+    if found and (found[-1][1] / HEAD_FILE).is_file() != electra:
+        was = "mlm" if electra else "electra"
+        raise BertforgeError(f"the run in {out_dir} was trained with --objective {was}: resume it with --objective "
+                             f"{was}, or start a new run in a new --out")
+
+
 class _TrainerData:
     """The prepared data's splits for this process; `batches` is what `Trainer` reads its training batches from
     (a position dict from a checkpoint, or none, and the data-loading workers)."""
@@ -255,7 +295,7 @@ class _TrainerData:
 
 
 def _build_model(s: _Stage, tokenizer: Tokenizer, max_seq_len: int,
-                 d: distributed.Dist) -> tuple[BertForPreTraining, BertConfig]:
+                 d: distributed.Dist) -> tuple[nn.Module, BertConfig]:
     """The model to pretrain: `init`'s (checked against the data's tokenizer; stacked for the second stage), or a
     new one of `model`'s config (pre-LN, half depth as asked); with the pretraining dropout set."""
     config = resolve_model_config(s.model, tokenizer.vocab_size, max_seq_len)
@@ -279,14 +319,14 @@ def _build_model(s: _Stage, tokenizer: Tokenizer, max_seq_len: int,
         if s.half:
             config = half_depth(config)
         torch.manual_seed(s.loop.seed)
-        net = BertForPreTraining(config)
+        net = BertForPreTraining(config) if s.electra is None else build_electra(config, s.electra)
     tokenizer.check_compatible(config)
     if s.dropout is not None:
         net.set_dropout(s.dropout)
     return net, config
 
 
-def _validation(data: _TrainerData, opts: DataOptions, micro: int, d: distributed.Dist):
+def _validation(data: _TrainerData, opts: DataOptions, micro: int, d: distributed.Dist, objective: Any):
     """The evaluation on fixed validation batches, or None (no val split, or eval_batches 0)."""
     if opts.eval_batches <= 0:
         return None
@@ -301,6 +341,9 @@ def _validation(data: _TrainerData, opts: DataOptions, micro: int, d: distribute
         print("the val split has a single document, so no NotNext pairs: NSP accuracy is not reported "
               "(prepare with a larger --val-fraction to have it)")
     # with the embeddings' isotropy (train/isotropy.py): cheap, and the collapse it tracks is issue 48's
+    if isinstance(objective, ElectraObjective):  # the discriminator's embeddings, which the generator shares
+        return lambda m: {**evaluate_electra(m, val_batches, d.device, objective=objective, dist=d),
+                          **isotropy(m.discriminator.embeddings.word_embeddings.weight)}
     return lambda m: {**evaluate_pretraining(m, val_batches, d.device, nsp=opts.nsp and val_docs > 1, dist=d),
                       **model_isotropy(m)}
 
@@ -308,9 +351,11 @@ def _validation(data: _TrainerData, opts: DataOptions, micro: int, d: distribute
 def _model_saver(tok_dir: Path):
     def save_model(m: nn.Module, path: Path) -> None:
         unwrap(m).save_pretrained(path)
-        for name in TOKENIZER_FILES:
-            if (tok_dir / name).is_file():
-                shutil.copyfile(tok_dir / name, path / name)
+        # ELECTRA's generator is a model directory of its own, with the shared tokenizer
+        for where in (path, path / GENERATOR_DIR) if (path / GENERATOR_DIR).is_dir() else (path,):
+            for name in TOKENIZER_FILES:
+                if (tok_dir / name).is_file():
+                    shutil.copyfile(tok_dir / name, where / name)
 
     return save_model
 
@@ -321,7 +366,8 @@ def _run_config(s: _Stage, config: BertConfig, loop: LoopOptions, train: Pretrai
                 data_options=s.data_options, max_seq_len=train.max_seq_len, init=str(s.init) if s.init else None,
                 world_size=d.world_size, recipe=s.recipe.to_dict() if s.recipe else None, dropout=s.dropout,
                 bow_weight=s.bow_weight, stack=s.stack, budget=asdict(plan) if plan else None,
-                manifest={k: v for k, v in train.manifest.items() if not isinstance(v, list)})
+                manifest={k: v for k, v in train.manifest.items() if not isinstance(v, list)},
+                **({"objective": "electra", "electra": asdict(s.electra)} if s.electra is not None else {}))
 
 
 def _report(out_dir: Path, s: _Stage, plan: BudgetPlan | None, result: TrainResult, started: float) -> None:

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from bertforge.files import atomic_path, read_jsonl
 
-_TRAIN_KEYS = ("loss", "mlm_loss", "nsp_loss", "bow_loss")
+_TRAIN_KEYS = ("loss", "mlm_loss", "nsp_loss", "bow_loss", "rtd_loss")
 
 
 def plot_metrics(metrics_path: str | Path, png_path: str | Path, *, earlier: str | Path | None = None

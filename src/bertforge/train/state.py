@@ -100,10 +100,13 @@ def load_checkpoint(out_dir: Path, *, model: nn.Module, optimizer: torch.optim.O
             truncate_metrics(out_dir, 0)  # what a run killed before its first checkpoint logged
         return None
     unreadable = []
+    net = unwrap(model)
+    # a model of several parts (ELECTRA's generator and discriminator) reads and loads its own files
+    read, load = getattr(net, "read_weights", read_weights), getattr(net, "load_weights", None)
     for step, path in reversed(found):
         try:
             state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-            weights = read_weights(path)
+            weights = read(path)
             rng, position = state["rng"], state["data_position"]
             optimizer_state, scheduler_state = state["optimizer"], state["scheduler"]
         except Exception as e:  # noqa: BLE001 (any failure to read means the same: this checkpoint is unusable)
@@ -115,7 +118,10 @@ def load_checkpoint(out_dir: Path, *, model: nn.Module, optimizer: torch.optim.O
         if state.get("world_size", 1) != dist.world_size:
             raise BertforgeError(f"{path} was written by {state['world_size']} process(es), not "
                                  f"{dist.world_size}: resume with the same --nproc-per-node")
-        load_state(unwrap(model), weights, source=str(path), verbose=False)
+        if load is not None:
+            load(weights, source=str(path))
+        else:
+            load_state(net, weights, source=str(path), verbose=False)
         optimizer.load_state_dict(optimizer_state)
         scheduler.load_state_dict(scheduler_state)
         set_rng_state(rng[dist.rank] if isinstance(rng, list) else rng)  # a dict: before per-rank states
