@@ -261,9 +261,9 @@ def timed_pretrain(args: list[str]) -> list[tuple[float, float]]:
 
 
 def data_wait(ctx) -> None:
-    """BERT-base at 128 (tiny at 32 in the dry run) on synthetic prepared data, with the batches loaded in the
+    """BERT-base at 128 (tiny at 64 in the dry run) on synthetic prepared data, with the batches loaded in the
     training process and by worker processes: the share of each step spent waiting for the batch."""
-    seq = 32 if ctx.dry else 128
+    seq = 64 if ctx.dry else 128  # the dry run reuses the journey's data
     _, data, vocab = prepared_data(ctx, seq)
     model = ctx.work / "model.json"
     from bertforge import BertConfig
