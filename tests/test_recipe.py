@@ -28,6 +28,8 @@ from bertforge.train.optim import build_optimizer, build_scheduler, set_total_st
 from bertforge.train.rundir import RUN_CONFIG
 from bertforge.train.state import checkpoints
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
 
 def test_single_segment_instances_keep_every_token_in_order_and_fill_the_sequence():
     rng = np.random.default_rng(0)

@@ -26,6 +26,8 @@ from bertforge.train.optim import parameter_groups, warmup_linear_decay
 from bertforge.train.pretrain import DataOptions, pretrain
 from bertforge.train.rundir import RUN_CONFIG
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
