@@ -14,14 +14,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-import traceback
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from forked import Forked
 
 from bertforge.cli import main
 from bertforge.train import finetune as ft
@@ -101,31 +99,10 @@ def _write_data(root: Path) -> Path:
     return root
 
 
-def _killed(args: list[str], kill: str, log: Path, timeout: float = 300) -> int:
-    """Runs `bertforge finetune ARGS` in a forked child of this process (torch already imported: no fresh
-    interpreter), which `_kill_at` stops at `kill`; the child's exit code (-9: SIGKILLed), its output in `log`."""
-    with warnings.catch_warnings():  # a thread of torch's may be running; the child only trains on one
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # the child: never back into pytest
-        code = 70
-        try:
-            with open(log, "w", buffering=1) as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-                try:
-                    _kill_at(kill)
-                    code = main(["finetune", *[str(a) for a in args]])
-                except BaseException:
-                    traceback.print_exc()
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + timeout
-    while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail(f"the killed run was still running after {timeout:.0f} s: {log.read_text()[-2000:]}")
-        time.sleep(0.02)
-    return os.waitstatus_to_exitcode(waited[1])
+def _killed(args: list[str], kill: str, log: Path) -> int:
+    """`bertforge finetune ARGS` in a forked child (tests/forked.py), which `_kill_at` stops at `kill`; its exit
+    code (-9: SIGKILLed), its output in `log`."""
+    return Forked(["finetune", *args], log, before=lambda: _kill_at(kill)).wait()
 
 
 def _finetune(capsys, args: list, code: int = 0) -> tuple[str, str]:
