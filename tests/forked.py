@@ -1,11 +1,14 @@
 """Test support: `bertforge` in a forked child of the test process, for tests that kill a run part-way. The child
 starts with torch and bertforge already imported, where a fresh interpreter spends about 2 seconds importing
 them, and its torch threads are the test process's (the tests that compare runs bitwise set one). It is a real
-process: a SIGKILL takes it down mid-write, and its exit code is what `main` returned."""
+process: a SIGKILL takes it down mid-write, and its exit code is what `main` returned. `kill_at` stops a run at
+the N-th call of a function, in a child (`before`), a torchrun rank or, undone after the test, the test process."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import os
 import signal
 import time
@@ -52,6 +55,26 @@ class Forked:
 
     def output(self) -> str:
         return self.log.read_text() if self.log.is_file() else ""
+
+
+def kill_at(point: str, patch: Callable = setattr) -> None:
+    """Makes this process SIGKILL itself (or send itself the signal named after N) at the N-th call of one
+    function, named "module:name:N[:SIGNAL]" (a name may be Class.method): the optimizer step, a dev evaluation,
+    `torch.save` (a checkpoint's trainer state, so the kill leaves a half-written checkpoint directory behind), or
+    a step of the run's end. `patch` sets the function (pytest's monkeypatch.setattr undoes it after the test; a
+    forked child or a torchrun rank keeps it)."""
+    module, name, at, *how = point.split(":")
+    *path, attr = name.split(".")
+    owner = functools.reduce(getattr, path, importlib.import_module(module))
+    real, calls = getattr(owner, attr), []
+
+    def killing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == int(at):
+            os.kill(os.getpid(), getattr(signal, how[0] if how else "SIGKILL"))
+        return real(*args, **kwargs)
+
+    patch(owner, attr, killing)
 
 
 def _child(argv: list[str], log: Path, before: Callable[[], None] | None) -> None:

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import functools
-import importlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from forked import Forked
+from forked import Forked, kill_at
 
 from bertforge.cli import main
 from bertforge.train import finetune as ft
@@ -31,32 +28,12 @@ ARGS = ["--task", "csv", "--label-column", "label", "--batch-size", "4", "--epoc
         "--max-length", "16", "--eval-batch-size", "4"]
 
 
-def _kill_at(point: str, patch: Callable = setattr) -> None:
-    """Makes this process SIGKILL itself (or send itself the signal named after N) at the N-th call of one
-    function, named "module:name:N[:SIGNAL]" (a name may be Class.method): the optimizer step, a dev evaluation,
-    `torch.save` (a checkpoint's trainer state, so the kill leaves a half-written checkpoint directory behind), or
-    a step of the run's end. `patch` sets the function (pytest's monkeypatch.setattr undoes it after the test; a
-    forked child or a torchrun rank keeps it)."""
-    module, name, at, *how = point.split(":")
-    *path, attr = name.split(".")
-    owner = functools.reduce(getattr, path, importlib.import_module(module))
-    real, calls = getattr(owner, attr), []
-
-    def killing(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == int(at):
-            os.kill(os.getpid(), getattr(signal, how[0] if how else "SIGKILL"))
-        return real(*args, **kwargs)
-
-    patch(owner, attr, killing)
-
-
-# A torchrun rank: `bertforge` with `_kill_at` applied.
+# A torchrun rank: `bertforge` with `kill_at` applied.
 KILLER = f"""
 import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-from test_finetune_resume import _kill_at
-_kill_at(sys.argv[1])
+from forked import kill_at
+kill_at(sys.argv[1])
 from bertforge.cli import main
 sys.exit(main(sys.argv[2:]))
 """
@@ -100,9 +77,9 @@ def _write_data(root: Path) -> Path:
 
 
 def _killed(args: list[str], kill: str, log: Path) -> int:
-    """`bertforge finetune ARGS` in a forked child (tests/forked.py), which `_kill_at` stops at `kill`; its exit
+    """`bertforge finetune ARGS` in a forked child (tests/forked.py), which `kill_at` stops at `kill`; its exit
     code (-9: SIGKILLed), its output in `log`."""
-    return Forked(["finetune", *args], log, before=lambda: _kill_at(kill)).wait()
+    return Forked(["finetune", *args], log, before=lambda: kill_at(kill)).wait()
 
 
 def _finetune(capsys, args: list, code: int = 0) -> tuple[str, str]:
@@ -154,7 +131,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(task, tmp_path, capsys
 
 def test_sigterm_saves_a_checkpoint_and_prints_the_command_that_resumes(task, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    _kill_at("bertforge.train.loop:train_step:3:SIGTERM", monkeypatch.setattr)
+    kill_at("bertforge.train.loop:train_step:3:SIGTERM", monkeypatch.setattr)
     _, err = _finetune(capsys, [*task["base"], "--out", out], code=130)
     state = json.loads((tmp_path / "run.partial" / "checkpoints" / "step-3" / "state.json").read_text())
     assert state["data_position"] == {"epoch": 0, "batch": 3}
