@@ -129,6 +129,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(task, tmp_path, capsys
     assert not (out / ".lock").exists()
 
 
+@pytest.mark.slow  # the module's uninterrupted run (`task`)
 def test_sigterm_saves_a_checkpoint_and_prints_the_command_that_resumes(task, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     kill_at("bertforge.train.loop:train_step:3:SIGTERM", monkeypatch.setattr)
