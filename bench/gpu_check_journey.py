@@ -9,6 +9,7 @@ compared with the uninterrupted run, `finetune` on a synthetic CSV task, `predic
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import csv
 import hashlib
@@ -128,13 +129,16 @@ def compare_runs(a: Path, b: Path, after: int) -> dict:
 def pretrain_and_resume(ctx, data: Path, model: Path) -> Path:
     whole, broken = ctx.work / "run", ctx.work / "run-killed"
     args = pretrain_args(ctx, data, model, whole)
-    cli(ctx, *args, launcher=torchrun())
+    after = int(args[args.index("--save-every") + 1])
+    # The uninterrupted run beside the one to kill: two runs of a tiny model share the card (or two CPU cores)
+    # and the part takes one run's time less. The runs do not meet: each has its own --out and rendezvous port.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        uninterrupted = pool.submit(cli, ctx, *args, launcher=torchrun())
+        kill = killed_run(ctx, pretrain_args(ctx, data, model, broken), broken, after)
+        uninterrupted.result()
     evals = [json.loads(x)["step"] for x in (whole / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
     ctx.save(backend="nccl" if ctx.device.type == "cuda" else "gloo", eval_steps=evals,
-             checkpoints=sorted(p.name for p in (whole / "checkpoints").iterdir()))
-    after = int(args[args.index("--save-every") + 1])
-    kill = killed_run(ctx, pretrain_args(ctx, data, model, broken), broken, after)
-    ctx.save(kill=kill)
+             checkpoints=sorted(p.name for p in (whole / "checkpoints").iterdir()), kill=kill)
     if kill["finished_before_kill"] or not kill["killed_after_checkpoints"]:
         raise RuntimeError(f"the SIGKILL did not land mid-run: {kill}")
     cli(ctx, *pretrain_args(ctx, data, model, broken), "--resume", launcher=torchrun())
@@ -261,9 +265,9 @@ def timed_pretrain(args: list[str]) -> list[tuple[float, float]]:
 
 
 def data_wait(ctx) -> None:
-    """BERT-base at 128 (tiny at 32 in the dry run) on synthetic prepared data, with the batches loaded in the
+    """BERT-base at 128 (tiny at 64 in the dry run) on synthetic prepared data, with the batches loaded in the
     training process and by worker processes: the share of each step spent waiting for the batch."""
-    seq = 32 if ctx.dry else 128
+    seq = 64 if ctx.dry else 128  # the dry run reuses the journey's data
     _, data, vocab = prepared_data(ctx, seq)
     model = ctx.work / "model.json"
     from bertforge import BertConfig

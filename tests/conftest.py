@@ -38,6 +38,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test. The modules that train in the test process use it (their `pytestmark`):
+    their models are tiny, where a second thread's hand-offs cost more than it computes, and on a busy machine the
+    threads that spin waiting for each other slow a run many times over (test_train's slow tests beside other jobs
+    on 2 cores: 108 s on two threads, 46 s on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

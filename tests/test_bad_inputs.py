@@ -21,6 +21,8 @@ from support import file_digests
 from bertforge.cli import main
 from bertforge.tokenizer import Tokenizer, fingerprint
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
 
 def _copy_run(toy, tmp_path: Path) -> Path:
     out = tmp_path / "run"

@@ -15,6 +15,8 @@ from bertforge.cli import _commands
 from bertforge.device import pick_device
 from bertforge.errors import BertforgeError
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
 # -- every command: broken files and impossible options -----------------------------------------------------
 
 def _cut(path: Path, size: int = 100) -> None:

@@ -31,6 +31,8 @@ from bertforge.model_files import read_weights
 from bertforge.progress import MetricsLog, PlainProgress, progress_reporter
 from bertforge.train.rundir import LOCK_FILE, claim_run_dir
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
 # -- progress -------------------------------------------------------------------------------------------------
 
 def test_progress_into_a_file_is_whole_lines_at_an_interval():

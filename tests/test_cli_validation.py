@@ -24,6 +24,8 @@ from bertforge.cli import _commands, build_parser, main
 from bertforge.commands.arguments import _unwrap_optional, build_args
 from bertforge.train.rundir import LOCK_FILE, claim_run_dir
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
 # The required arguments of each command, so that only the option under test is wrong.
 REQUIRED = {
     "model info": [],

@@ -4,6 +4,7 @@ of the uninterrupted run, bit for bit; `--resume` refuses what it cannot continu
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked import Forked, kill_at
 
 from bertforge.cli import main
 from bertforge.train import finetune as ft
@@ -26,34 +28,33 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 ARGS = ["--task", "csv", "--label-column", "label", "--batch-size", "4", "--epochs", "3", "--lr", "1e-3",
         "--max-length", "16", "--eval-batch-size", "4", "--save-every", "6"]
 
-# Runs `bertforge` in a process that SIGKILLs itself (or sends itself the signal named after N) at the N-th call
-# of one function, named "module:name:N[:SIGNAL]" (a name may be Class.method): the optimizer step, a dev
-# evaluation, `torch.save` (a checkpoint's trainer state, so the kill leaves a half-written checkpoint directory
-# behind), or a step of the run's end.
-KILLER = """
-import functools, importlib, os, signal, sys
-module, name, at, *how = sys.argv[1].split(":")
-*path, attr = name.split(".")
-owner = functools.reduce(getattr, path, importlib.import_module(module))
-real, calls = getattr(owner, attr), []
-def killing(*args, **kwargs):
-    calls.append(1)
-    if len(calls) == int(at):
-        os.kill(os.getpid(), getattr(signal, how[0] if how else "SIGKILL"))
-    return real(*args, **kwargs)
-setattr(owner, attr, killing)
+
+# A torchrun rank: `bertforge` with `kill_at` applied.
+KILLER = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from forked import kill_at
+kill_at(sys.argv[1])
 from bertforge.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 
 
-@pytest.fixture(autouse=True)
-def as_the_subprocesses_run():
-    """In-process runs compare bitwise with the subprocesses' (OMP_NUM_THREADS=1): one thread here too."""
+@contextlib.contextmanager
+def _one_thread():
+    """Runs compare bitwise with each other and with torchrun's ranks (OMP_NUM_THREADS=1): one thread here too."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def as_the_ranks_run():
+    with _one_thread():
+        yield
 
 
 def _write_data(root: Path) -> Path:
@@ -76,11 +77,18 @@ def _write_data(root: Path) -> Path:
     return root
 
 
-def _run(args: list[str], kill: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    command = ["-c", KILLER, kill] if kill else ["-m", "bertforge"]
-    return subprocess.run([sys.executable, *command, "finetune", *[str(a) for a in args]], env=env,
-                          capture_output=True, text=True, timeout=300)
+def _killed(args: list[str], kill: str, log: Path) -> int:
+    """`bertforge finetune ARGS` in a forked child (tests/forked.py), which `kill_at` stops at `kill`; its exit
+    code (-9: SIGKILLed), its output in `log`."""
+    return Forked(["finetune", *args], log, before=lambda: kill_at(kill)).wait()
+
+
+def _finetune(capsys, args: list, code: int = 0) -> tuple[str, str]:
+    """`bertforge finetune ARGS` in this process, which must exit `code`; its stdout and stderr."""
+    returned = main(["finetune", *[str(a) for a in args]])
+    out, err = capsys.readouterr()
+    assert returned == code, out + err
+    return out, err
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +97,8 @@ def task(tmp_path_factory, mlm_dir) -> dict:
     root = tmp_path_factory.mktemp("ft-resume")
     data = _write_data(root / "data")
     base = ["--data", data, "--init", mlm_dir, *ARGS]
-    full = _run([*base, "--out", root / "full"])
-    assert full.returncode == 0, full.stdout + full.stderr
+    with _one_thread():  # before the autouse fixture, which is per test
+        assert main(["finetune", *[str(a) for a in base], "--out", str(root / "full")]) == 0
     return {"base": base, "full": root / "full", "data": data, "init": mlm_dir}
 
 
@@ -108,14 +116,13 @@ def _files(run: Path) -> dict[str, bytes]:
     ("bertforge.train.finetune:read_jsonl:1", [], ""),  # after the last checkpoint, before the run's end
     ("bertforge.train.finetune:plot_metrics:1", [], ""),  # while putting the finished run in place
 ], ids=["in-epoch", "epoch-boundary", "dev-evaluation", "writing-checkpoint", "after-training", "at-the-end"])
-def test_a_killed_run_resumes_to_the_uninterrupted_result(task, tmp_path, kill, options, resumed_from):
+def test_a_killed_run_resumes_to_the_uninterrupted_result(task, tmp_path, capsys, kill, options, resumed_from):
     out = tmp_path / "run"
-    killed = _run([*task["base"], "--out", out, *options], kill=kill)
-    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    log = tmp_path.parent / f"{tmp_path.name}.log"
+    assert _killed([*task["base"], "--out", out, *options], kill, log) == -signal.SIGKILL, log.read_text()
     assert not out.exists() and (tmp_path / "run.partial").is_dir()
-    resumed = _run([*task["base"], "--out", out, *options, "--resume"])
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert resumed_from in resumed.stdout, resumed.stdout
+    printed, _ = _finetune(capsys, [*task["base"], "--out", out, *options, "--resume"])
+    assert resumed_from in printed, printed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     assert _files(out) == _files(task["full"])
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -123,17 +130,17 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(task, tmp_path, kill, 
     assert not (out / ".lock").exists()
 
 
-@pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_prints_the_command_that_resumes(task, tmp_path):
+@pytest.mark.slow  # the module's uninterrupted run (`task`)
+def test_sigterm_saves_a_checkpoint_and_prints_the_command_that_resumes(task, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    stopped = _run([*task["base"], "--out", out], kill="bertforge.train.loop:train_step:3:SIGTERM")
-    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    kill_at("bertforge.train.loop:train_step:3:SIGTERM", monkeypatch.setattr)
+    _, err = _finetune(capsys, [*task["base"], "--out", out], code=130)
     state = json.loads((tmp_path / "run.partial" / "checkpoints" / "step-3" / "state.json").read_text())
     assert state["data_position"] == {"epoch": 0, "batch": 3}
-    command = stopped.stderr.splitlines()[-1]
-    assert command.startswith("to resume: bertforge finetune ") and command.endswith(" --resume"), stopped.stderr
-    resumed = _run(command.split()[4:])  # after "to resume: bertforge finetune"
-    assert resumed.returncode == 0 and "(step 3)" in resumed.stdout, resumed.stdout + resumed.stderr
+    command = err.splitlines()[-1]
+    assert command.startswith("to resume: bertforge finetune ") and command.endswith(" --resume"), err
+    printed, _ = _finetune(capsys, command.split()[4:])  # after "to resume: bertforge finetune"
+    assert "(step 3)" in printed, printed
     assert _files(out) == _files(task["full"])
 
 

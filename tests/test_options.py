@@ -21,6 +21,8 @@ from bertforge.errors import BertforgeError
 from bertforge.options import PRECISIONS, DataOptions, DemoOptions, FinetuneOptions, LoopOptions
 from bertforge.train.loop import resolve_precision
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
 # The option classes each command runs its library entry point with.
 LIBRARY_OPTIONS = {"pretrain": (LoopOptions, DataOptions), "finetune": (FinetuneOptions,), "demo": (DemoOptions,)}
 REQUIRED = {"pretrain": ["--data", "d", "--out", "o"],

@@ -28,6 +28,8 @@ from bertforge.train.optim import build_optimizer, build_scheduler, set_total_st
 from bertforge.train.rundir import RUN_CONFIG
 from bertforge.train.state import checkpoints
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
 
 def test_single_segment_instances_keep_every_token_in_order_and_fill_the_sequence():
     rng = np.random.default_rng(0)
@@ -174,10 +176,11 @@ def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
 
 @pytest.mark.slow
 def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared, tmp_path, capsys):
-    # The one budget on the wall clock, end to end; the others run on a simulated clock (tests/simulated_clock.py).
+    # The one budget on the wall clock, end to end (12 seconds); the others run on a simulated clock
+    # (tests/simulated_clock.py).
     out = tmp_path / "budget"  # one stage: a stacked budget's planning is tested in test_stacking.py
     assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
-                 "--minutes", "0.4", "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3",
+                 "--minutes", "0.2", "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3",
                  "--eval-batches", "2", "--stack-fraction", "0",
                  "--log-every", "1", "--no-progress"]) == 0
     plan = BudgetPlan(**json.loads((out / "budget_plan.json").read_text()))
@@ -187,8 +190,8 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     steps = len(train)  # the first plan, moved to where the steps' measured time puts the deadline
     assert plan.steps == config["loop"]["steps"] and train[-1]["planned_steps"] == steps == train[-1]["step"]
     assert config["loop"]["warmup_steps"] == round(0.06 * plan.steps)
-    took = float(re.search(r"pretraining took ([0-9.]+) min of a 0.4-minute budget", capsys.readouterr().out)[1])
-    assert took <= 0.4 + 0.15  # the final evaluation and saves are all that may run over
+    took = float(re.search(r"pretraining took ([0-9.]+) min of a 0.2-minute budget", capsys.readouterr().out)[1])
+    assert took <= 0.2 + 0.15  # the final evaluation and saves are all that may run over
     assert config["recipe"]["name"] == "budget" and config["dropout"] == 0.0
     assert config["data_options"]["nsp"] is False and config["data_options"]["masked_lm_prob"] == 0.3  # flag wins
     assert config["model"]["pre_layer_norm"] is True and config["loop"]["betas"] == [0.9, 0.98]
@@ -206,10 +209,10 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
              "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3", "--eval-batches", "2",
              "--log-every", "1", "--resume", "--no-progress", "--stack-fraction", "0"]
     capsys.readouterr()
-    assert main(again + ["--minutes", "0.4"]) == 2
+    assert main(again + ["--minutes", "0.2"]) == 2
     assert f"is complete (checkpoint at step {steps} of {steps})" in capsys.readouterr().err
     assert main(again + ["--minutes", "5"]) == 2
-    assert "budget (--minutes): 0.4 -> 5.0" in capsys.readouterr().err
+    assert "budget (--minutes): 0.2 -> 5.0" in capsys.readouterr().err
 
 
 def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_spent(prepared, tmp_path, capsys):

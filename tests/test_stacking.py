@@ -19,6 +19,8 @@ from bertforge.models import BertForPreTraining
 from bertforge.train.rundir import RUN_CONFIG
 from bertforge.train.stacking import half_depth, stack_layers
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
 
 def _model(layers: int, pre_ln: bool) -> BertForPreTraining:
     torch.manual_seed(0)

@@ -4,16 +4,14 @@ checkpoints on SIGTERM, NaN stops, bad configurations refused, and 2-process DDP
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from forked import Forked
 from safetensors.torch import load_file
 
 import bertforge.cpu
@@ -26,7 +24,7 @@ from bertforge.train.optim import parameter_groups, warmup_linear_decay
 from bertforge.train.pretrain import DataOptions, pretrain
 from bertforge.train.rundir import RUN_CONFIG
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
 
 
 def loop(**kw) -> LoopOptions:
@@ -219,10 +217,8 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(prepared, tmp_path, monkey
     BertForPreTraining.from_pretrained(out / "checkpoints" / "step-4")  # intact
 
 
-def _cli(args: list[str], **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "bertforge", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kw)
+def _cli(args: list[str], log: Path) -> Forked:
+    return Forked(args, log)  # one thread, as the module's fixture set it: the runs compare bitwise
 
 
 def _pretrain_args(prepared: Path, out: Path, cfg: str, steps: int) -> list[str]:
@@ -231,31 +227,28 @@ def _pretrain_args(prepared: Path, out: Path, cfg: str, steps: int) -> list[str]
             "--log-every", "1"]
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_for(path: Path, proc: Forked, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while not path.exists():
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, proc.output()
         assert time.time() < deadline, f"{path} did not appear"
         time.sleep(0.01)
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_is_bitwise_identical(prepared, tmp_path):
+def test_resume_after_sigkill_is_bitwise_identical(prepared, tmp_path, capsys):
     cfg = tiny_model_config(tmp_path)  # dropout on: the RNG state must be restored too
     steps = 40
-    full = _cli(_pretrain_args(prepared, tmp_path / "full", cfg, steps))
+    full = _cli(_pretrain_args(prepared, tmp_path / "full", cfg, steps), tmp_path / "full.log")
     killed_out = tmp_path / "killed"
-    killed = _cli(_pretrain_args(prepared, killed_out, cfg, steps))
+    killed = _cli(_pretrain_args(prepared, killed_out, cfg, steps), tmp_path / "killed.log")
     _wait_for(killed_out / "checkpoints" / "step-8", killed)
     killed.send_signal(signal.SIGKILL)
-    killed.wait()
+    assert killed.wait() == -signal.SIGKILL, killed.output()
     assert not (killed_out / "model.safetensors").exists()  # really killed part-way
-    resumed = _cli(_pretrain_args(prepared, killed_out, cfg, steps) + ["--resume"])
-    out, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, out
-    assert "resumed from" in out
-    full_out, _ = full.communicate(timeout=300)
-    assert full.returncode == 0, full_out
+    assert main(_pretrain_args(prepared, killed_out, cfg, steps) + ["--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert full.wait() == 0, full.output()
     a, b = weights(tmp_path / "full"), weights(killed_out)
     assert a.keys() == b.keys()
     for k in a:
@@ -267,12 +260,11 @@ def test_resume_after_sigkill_is_bitwise_identical(prepared, tmp_path):
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_exits(prepared, tmp_path):
     out = tmp_path / "run"
-    proc = _cli(_pretrain_args(prepared, out, tiny_model_config(tmp_path), 400))
+    proc = _cli(_pretrain_args(prepared, out, tiny_model_config(tmp_path), 400), tmp_path / "run.log")
     _wait_for(out / "checkpoints" / "step-4", proc)
     proc.send_signal(signal.SIGTERM)
-    text, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, text
-    assert "continue with --resume" in text
+    assert proc.wait(timeout=120) == 130, proc.output()
+    assert "continue with --resume" in proc.output()
     state = json.loads(max((out / "checkpoints").iterdir(), key=lambda p: int(p.name[5:])).joinpath(
         "state.json").read_text())
     assert state["step"] >= 4 and state["data_position"]["position"] > 0
