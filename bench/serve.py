@@ -13,9 +13,10 @@ Per side: requests/s, p50/p95/p99 latency, errors, and how many served labels ag
 client shares the machine's CPU with the server: on a small machine it takes some of what the server would have
 had (the same for every side); a light client keeps that share small.
 
---burst opens 4x --max-queue connections, then sends a request on each at once to `bertforge serve` and reports how
-many were refused (503), the slowest and the median refusal (from sending to the answer), whether every accepted
-answer is right, and the server's resident memory before and after.
+--burst, twice: opens 4x --max-queue connections, then sends a request on each at once to `bertforge serve` and
+reports how many were refused (503), the slowest and the median refusal (from sending to the answer), whether every
+accepted answer is right, and the server's resident memory before and after (the second burst shows whether what the
+first one left is reused or grows).
 --hostile N sends N malformed or oversized bodies and reports their statuses (each must be a 4xx with a JSON
 error) and whether the server still answers.
 """
@@ -134,6 +135,24 @@ def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, list[str
     return rate, [r["label"] for r in results[:len(texts)]]
 
 
+def offline_groups(args: argparse.Namespace, texts: list[str]) -> float:
+    """Our `predict` over the same texts in groups of --clients, cut as the server cuts a group: the most that
+    --clients concurrent one-text requests can give, with no HTTP (a group is at most one request a client)."""
+    from bertforge.infer import Predictor
+    from bertforge.serve.model import group_batch_size
+
+    predictor = Predictor(args.model, precision=args.precision, quantize=args.quantize)
+    batch = [{"text": texts[n % len(texts)]} for n in range(max(args.requests, len(texts)))]
+    size = args.clients
+    t0 = time.perf_counter()
+    for start in range(0, len(batch), size):
+        predictor.predict(batch[start:start + size], batch_size=group_batch_size(len(batch[start:start + size])))
+    rate = len(batch) / (time.perf_counter() - t0)
+    print(f"{'offline-groups':<14} {rate:9,.1f} texts/s (the same, in groups of {size} as the server cuts them)",
+          flush=True)
+    return rate
+
+
 def serve_command(args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "bertforge", "serve", "--model", args.model, "--port", "0", "--precision",
                args.precision, "--max-wait-ms", args.max_wait_ms, "--max-queue", str(args.max_queue),
@@ -149,6 +168,14 @@ def rss_mib(pid: int) -> float:
 
 
 def burst(url: str, proc: subprocess.Popen, texts: list[str], args: argparse.Namespace, labels: list[str]) -> None:
+    """Two bursts, each reported: memory that the first one's allocations leave for reuse (the allocator keeps
+    freed memory, `bertforge.train.memory`) must not grow again with the second."""
+    for _ in range(2):
+        _one_burst(url, proc, texts, args, labels)
+
+
+def _one_burst(url: str, proc: subprocess.Popen, texts: list[str], args: argparse.Namespace,
+               labels: list[str]) -> None:
     before = rss_mib(proc.pid)
     bodies = [json.dumps({"inputs": t}).encode() for t in texts]
     results = asyncio.run(loadgen.burst(url, "/predict", bodies, 4 * args.max_queue))
@@ -183,9 +210,10 @@ def hostile(url: str, count: int) -> None:
           f"server still answering: {alive}", flush=True)
 
 
-def baseline_app(engine: str, model_dir: Path):
+def baseline_app(engine: str, model_dir: Path, precision: str = "fp32"):
     """The server most users write: FastAPI, one forward pass per request (a plain `def`, so FastAPI runs it in
-    its thread pool), transformers' tokenizer, the model on transformers or on ONNX Runtime (the graph
+    its thread pool), transformers' tokenizer, the model on transformers (under bf16 autocast when the bench runs
+    ours in bf16: its strongest ordinary setup on a CPU with bf16) or on ONNX Runtime in fp32 (the graph
     `bertforge export` writes, as bench/inference.py builds it)."""
     import numpy as np
     import torch
@@ -199,7 +227,7 @@ def baseline_app(engine: str, model_dir: Path):
         model = transformers.AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
 
         def logits(enc) -> np.ndarray:
-            with torch.inference_mode():
+            with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
                 return model(**{k: torch.from_numpy(v) for k, v in enc.items()}).logits.float().numpy()[0]
     else:
         sys.path.insert(0, str(Path(__file__).parent))
@@ -232,7 +260,7 @@ def run_baseline(args: argparse.Namespace) -> None:
 
     from bertforge.serve.server import bind, url_of
 
-    app = baseline_app(args.baseline, Path(args.model))
+    app = baseline_app(args.baseline, Path(args.model), args.precision)
     sock = bind("127.0.0.1", args.port)
     print(f"baseline {args.baseline} on {url_of(sock)}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
@@ -249,9 +277,10 @@ def main() -> None:
     rates, labels = {}, None
     if "offline" in args.sides or args.burst:
         rates["offline"], labels = offline(args, texts)
+        rates["offline-groups"] = offline_groups(args, texts)
     for side in [s for s in args.sides if s != "offline"]:
         command = serve_command(args) if side == "serve" else [
-            sys.executable, __file__, "--baseline", side, "--model", args.model]
+            sys.executable, __file__, "--baseline", side, "--model", args.model, "--precision", args.precision]
         proc, url = start(command)
         try:
             load(url, texts, args.clients, min(args.requests, 2 * args.clients))  # warm-up

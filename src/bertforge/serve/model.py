@@ -21,13 +21,13 @@ CHARS_PER_TOKEN = 4  # English text averages about 4 characters a WordPiece toke
 
 
 def group_batch_size(inputs: int) -> int:
-    """The batch size that cuts a served group of `inputs` into 4 or more length-sorted batches (up to `predict`'s
+    """The batch size that cuts a served group of `inputs` into 8 or more length-sorted batches (up to `predict`'s
     64 a batch). A group of concurrent requests is a random draw of lengths: run as one batch, 32 Rotten Tomatoes
-    snippets were padded to 1.9x their tokens (1.2x when all 1,323 are sorted together); cut in 4 they are padded
-    far less, and a CPU runs the batches two at a time on a thread each (`bertforge.batching`), which kept up on a
-    machine whose cores the clients and the event loop share. Measured on MiniLM-L6, groups of 32: batches of 8
-    ran 2-3x faster than one batch of 32 (docs/benchmarks.md, "Serving")."""
-    return max(1, min(64, -(-inputs // 4)))
+    snippets were padded to 1.9x their tokens (1.2x when all 1,323 are sorted together); cut finer they are padded
+    less, and a CPU runs the batches two at a time on a thread each (`bertforge.batching`). bench/serve.py, MiniLM-L6
+    fp32, 32 clients, 2-core EPYC: requests/s with the group cut in 1, 2, 4, 8, 16 and 32 batches were 158, 193, 223,
+    230-241, 211 and 158."""
+    return max(1, min(64, -(-inputs // 8)))
 
 
 @dataclass
