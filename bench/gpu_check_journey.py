@@ -224,44 +224,16 @@ def journey(ctx) -> None:
                       f"onnx {r.get('onnx_vs_torch_max_diff', nan):.1e}; {steps}")
 
 
-class _TimedBatches:
-    """The loop's batch iterator, timing each `next`: how long the step waited for its data."""
-
-    def __init__(self, inner):
-        self.inner, self.waited = inner, 0.0
-
-    def __next__(self):
-        start = time.perf_counter()
-        batch = next(self.inner)
-        self.waited += time.perf_counter() - start
-        return batch
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-def timed_pretrain(args: list[str]) -> list[tuple[float, float]]:
-    """Runs `bertforge pretrain ARGS` in this process; (data wait, step seconds) of every step. The loop does not
-    report its data wait (yet), so its `Trainer._step` is wrapped: the batches it pulls are timed, and so is the
-    whole step, which ends reading the losses (a device sync), so the two are comparable."""
+def timed_pretrain(args: list[str], out: Path) -> list[tuple[float, float]]:
+    """Runs `bertforge pretrain ARGS` (logging every step) in this process; (data wait, step seconds) of every step,
+    as the loop logs them in metrics.jsonl (`data_wait_s`, `step_time_s`: a step ends reading its losses, a device
+    sync, so the two are comparable)."""
     from bertforge.cli import main
-    from bertforge.train import loop
+    from bertforge.files import read_jsonl
 
-    original, steps = loop.Trainer._step, []
-
-    def timed(self, model, batches):
-        start, timed_batches = time.perf_counter(), _TimedBatches(batches)
-        out = original(self, model, timed_batches)
-        steps.append((timed_batches.waited, time.perf_counter() - start))
-        return out
-
-    loop.Trainer._step = timed
-    try:
-        if main(args):
-            raise RuntimeError(f"`bertforge {' '.join(args[:1])}` failed (its error is above)")
-    finally:
-        loop.Trainer._step = original
-    return steps
+    if main([*args, "--out", str(out), "--log-every", "1"]):
+        raise RuntimeError(f"`bertforge {' '.join(args[:1])}` failed (its error is above)")
+    return [(r["data_wait_s"], r["step_time_s"]) for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
 
 
 def data_wait(ctx) -> None:
@@ -275,10 +247,9 @@ def data_wait(ctx) -> None:
     BertConfig.from_preset("tiny" if ctx.dry else "base", vocab_size=vocab).to_json(model)
     steps, batch = (8, 8) if ctx.dry else (25, 256)
     for workers in (0, 2):
-        out = ctx.work / f"run-{workers}"
-        timing = timed_pretrain(["pretrain", "--data", str(data), "--model", str(model), "--out", str(out), "--steps",
-                                 str(steps), "--batch-size", str(batch), "--warmup-steps", "2", "--workers",
-                                 str(workers), "--device", ctx.device.type, "--no-progress", "--log-every", "5"])
+        timing = timed_pretrain(["pretrain", "--data", str(data), "--model", str(model), "--steps", str(steps),
+                                 "--batch-size", str(batch), "--warmup-steps", "2", "--workers", str(workers),
+                                 "--device", ctx.device.type, "--no-progress"], ctx.work / f"run-{workers}")
         timed = timing[3:]  # the first steps warm the allocator and kernels up
         wait, total = sum(w for w, _ in timed), sum(s for _, s in timed)
         per_step = {"wait_share": round(wait / total, 4), "step_ms": round(1e3 * total / len(timed), 2),
