@@ -94,12 +94,9 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     filling those not given (None, see `bertforge.train.recipe.resolve`); refuses impossible values."""
     from bertforge.train.budget import parse_minutes
 
-    if args.objective == "electra":
-        for flag, value in (("--nsp", args.nsp), ("--stack-fraction", args.stack_fraction),
-                            ("--bow-weight", args.bow_weight), ("--init", args.init)):
-            if value:
-                raise BertforgeError(f"{flag} is not available with --objective electra: drop it")
-        args = dataclasses.replace(args, nsp=False, stack_fraction=0.0, bow_weight=0.0)
+    if args.objective == "electra":  # the recipe's NSP, stacking and bag-of-words loss off; `pretrain` refuses given
+        off = {"nsp": False, "stack_fraction": 0.0, "bow_weight": 0.0}
+        args = dataclasses.replace(args, **{name: value for name, value in off.items() if getattr(args, name) is None})
     if args.stack_fraction and args.init:
         raise BertforgeError("--stack-fraction builds a new model in two stages; with --init there is none to "
                              "build: drop one of them")

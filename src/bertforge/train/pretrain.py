@@ -102,7 +102,8 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
         data_options = {"nsp": False, **_given(data_options)}
     loop, data_options, values = apply_recipe(recipe, loop, data_options, minutes, explicit)
     if electra_options is not None and data_options.nsp:
-        raise BertforgeError("ELECTRA has no next-sentence prediction: drop --nsp (its instances fill the sequence)")
+        raise BertforgeError("--nsp is not available with --objective electra (its instances fill the sequence): "
+                             "drop it")
     stage = _Stage(data_dir=data_dir, model=model, loop=loop, data_options=data_options, init=init, resume=resume,
                    max_seq_len=max_seq_len, dropout=values["dropout"], pre_layer_norm=values["pre_ln"],
                    minutes=minutes, warmup_fraction=values["warmup_fraction"] if warmup_fraction is None
