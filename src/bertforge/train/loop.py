@@ -261,8 +261,8 @@ class Trainer:
             step = start
             while step < self.total_steps:
                 step += 1
-                terms, tokens = self._step(model, batches)
-                window.add(terms, tokens, self.data_wait)
+                terms, tokens, waited = self._step(model, batches)
+                window.add(terms, tokens, waited)
                 lr = self.scheduler.get_last_lr()[0]
                 self.scheduler.step()
                 self._replan(step, bar)
@@ -310,15 +310,16 @@ class Trainer:
         if self.on_log is not None:
             self.on_log(record)
 
-    def _step(self, model: nn.Module, batches: Iterator[dict]) -> tuple[dict[str, float], int]:
-        """One optimizer step (`train_step`) on the next `accum` micro-batches; a loss that is not finite stops the
-        run, naming the checkpoint."""
-        waited = time.perf_counter()
+    def _step(self, model: nn.Module, batches: Iterator[dict]) -> tuple[dict[str, float], int, float]:
+        """One optimizer step (`train_step`) on the next `accum` micro-batches: its loss terms, tokens, and seconds
+        spent waiting for those batches. A loss that is not finite stops the run, naming the checkpoint."""
+        asked = time.perf_counter()
         host = [next(batches) for _ in range(self.accum)]
-        self.data_wait = time.perf_counter() - waited  # the loader's time on this step's critical path
+        waited = time.perf_counter() - asked
         try:
-            return train_step(model, host, objective=self.objective, optimizer=self.optimizer, dist=self.dist,
-                              precision=self.precision, clip=self.config.clip_grad_norm)
+            terms, tokens = train_step(model, host, objective=self.objective, optimizer=self.optimizer,
+                                       dist=self.dist, precision=self.precision, clip=self.config.clip_grad_norm)
+            return terms, tokens, waited
         except NonFiniteLoss as e:
             last = checkpoints(self.out_dir)
             where = f"the last good checkpoint is {last[-1][1]}" if last else "no checkpoint was written yet"
