@@ -120,37 +120,28 @@ def report(name: str, run: dict, offline_labels: list[str] | None, texts: list[s
     return rate
 
 
-def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, list[str]]:
-    """Our `predict` over the requests' texts (every text at least once) in one call: texts/s (after a warm-up
-    call), and the label of each text."""
-    from bertforge.infer import Predictor
-
-    predictor = Predictor(args.model, precision=args.precision, quantize=args.quantize)
-    batch = [texts[n % len(texts)] for n in range(max(args.requests, len(texts)))]
-    predictor.predict([{"text": t} for t in batch[:64]])
-    t0 = time.perf_counter()
-    results = predictor.predict([{"text": t} for t in batch])
-    rate = len(batch) / (time.perf_counter() - t0)
-    print(f"{'offline':<14} {rate:9,.1f} texts/s (Predictor.predict over all {len(batch)} texts at once)", flush=True)
-    return rate, [r["label"] for r in results[:len(texts)]]
-
-
-def offline_groups(args: argparse.Namespace, texts: list[str]) -> float:
-    """Our `predict` over the same texts in groups of --clients, cut as the server cuts a group: the most that
-    --clients concurrent one-text requests can give, with no HTTP (a group is at most one request a client)."""
+def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, float, list[str]]:
+    """Our `predict` over the requests' texts (every text at least once), after a warm-up call: texts/s in one call,
+    texts/s in groups of --clients cut as the server cuts a group (the most that --clients concurrent one-text
+    requests can give, with no HTTP: a group is at most one request a client), and the label of each text."""
     from bertforge.infer import Predictor
     from bertforge.serve.model import group_batch_size
 
     predictor = Predictor(args.model, precision=args.precision, quantize=args.quantize)
-    batch = [{"text": texts[n % len(texts)]} for n in range(max(args.requests, len(texts)))]
-    size = args.clients
+    records = [{"text": texts[n % len(texts)]} for n in range(max(args.requests, len(texts)))]
+    predictor.predict(records[:64])
     t0 = time.perf_counter()
-    for start in range(0, len(batch), size):
-        predictor.predict(batch[start:start + size], batch_size=group_batch_size(len(batch[start:start + size])))
-    rate = len(batch) / (time.perf_counter() - t0)
-    print(f"{'offline-groups':<14} {rate:9,.1f} texts/s (the same, in groups of {size} as the server cuts them)",
-          flush=True)
-    return rate
+    results = predictor.predict(records)
+    rate = len(records) / (time.perf_counter() - t0)
+    print(f"{'offline':<14} {rate:9,.1f} texts/s (Predictor.predict over all {len(records)} texts at once)", flush=True)
+    t0 = time.perf_counter()
+    for start in range(0, len(records), args.clients):
+        group = records[start:start + args.clients]
+        predictor.predict(group, batch_size=group_batch_size(len(group)))
+    grouped = len(records) / (time.perf_counter() - t0)
+    print(f"{'offline-groups':<14} {grouped:9,.1f} texts/s (the same, in groups of {args.clients} as the server cuts "
+          "them)", flush=True)
+    return rate, grouped, [r["label"] for r in results[:len(texts)]]
 
 
 def serve_command(args: argparse.Namespace) -> list[str]:
@@ -276,8 +267,7 @@ def main() -> None:
           f"{args.precision}{' int8' if args.quantize else ''}", flush=True)
     rates, labels = {}, None
     if "offline" in args.sides or args.burst:
-        rates["offline"], labels = offline(args, texts)
-        rates["offline-groups"] = offline_groups(args, texts)
+        rates["offline"], rates["offline-groups"], labels = offline(args, texts)
     for side in [s for s in args.sides if s != "offline"]:
         command = serve_command(args) if side == "serve" else [
             sys.executable, __file__, "--baseline", side, "--model", args.model, "--precision", args.precision]
