@@ -291,3 +291,23 @@ def test_bf16_on_a_cpu_takes_the_explicit_attention_for_short_sequences_and_matc
     with torch.no_grad():
         attention(x, mask)  # fp32 inference: the fused kernel
     assert len(fused_calls) == 4
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_masked_lm_moves_the_input_embeddings_of_absent_words_only_through_a_tied_decoder(tied):
+    torch.manual_seed(0)
+    config = BertConfig.from_preset("tiny", vocab_size=50, hidden_size=32, num_attention_heads=2,
+                                    intermediate_size=64, tie_word_embeddings=tied)
+    model = BertForPreTraining(config)
+    ids = torch.tensor([[2, 10, 11, 12, 3]])  # words 13..49 are in no input
+    labels = torch.full_like(ids, -100)
+    labels[0, 2] = 11
+    model(ids, mlm_labels=labels).mlm_loss.backward()
+    grad = model.bert.embeddings.word_embeddings.weight.grad
+    absent = grad[13:].abs().amax(dim=1)
+    if tied:  # every word's softmax share pushes its row: the push that collapses rare words together
+        assert (absent > 0).all()
+    else:
+        assert torch.equal(absent, torch.zeros_like(absent))
+        assert (model.cls.predictions.decoder.weight.grad[13:].abs().amax(dim=1) > 0).all()
+    assert (grad[[10, 11, 12]].abs().amax(dim=1) > 0).all()

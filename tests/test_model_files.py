@@ -251,3 +251,27 @@ def test_a_sharded_index_loads_only_files_inside_the_model_directory(tmp_path):
     (inside / "model.safetensors.index.json").write_text('{"weight_map": ["not", "a", "map"]}')
     with pytest.raises(BertforgeError, match="is not a weights index"):
         BertForPreTraining.from_pretrained(inside)
+
+
+def test_an_untied_decoder_round_trips_and_loads_in_transformers_with_the_same_logits(tmp_path):
+    ours = tiny_ours(tie_word_embeddings=False)
+    assert ours.config.tie_word_embeddings is False
+    decoder = ours.cls.predictions.decoder.weight
+    assert decoder.data_ptr() != ours.bert.embeddings.word_embeddings.weight.data_ptr()
+    ours.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is False
+    back = BertForPreTraining.from_pretrained(tmp_path).eval()
+    assert back.config.tie_word_embeddings is False
+    assert torch.equal(back.cls.predictions.decoder.weight, decoder)
+    hf, info = transformers.BertForPreTraining.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    hf.eval()
+    assert hf.cls.predictions.decoder.weight.data_ptr() != hf.bert.embeddings.word_embeddings.weight.data_ptr()
+    ids, types, mask = padded_pair_batch(ours.config.vocab_size)
+    close(ours(ids, types, mask).mlm_logits[mask.bool()],
+          hf(input_ids=ids, token_type_ids=types, attention_mask=mask).prediction_logits[mask.bool()])
+
+
+def test_a_tied_config_json_stays_as_it_was():
+    assert "tie_word_embeddings" not in BertConfig.from_preset("tiny").to_dict()  # transformers' default: tied
+    assert BertConfig.from_dict({"tie_word_embeddings": False}).tie_word_embeddings is False

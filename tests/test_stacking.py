@@ -193,3 +193,18 @@ def test_a_stacked_budget_splits_the_minutes_and_resumes_only_as_it_was_started(
     assert main(plain_args[:-2] + ["--resume"]) == 2  # the budget recipe's stacking on a run that did not stack
     assert "was not stacked: resume it with --stack-fraction 0" in capsys.readouterr().err
     assert not (plain / "half-depth").exists()
+
+
+def test_an_untied_decoder_is_kept_through_both_stages_and_refused_with_electra(prepared, tmp_path, capsys):
+    out = tmp_path / "untied"
+    assert main(_args(prepared, out, "--steps", "6", "--stack-fraction", "0.5", "--no-tie-embeddings")) == 0
+    for stage in (out / "half-depth", out):
+        assert json.loads((stage / "config.json").read_text())["tie_word_embeddings"] is False
+    half = BertForPreTraining.from_pretrained(out / "half-depth", verbose=False)
+    full = BertForPreTraining.from_pretrained(out, verbose=False)
+    # the second stage started from the first's decoder (copied by stacking) and trained it on
+    assert full.cls.predictions.decoder is not None and not torch.equal(full.cls.predictions.decoder.weight,
+                                                                         half.cls.predictions.decoder.weight)
+    assert main(_args(prepared, tmp_path / "e", "--steps", "2", "--objective", "electra",
+                      "--no-tie-embeddings")) == 2
+    assert "--no-tie-embeddings is not available with --objective electra" in capsys.readouterr().err

@@ -63,6 +63,10 @@ class BertConfig:
     # Pre-LN layers (x + Attn(LN(x)), then a final LayerNorm) instead of BERT's post-LN; an option of the budget
     # recipe. transformers' BertModel has no such layer: such checkpoints load in bertforge only.
     pre_layer_norm: bool = False
+    # The masked-LM decoder: the word embedding matrix (True, BERT's tying), or a matrix of its own (False; the
+    # key transformers reads too). Untied, the softmax's push on words that are not the target moves the decoder's
+    # rows, not the input embeddings (issue 48: tied, a short run's rare-word embeddings collapse together).
+    tie_word_embeddings: bool = True
     architectures: list[str] | None = None  # Hugging Face class name(s) the weights belong to
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # other keys, kept for round trips
 
@@ -131,8 +135,8 @@ class BertConfig:
         if self.architectures:
             d["architectures"] = list(self.architectures)
         for f in dataclasses.fields(self):
-            if f.name in ("extra", "architectures", "id2label", "task") or (f.name == "pre_layer_norm"
-                                                                              and not self.pre_layer_norm):
+            if f.name in ("extra", "architectures", "id2label", "task") or (
+                    f.name in ("pre_layer_norm", "tie_word_embeddings") and getattr(self, f.name) == f.default):
                 continue
             d[f.name] = getattr(self, f.name)
         if self.id2label is not None:

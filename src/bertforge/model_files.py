@@ -82,6 +82,8 @@ def to_hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
                 out[f"{head}encoder.layer.{index}.{hf}"] = part.contiguous()
         else:
             out[name] = tensor.contiguous()
+    if "cls.predictions.decoder.weight" in out:  # an untied decoder: transformers reads its bias under its own name
+        out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"].clone()
     return out
 
 
@@ -97,9 +99,11 @@ def _normalise_name(name: str) -> str | None:
     return name
 
 
-def from_hf_state_dict(state: dict[str, torch.Tensor], *, with_bert_prefix: bool) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(state: dict[str, torch.Tensor], *, with_bert_prefix: bool,
+                       untied_decoder: bool = False) -> dict[str, torch.Tensor]:
     """Hugging Face names (any of the accepted variants) -> our names, for a model whose encoder sits under
-    `bert.` (`with_bert_prefix`) or at the top (BertModel)."""
+    `bert.` (`with_bert_prefix`) or at the top (BertModel), and whose masked-LM decoder is a matrix of its own
+    (`untied_decoder`) or the word embeddings."""
     renamed: dict[str, torch.Tensor] = {}
     for raw, tensor in state.items():
         name = _normalise_name(raw)
@@ -111,8 +115,9 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], *, with_bert_prefix: bool
             name = name[len("bert."):]
         renamed[name] = tensor
 
-    # The decoder is tied to the word embeddings; its bias is `cls.predictions.bias`.
-    renamed.pop("cls.predictions.decoder.weight", None)
+    # A tied decoder is the word embeddings (a copy in the file is dropped); its bias is `cls.predictions.bias`.
+    if not untied_decoder:
+        renamed.pop("cls.predictions.decoder.weight", None)
     decoder_bias = renamed.pop("cls.predictions.decoder.bias", None)
     if decoder_bias is not None:
         renamed.setdefault("cls.predictions.bias", decoder_bias)
@@ -199,9 +204,9 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
     missing, unexpected or mis-shaped raises one BertforgeError that lists it all.
     Returns the names that were initialised fresh."""
     model = unwrap(model)
-    with_prefix = hasattr(model, "bert")
-    ours = from_hf_state_dict(state, with_bert_prefix=with_prefix)
     expected = model.state_dict()
+    ours = from_hf_state_dict(state, with_bert_prefix=hasattr(model, "bert"),
+                              untied_decoder="cls.predictions.decoder.weight" in expected)
     missing = [k for k in expected if k not in ours]
     unexpected = [k for k in ours if k not in expected]
     fresh = [k for k in missing if k.startswith(HEAD_PREFIXES)]

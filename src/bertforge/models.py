@@ -34,16 +34,21 @@ class BertPredictionHeadTransform(nn.Module):
 
 
 class BertLMPredictionHead(nn.Module):
-    """Masked-LM head: transform, then logits = h @ E^T + b with E the (tied) word embedding matrix."""
+    """Masked-LM head: transform, then logits = h @ E^T + b with E the (tied) word embedding matrix, or the
+    head's own `decoder` matrix where the config unties them (`tie_word_embeddings` False)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
+        self.decoder = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
+                                                                         bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden: torch.Tensor, word_embeddings: nn.Embedding) -> torch.Tensor:
-        """hidden (..., H) -> logits (..., V). The decoder matrix is the model's word embeddings, passed in
-        rather than held, so the tied matrix has one owner and appears once in state_dict."""
+        """hidden (..., H) -> logits (..., V). A tied decoder is the model's word embeddings, passed in rather
+        than held, so the tied matrix has one owner and appears once in state_dict."""
+        if self.decoder is not None:  # a module call, so inference's Linear swaps (packed, int8) apply to it
+            return self.decoder(self.transform(hidden)) + self.bias
         return F.linear(self.transform(hidden), word_embeddings.weight, self.bias)
 
 

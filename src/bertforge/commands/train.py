@@ -74,6 +74,10 @@ class PretrainArgs:
     dropout: float | None = option(None, help="dropout while pretraining; the saved model keeps its config's for "
                                    "fine-tuning", bound=FRACTION)
     pre_ln: bool | None = option(None, help="pre-LayerNorm layers for a new model; transformers cannot load them")
+    tie_embeddings: bool | None = option(None, help="the masked-LM decoder is the word embedding matrix, as in BERT "
+                                         "(--no-tie-embeddings: a matrix of its own, for a new model; the input "
+                                         "embeddings then stay apart where a short run's tied ones collapse "
+                                         "together; transformers loads either)")
     stack_fraction: float | None = option(None, help="stacking: pretrain a model of half the depth for this share "
                                           "of the steps or minutes (in OUT/half-depth), then copy its layers on top "
                                           "of themselves for the rest; 0: off; a new model only", bound=FRACTION)
@@ -108,6 +112,7 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=options_from(LoopOptions, args),
                 data_options=options_from(DataOptions, args), init=args.init, resume=args.resume,
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
+                tie_embeddings=args.tie_embeddings,
                 warmup_fraction=warmup_fraction, recipe=get_recipe(args.recipe), stack_fraction=args.stack_fraction,
                 stack_length_fraction=args.stack_length_fraction, bow_weight=args.bow_weight, objective=args.objective,
                 electra=options_from(ElectraOptions, args))

@@ -64,7 +64,8 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
              loop: LoopOptions | Mapping[str, Any] | None = None,
              data_options: DataOptions | Mapping[str, Any] | None = None, init: str | Path | None = None,
              resume: bool = False, max_seq_len: int | None = None, dropout: float | None = None,
-             pre_layer_norm: bool | None = None, minutes: float | None = None, warmup_fraction: float | None = None,
+             pre_layer_norm: bool | None = None, tie_embeddings: bool | None = None, minutes: float | None = None,
+             warmup_fraction: float | None = None,
              recipe: Recipe | str | None = None, stack_fraction: float | None = None,
              stack_length_fraction: float | None = None, bow_weight: float | None = None, objective: str = "mlm",
              electra: ElectraOptions | Mapping[str, Any] | None = None) -> TrainResult:
@@ -75,10 +76,10 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
     `init` starts from a model directory's weights (the paper's second phase at length 512 starts from the
     first phase's model); the optimizer and schedule start fresh. `resume` continues exactly from the last
     checkpoint in `out_dir`. `dropout` overrides the model's dropout while pretraining (the saved config keeps
-    its own); `pre_layer_norm` builds a new model with pre-LN layers. `minutes` replaces `loop.steps` by the
-    steps that end at that wall time (see budget.py), with `warmup_fraction` of them as warmup (None: keep
-    `loop.warmup_steps`). `bow_weight` > 0 adds that weight of a bag-of-words loss on [CLS]
-    (`PretrainingObjective`): without NSP nothing else trains [CLS] to read the sequence.
+    its own); `pre_layer_norm` builds a new model with pre-LN layers, `tie_embeddings` False one whose masked-LM
+    decoder is a matrix of its own. `minutes` replaces `loop.steps` by the steps that end at that wall time (see
+    budget.py), with `warmup_fraction` of them as warmup (None: keep `loop.warmup_steps`). `bow_weight` > 0 adds
+    that weight of a bag-of-words loss on [CLS] (`PretrainingObjective`): without NSP nothing else trains [CLS].
 
     `recipe` (a name or a Recipe, recorded in run_config.json) gives what the call leaves unset
     (`bertforge.train.recipe.resolve`): the options here left None, and the loop's batch size, learning rate,
@@ -95,8 +96,8 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
     or 32 than at 64.
     """
     out_dir = Path(out_dir)
-    explicit = dict(dropout=dropout, pre_ln=pre_layer_norm, stack_fraction=stack_fraction,
-                    stack_length_fraction=stack_length_fraction, bow_weight=bow_weight)
+    explicit = dict(dropout=dropout, pre_ln=pre_layer_norm, tie_embeddings=tie_embeddings,
+                    stack_fraction=stack_fraction, stack_length_fraction=stack_length_fraction, bow_weight=bow_weight)
     electra_options = _electra_options(objective, electra, explicit, init)
     if electra_options is not None and not isinstance(data_options, DataOptions):
         data_options = {"nsp": False, **_given(data_options)}
@@ -106,6 +107,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
                              "drop it")
     stage = _Stage(data_dir=data_dir, model=model, loop=loop, data_options=data_options, init=init, resume=resume,
                    max_seq_len=max_seq_len, dropout=values["dropout"], pre_layer_norm=values["pre_ln"],
+                   tie_embeddings=values["tie_embeddings"],
                    minutes=minutes, warmup_fraction=values["warmup_fraction"] if warmup_fraction is None
                    else warmup_fraction, recipe=get_recipe(recipe) if recipe is not None else None,
                    bow_weight=values["bow_weight"], electra=electra_options)
@@ -132,6 +134,10 @@ def _electra_options(objective: str, electra: ElectraOptions | Mapping[str, Any]
         if explicit[name]:
             raise BertforgeError(f"{flag} is not available with --objective electra: drop it or set it to 0")
         explicit[name] = 0.0
+    if explicit["tie_embeddings"] is False:
+        raise BertforgeError("--no-tie-embeddings is not available with --objective electra (the generator's decoder "
+                             "is the shared embeddings): drop it")
+    explicit["tie_embeddings"] = True
     if init is not None:
         raise BertforgeError("--init is not available with --objective electra (it would need a generator): drop it")
     return electra if isinstance(electra, ElectraOptions) else ElectraOptions(**_given(electra))
@@ -182,6 +188,7 @@ class _Stage:
     max_seq_len: int | None
     dropout: float | None
     pre_layer_norm: bool
+    tie_embeddings: bool
     minutes: float | None
     warmup_fraction: float | None
     recipe: Recipe | None
@@ -317,6 +324,8 @@ def _build_model(s: _Stage, tokenizer: Tokenizer, max_seq_len: int,
     else:
         if s.pre_layer_norm:
             config = config.replace(pre_layer_norm=True)
+        if not s.tie_embeddings:
+            config = config.replace(tie_word_embeddings=False)
         if s.half:
             config = half_depth(config)
         torch.manual_seed(s.loop.seed)

@@ -28,6 +28,7 @@ class Recipe:
     nsp: bool  # next-sentence prediction; without it each instance is one segment filling the sequence
     dropout: float | None  # dropout while pretraining; None: the model config's (0.1); the saved model keeps 0.1
     pre_layer_norm: bool  # pre-LN layers for a new model (see BertConfig.pre_layer_norm)
+    tie_embeddings: bool  # the masked-LM decoder is the word embedding matrix (BertConfig.tie_word_embeddings)
     seq_len: int  # the length to prepare the data at (`bertforge prepare --max-seq-len`); the data decides
     stack_fraction: float  # share of the budget spent at half depth before stacking (stacking.py); 0: off
     stack_length_fraction: float  # the half-depth stage's sequence length, a share of the run's (same tokens a step)
@@ -38,8 +39,8 @@ class Recipe:
 
 
 BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), weight_decay=0.01, batch_size=256,
-              mask_prob=0.15, nsp=True, dropout=None, pre_layer_norm=False, seq_len=128, stack_fraction=0.0,
-              stack_length_fraction=1.0, bow_weight=0.0)
+              mask_prob=0.15, nsp=True, dropout=None, pre_layer_norm=False, tie_embeddings=True, seq_len=128,
+              stack_fraction=0.0, stack_length_fraction=1.0, bow_weight=0.0)
 
 # Length 64: twice the steps of length 128 in the same minutes. Early on the masked-LM sits on a plateau for a
 # number of tokens; stacking pays for them at half depth, half the price, and on sequences a quarter as long
@@ -48,8 +49,8 @@ BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), we
 # at 16 they left it and lost 2.4 (docs/experiments/stacking.md). A bag-of-words loss on [CLS] (0.1 of
 # it): without NSP nothing else trains [CLS], and short runs fine-tuned below random weights through it (bow-loss.md).
 BUDGET = Recipe(name="budget", lr=2e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=32,
-                mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, seq_len=64, stack_fraction=0.6,
-                stack_length_fraction=0.25, bow_weight=0.1)
+                mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, tie_embeddings=True, seq_len=64,
+                stack_fraction=0.6, stack_length_fraction=0.25, bow_weight=0.1)
 
 RECIPES = {r.name: r for r in (BERT, BUDGET)}
 
@@ -57,7 +58,7 @@ RECIPES = {r.name: r for r in (BERT, BUDGET)}
 # The options a recipe supplies when none is given, by their command-line names: option -> Recipe field.
 RECIPE_OPTIONS = {"batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmup_fraction", "betas": "betas",
                   "weight_decay": "weight_decay", "mask_prob": "mask_prob", "nsp": "nsp", "dropout": "dropout",
-                  "pre_ln": "pre_layer_norm", "stack_fraction": "stack_fraction",
+                  "pre_ln": "pre_layer_norm", "tie_embeddings": "tie_embeddings", "stack_fraction": "stack_fraction",
                   "stack_length_fraction": "stack_length_fraction", "bow_weight": "bow_weight"}
 
 # With a time budget the steps are planned when the run starts; this many stand in for them until then.
