@@ -75,7 +75,7 @@ ALLOWED = {
     ("finetune", "--save-every"): ">=1", ("finetune", "--save-minutes"): ">=0", ("finetune", "--keep-last"): ">=1",
     ("evaluate", "--batch-size"): ">=1", ("predict", "--batch-size"): ">=1", ("fill-mask", "--top-k"): ">=1",
     ("export", "--opset"): ">=17",
-    ("demo", "--minutes"): ">0", ("demo", "--finetune-epochs"): ">0", ("demo", "--finetune-seeds"): ">=1",
+    ("demo", "--finetune-epochs"): ">0", ("demo", "--finetune-seeds"): ">=1",
     ("demo", "--finetune-lr-pretrained"): ">0", ("demo", "--finetune-lr-scratch"): ">0",
     ("demo", "--finetune-examples"): ">=1", ("demo", "--seed"): SEED, ("demo", "--vocab-size"): ">=6",
     ("demo", "--batch-size"): ">=1",
@@ -151,7 +151,7 @@ IMPOSSIBLE = [("pretrain", "--batch-size", "0"), ("pretrain", "--log-every", "0"
               ("model smoke", "--steps", "0"), ("vocab train", "--vocab-size", "3"), ("prepare", "--max-seq-len", "4"),
               ("prepare", "--val-fraction", "1"), ("prepare", "--workers", "0"), ("inspect", "--num", "0"),
               ("evaluate", "--batch-size", "0"), ("predict", "--batch-size", "-2"), ("fill-mask", "--top-k", "0"),
-              ("export", "--opset", "13"), ("demo", "--minutes", "0"), ("demo", "--finetune-seeds", "0"),
+              ("export", "--opset", "13"), ("demo", "--finetune-seeds", "0"),
               ("pretrain", "--betas", "1"), ("pretrain", "--stack-fraction", "1"),
               ("pretrain", "--stack-length-fraction", "0"), ("pretrain", "--stack-length-fraction", "1.5"),
               ("pretrain", "--bow-weight", "-0.1"), ("pretrain", "--generator-width", "0"),
@@ -172,6 +172,14 @@ def nothing_runs(monkeypatch):
 def test_an_impossible_value_is_one_error_line(command, flag, text, capsys, nothing_runs):
     code, out, err = cli(with_option(command, flag, text), capsys)
     assert_one_error_line(code, err, f"argument {flag}", f"bertforge {command} --help")
+    assert out == ""
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "soon", "10x"])
+def test_the_demo_refuses_a_budget_that_is_not_minutes_or_auto_before_fetching_anything(text, capsys, monkeypatch):
+    monkeypatch.setattr("bertforge.demo.run_demo", lambda options: pytest.fail("the demo ran"))
+    code, out, err = cli(["demo", f"--minutes={text}"], capsys)
+    assert_one_error_line(code, err, f"--minutes {text!r}")
     assert out == ""
 
 

@@ -59,6 +59,10 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     for stage in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6"):
         assert f"== {stage}" in text
     assert "pretraining MLM accuracy (val)" in text and "from random weights" in text and "helped by" in text
+    # before pretraining, the steps the budget buys here (timed) against the steps that paid in our runs
+    assert text.index("On this CPU 0.3 minutes buy about") < text.index("== 4/6")
+    assert "(or --minutes auto) reaches them on this CPU" in text
+    assert 0 < summary["budget"]["forecast_steps"] < summary["budget"]["pays_from_steps"]
     assert "from pretrained (lr 0.001, 1 epoch)" in text and "(lr 0.001, 1 epoch, 2 seeds)" in text
     assert "== 6/6 a bag-of-words baseline" in text
     # the baseline trains on the labelled snippets the fine-tunings saw (the first 200 rows of the file cut at

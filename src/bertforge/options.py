@@ -257,7 +257,9 @@ class DemoOptions:
     out: str = option("runs/demo", help="output directory (a re-run reuses finished stages)")
     cache: str | None = option(None, help="where fetched demo data is cached (default: ~/.cache/bertforge)")
     corpus: list[str] | None = option(None, help="pretrain on your own text (files, directories, globs) instead")
-    minutes: float = option(10.0, help="pretraining budget in minutes", bound=POSITIVE)
+    minutes: str = option("10", help="pretraining budget: minutes (10), or 90s, 1.5h; auto: the budget that reaches, "
+                          "on this CPU, the steps at which pretraining beat random weights in our runs (timed before "
+                          "pretraining; the demo says either way whether the budget reaches them)")
     model: str = option("tiny", help="model preset to pretrain (tiny: within 10 minutes on 2 CPU cores it leaves the "
                         "masked-LM's early plateau, where mini does not, and at 30 and 60 minutes it still "
                         "measured better)")
@@ -268,8 +270,8 @@ class DemoOptions:
     batch_size: int | None = option(None, help="pretraining batch size (default: the recipe's)", bound=at_least(1))
     # Epochs and each side's learning rate as measured best for the model and budget (bertforge.demo.finetune_plan).
     finetune_epochs: float | None = option(
-        None, help="fine-tuning epochs on both tasks (default: the number measured best on Rotten Tomatoes for the "
-                   "model and budget: 2, or 4 for tiny pretrained for 30 minutes or more)", bound=POSITIVE)
+        None, help="fine-tuning epochs on both tasks (default: on Rotten Tomatoes the number measured best for the "
+                   "model and budget, 2, or 4 for tiny pretrained for 30 minutes or more; on IMDB 4)", bound=POSITIVE)
     finetune_lr_pretrained: float | None = option(
         None, help="Rotten Tomatoes fine-tuning lr from the pretrained model (default: the one measured best for the "
                    "model and budget: 1e-3 for tiny, 3e-4 for tiny from 30 minutes on and for mini)", bound=POSITIVE)

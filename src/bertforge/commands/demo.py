@@ -8,7 +8,9 @@ from bertforge.options import DemoOptions
 
 def run(options: DemoOptions) -> int:
     from bertforge.demo import run_demo
+    from bertforge.demo_budget import parse_demo_minutes
 
+    parse_demo_minutes(options.minutes)  # a bad budget is refused before any data is fetched
     run_demo(options)
     return 0
 

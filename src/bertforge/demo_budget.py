@@ -1,0 +1,68 @@
+"""The demo's budget against what this CPU can do: before pretraining, a few timed steps say how many steps the
+minutes buy here (`bertforge.train.forecast`), and the demo says whether they reach the steps at which pretraining
+paid in our runs, with the budget that would; `--minutes auto` takes that budget.
+
+Why steps, not minutes: the same 10 minutes were 4,084 steps of BERT-tiny on a 2-core AVX2 EPYC in fp32, where
+pretraining scored below random weights on both tasks, and about 12,000 on a 2-core EPYC with AVX512-BF16 under
+bf16, where it scored above them; 8,000 steps were the fewest measured above them on both
+(docs/experiments/untuned-task.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+from bertforge.config import BertConfig
+from bertforge.errors import BertforgeError
+from bertforge.train.budget import parse_minutes
+from bertforge.train.forecast import Forecast, forecast_steps
+from bertforge.train.recipe import Recipe
+
+DEFAULT_MINUTES = 10.0
+# The fewest steps of the budget recipe at which the demo's pretrained model scored above random weights on both
+# tasks in our runs, by model (docs/experiments/untuned-task.md: tiny +0.4 and +1.0 at 8,000, -0.3 and -1.1 at
+# 4,084); a model not listed gets no promise either way.
+PAYS_FROM_STEPS = {"tiny": 8000}
+MARGIN = 1.1  # the forecast leaves out setup and evaluations (a few percent): auto asks for a tenth more
+
+
+def parse_demo_minutes(text: str | float) -> float | None:
+    """The demo's `--minutes`: a duration (`10`, `90s`, `1.5h`) in minutes, or None for `auto`."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return None
+    return parse_minutes(text)
+
+
+def plan_minutes(asked: float | None, model: str, config: BertConfig, recipe: Recipe, *, seq_len: int,
+                 precision: str, forecast=forecast_steps) -> tuple[float, list[str], dict]:
+    """(the minutes to pretrain, the lines to print before pretraining, the record for the summary) for the demo's
+    `--minutes` (`asked`, None: auto)."""
+    needed = PAYS_FROM_STEPS.get(model)
+    if needed is None:
+        if asked is None:
+            raise BertforgeError(f"--minutes auto knows the steps that pay for {', '.join(PAYS_FROM_STEPS)} only, not "
+                                 f"--model {model}: give the minutes")
+        return asked, [], {}
+    probe = forecast(config, recipe, asked or DEFAULT_MINUTES, seq_len=seq_len, precision=precision)
+    enough = math.ceil(MARGIN * probe.minutes_for(needed))
+    minutes = asked if asked is not None else float(max(enough, 1))
+    steps = probe.steps * minutes / probe.minutes
+    lines = [_speed(probe, model, minutes, steps)]
+    if steps < needed:
+        lines.append(f"In our runs pretraining first scored above random weights on both tasks at about {needed:,} "
+                     f"steps (at 4,084, the 10 minutes of a 2-core CPU without bf16, below them on both), so "
+                     f"{minutes:g} minutes here may not: --minutes {enough} (or --minutes auto) reaches them on this "
+                     f"CPU.")
+    elif asked is None:
+        lines.append(f"--minutes auto: {minutes:g} minutes, enough for the {needed:,} steps at which pretraining "
+                     f"first scored above random weights on both tasks in our runs.")
+    record = {"forecast_steps": round(steps), "seconds_per_step": list(probe.seconds_per_step),
+              "pays_from_steps": needed, "minutes_that_reach_them": enough, "auto": asked is None}
+    return minutes, lines, record
+
+
+def _speed(probe: Forecast, model: str, minutes: float, steps: float) -> str:
+    per_step = " and ".join(f"{s:.3f}" for s in probe.seconds_per_step)
+    stages = " (half depth, then full)" if len(probe.seconds_per_step) > 1 else ""
+    return (f"On this CPU {minutes:g} minutes buy about {steps:,.0f} steps of BERT-{model} ({per_step} s a "
+            f"step{stages}, from timed steps).")
