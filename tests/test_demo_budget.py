@@ -69,3 +69,15 @@ def test_the_demo_budget_is_minutes_or_auto():
     assert parse_demo_minutes("90s") == 1.5 and parse_demo_minutes(0.3) == 0.3
     with pytest.raises(BertforgeError, match="is not a duration"):
         parse_demo_minutes("soon")
+
+
+def test_a_started_demo_pretraining_keeps_its_recorded_budget_under_auto(tmp_path, monkeypatch):
+    from bertforge import demo
+    from bertforge.options import DemoOptions
+
+    monkeypatch.setattr(demo, "plan_minutes", lambda *a, **k: pytest.fail("timed a run that had its budget"))
+    pre_dir = tmp_path / "pretrain"
+    (pre_dir / "half-depth").mkdir(parents=True)  # stopped in the first stage: only it has recorded the budget
+    (pre_dir / "half-depth" / "run_config.json").write_text('{"stack": {"minutes": 7.5, "fraction": 0.6}}')
+    assert demo._budget(DemoOptions(minutes="auto"), pre_dir, 300, 64) == (7.5, {})
+    assert demo._budget(DemoOptions(minutes="12"), pre_dir, 300, 64) == (12.0, {})  # the resume names the change

@@ -42,6 +42,7 @@ from bertforge.train.isotropy import directory_isotropy, initial_isotropy
 from bertforge.train.pretrain import pretrain, resolve_model_config
 from bertforge.train.recipe import get_recipe
 from bertforge.train.resume import changes, read_run_config
+from bertforge.train.stacking import HALF_DEPTH_DIR
 from bertforge.train.state import METRICS_FILE
 from bertforge.train.sweep import finetune_scored
 
@@ -84,9 +85,9 @@ def _say(text: str) -> None:
 def _budget(o: DemoOptions, pre_dir: Path, vocab_size: int, seq_len: int) -> tuple[float, dict]:
     """The minutes to pretrain (`--minutes`, or auto's) and the forecast's record; before a new pretraining, says
     whether the budget reaches the steps that paid in our runs (`demo_budget`). A run already started keeps the
-    budget it recorded when auto."""
+    budget it recorded when auto (a stacked run stopped in its first stage recorded it there)."""
     asked = parse_demo_minutes(o.minutes)
-    recorded = _recorded_minutes(read_run_config(pre_dir) or {})
+    recorded = _recorded_minutes(read_run_config(pre_dir) or read_run_config(pre_dir / HALF_DEPTH_DIR) or {})
     if recorded is not None:
         return (asked if asked is not None else recorded), {}
     recipe = get_recipe(o.recipe)

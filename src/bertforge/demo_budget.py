@@ -62,7 +62,9 @@ def plan_minutes(asked: float | None, model: str, config: BertConfig, recipe: Re
 
 
 def _speed(probe: Forecast, model: str, minutes: float, steps: float) -> str:
-    per_step = " and ".join(f"{s:.3f}" for s in probe.seconds_per_step)
-    stages = " (half depth, then full)" if len(probe.seconds_per_step) > 1 else ""
-    return (f"On this CPU {minutes:g} minutes buy about {steps:,.0f} steps of BERT-{model} ({per_step} s a "
-            f"step{stages}, from timed steps).")
+    if len(probe.seconds_per_step) > 1:
+        half, full = probe.seconds_per_step
+        timed = f"{half:.3f} s a step at half depth, {full:.3f} at full depth"
+    else:
+        timed = f"{probe.seconds_per_step[0]:.3f} s a step"
+    return f"On this CPU {minutes:g} minutes buy about {steps:,.0f} steps of BERT-{model} (timed: {timed})."
