@@ -93,9 +93,8 @@ def _budget(o: DemoOptions, pre_dir: Path, vocab_size: int, seq_len: int) -> tup
     recipe = get_recipe(o.recipe)
     if o.batch_size:
         recipe = dataclasses.replace(recipe, batch_size=o.batch_size)
-    precision = "bf16" if cpu.has_native_bf16() else "fp32"
     minutes, lines, record = plan_minutes(asked, o.model, resolve_model_config(o.model, vocab_size, seq_len), recipe,
-                                          seq_len=seq_len, precision=precision)
+                                          seq_len=seq_len, precision=demo_precision())  # as pretraining resolves it
     for line in lines:
         print(line, flush=True)
     return minutes, record

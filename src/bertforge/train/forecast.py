@@ -20,7 +20,7 @@ from bertforge.options import LoopOptions
 from bertforge.train import budget
 from bertforge.train.objective import PretrainingObjective
 from bertforge.train.recipe import Recipe
-from bertforge.train.stacking import half_depth
+from bertforge.train.stacking import half_depth, short_length, short_stage
 
 SPECIAL_IDS = 5  # [PAD] [UNK] [CLS] [SEP] [MASK]: not drawn as words
 
@@ -47,7 +47,7 @@ def _batches(config: BertConfig, batch_size: int, seq_len: int, mask_prob: float
                "mlm_labels": ids.masked_fill(~masked, IGNORE_INDEX), "nsp_labels": torch.zeros(batch_size).long()}
 
 
-def _seconds_per_step(config: BertConfig, recipe: Recipe, batch_size: int, seq_len: int, precision: str) -> float:
+def _seconds_per_step(config: BertConfig, recipe: Recipe, loop: LoopOptions, seq_len: int) -> float:
     is_special = np.zeros(config.vocab_size, dtype=bool)
     is_special[:SPECIAL_IDS] = True
     objective = PretrainingObjective(nsp=recipe.nsp, bow_weight=recipe.bow_weight, is_special=is_special)
@@ -55,21 +55,21 @@ def _seconds_per_step(config: BertConfig, recipe: Recipe, batch_size: int, seq_l
     model = BertForPreTraining(config)
     model.set_dropout(recipe.dropout if recipe.dropout is not None else config.hidden_dropout_prob)
     torch.set_rng_state(rng)
-    loop = LoopOptions(steps=1, batch_size=batch_size, lr=recipe.lr, betas=recipe.betas,
-                       weight_decay=recipe.weight_decay, warmup_steps=0, precision=precision)
-    return budget.time_steps(model, _batches(config, batch_size, seq_len, recipe.mask_prob, 0), objective, loop,
-                             accum=1, device=torch.device("cpu"))
+    batches = _batches(config, loop.batch_size, seq_len, recipe.mask_prob, 0)
+    return budget.time_steps(model, batches, objective, loop, accum=1, device=torch.device("cpu"))
 
 
 def forecast_steps(config: BertConfig, recipe: Recipe, minutes: float, *, seq_len: int, precision: str) -> Forecast:
     """The optimizer steps a run of `recipe` for `minutes` reaches here on the CPU (stacked as the recipe stacks: the
     half-depth stage on shorter sequences, as many more of them a batch), from timed steps of each stage. Setup and
     evaluations are left out, so it is an upper bound by a few percent."""
-    stages = [(config, recipe.batch_size, seq_len, 1.0)]
-    if recipe.stack_fraction:
-        short = max(8, round(seq_len * recipe.stack_length_fraction))
-        stages = [(half_depth(config), recipe.batch_size * seq_len // short, short, recipe.stack_fraction),
-                  (config, recipe.batch_size, seq_len, 1.0 - recipe.stack_fraction)]
-    seconds = tuple(_seconds_per_step(c, recipe, batch, length, precision) for c, batch, length, _ in stages)
+    loop = LoopOptions(steps=1, batch_size=recipe.batch_size, lr=recipe.lr, betas=recipe.betas,
+                       weight_decay=recipe.weight_decay, warmup_steps=0, precision=precision)
+    stages = [(config, loop, seq_len, 1.0)]
+    if recipe.stack_fraction:  # the stages as `stacking.stages` makes them
+        short = short_length(seq_len, recipe.stack_length_fraction)
+        stages = [(half_depth(config), short_stage(loop, seq_len, short), short, recipe.stack_fraction),
+                  (config, loop, seq_len, 1.0 - recipe.stack_fraction)]
+    seconds = tuple(_seconds_per_step(c, recipe, stage_loop, length) for c, stage_loop, length, _ in stages)
     steps = sum(int(share * minutes * 60 / s) for (*_, share), s in zip(stages, seconds, strict=True))
     return Forecast(minutes=minutes, seconds_per_step=seconds, steps=steps)

@@ -79,6 +79,11 @@ def split(loop: LoopOptions, minutes: float | None, fraction: float) -> list[tup
     return stages
 
 
+def short_length(run_len: int, length_fraction: float) -> int:
+    """The first stage's sequence length: `length_fraction` of the run's, at least MIN_SEQ_LEN, at most the run's."""
+    return min(run_len, max(int(MIN_SEQ_LEN.lo), round(length_fraction * run_len)))
+
+
 def short_stage(loop: LoopOptions, run_len: int, short_len: int) -> LoopOptions:
     """The first stage's loop at `short_len` (<= `run_len`): as many more sequences a batch and micro-batch, so a
     step takes about as many tokens as at the run's length (the same loop when the lengths are equal)."""
@@ -96,7 +101,7 @@ def stages(out_dir: Path, *, model: str, loop: LoopOptions, minutes: float | Non
     depth, a used `out_dir`, and a resumed run asked for another split, budget or length than it was started with."""
     check_stackable(model_depth(model))  # before either stage claims a directory
     run_len = int(max_seq_len or read_manifest(Path(data_dir))["max_seq_len"])
-    short_len = min(run_len, max(int(MIN_SEQ_LEN.lo), round(length_fraction * run_len)))
+    short_len = short_length(run_len, length_fraction)
     d = distributed.setup(loop.device)
     first_dir = out_dir / HALF_DEPTH_DIR
     stack = {"fraction": fraction, "minutes": minutes, "steps": None if minutes else loop.steps,
