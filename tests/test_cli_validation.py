@@ -67,6 +67,7 @@ ALLOWED = {
     ("pretrain", "--workers"): ">=0", ("pretrain", "--clip-grad-norm"): ">=0",
     ("pretrain", "--stack-fraction"): "[0,1)", ("pretrain", "--stack-length-fraction"): "(0,1]",
     ("pretrain", "--bow-weight"): ">=0", ("pretrain", "--generator-width"): "(0,1]",
+    ("pretrain", "--mlm-candidates"): ">=0",
     ("pretrain", "--generator-layers"): "(0,1]", ("pretrain", "--discriminator-weight"): ">0",
     ("finetune", "--lr"): ">0", ("finetune", "--batch-size"): ">=1", ("finetune", "--epochs"): ">0",
     ("finetune", "--warmup-ratio"): "[0,1)", ("finetune", "--weight-decay"): ">=0", ("finetune", "--seed"): SEED,
@@ -155,7 +156,8 @@ IMPOSSIBLE = [("pretrain", "--batch-size", "0"), ("pretrain", "--log-every", "0"
               ("pretrain", "--betas", "1"), ("pretrain", "--stack-fraction", "1"),
               ("pretrain", "--stack-length-fraction", "0"), ("pretrain", "--stack-length-fraction", "1.5"),
               ("pretrain", "--bow-weight", "-0.1"), ("pretrain", "--generator-width", "0"),
-              ("pretrain", "--generator-layers", "1.5"), ("pretrain", "--discriminator-weight", "0")]
+              ("pretrain", "--generator-layers", "1.5"), ("pretrain", "--discriminator-weight", "0"),
+              ("pretrain", "--mlm-candidates", "-1")]
 
 
 @pytest.fixture

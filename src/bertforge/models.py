@@ -75,6 +75,24 @@ def masked_lm(head: BertLMPredictionHead, word_embeddings: nn.Embedding, sequenc
     return logits, loss
 
 
+def sampled_masked_lm(head: BertLMPredictionHead, word_embeddings: nn.Embedding, sequence_output: torch.Tensor,
+                      labels: torch.Tensor, candidates: torch.Tensor, log_inclusion: torch.Tensor):
+    """The masked-LM loss as a sampled softmax (Jean et al. 2015): each labelled position scores its own word
+    against a shared set of sampled words `candidates` (K,) instead of the whole vocabulary, every logit less the
+    log of its word's chance to be in the set (`log_inclusion` (V,)), so the expected gradient approaches the full
+    softmax's. A candidate equal to the position's word is left out for that position. The decoder's matrix
+    product shrinks from V to K columns. Returns (logits (M, 1 + K): the own word first, loss)."""
+    selected = labels != IGNORE_INDEX
+    hidden = head.transform(sequence_output[selected])  # (M, H)
+    targets = labels[selected]  # (M,)
+    weight = word_embeddings.weight if head.decoder is None else head.decoder.weight  # (V, H)
+    own = (hidden * weight[targets]).sum(-1) + head.bias[targets] - log_inclusion[targets]  # (M,)
+    others = F.linear(hidden, weight[candidates], head.bias[candidates] - log_inclusion[candidates])  # (M, K)
+    others = others.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
+    logits = torch.cat([own[:, None], others], 1).float()
+    return logits, F.cross_entropy(logits, torch.zeros_like(targets))
+
+
 def bag_of_words(head: BertLMPredictionHead, word_embeddings: nn.Embedding, cls_output: torch.Tensor,
                  labels: torch.Tensor) -> torch.Tensor:
     """[CLS] predicts the words of its sequence through the masked-LM head: one softmax per sequence from
@@ -148,19 +166,24 @@ class BertForPreTraining(BertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_labels=None,
-                nsp_labels=None, bow_labels=None) -> PreTrainingOutput:
+                nsp_labels=None, bow_labels=None, mlm_candidates=None) -> PreTrainingOutput:
         """mlm_labels (B, T): original token ids at predicted positions, -100 elsewhere.
         nsp_labels (B,): 0 if B follows A in the corpus (IsNext), 1 if B is random (NotNext).
         bow_labels (B, T): the sequence's original token ids, -100 at special tokens and padding, for the
         bag-of-words loss on [CLS] (`bag_of_words`); it adds no weights, the masked-LM head scores it.
+        mlm_candidates: (candidates (K,), log_inclusion (V,)) scores the masked-LM as a sampled softmax
+        (`sampled_masked_lm`; its logits are then (M, 1 + K)).
         With mlm_labels, the last layer runs only where the heads read (`mlm_positions`)."""
         positions = None
         if mlm_labels is not None:
             positions, mlm_labels = mlm_positions(mlm_labels)
         out = self.bert(input_ids, token_type_ids, attention_mask, positions=positions, cls_column=MLM_CLS_COLUMN)
-        # the decoder is tied: it is the word embedding matrix
-        mlm_logits, mlm_loss = masked_lm(self.cls.predictions, self.bert.embeddings.word_embeddings,
-                                         out.sequence_output, mlm_labels)
+        if mlm_candidates is not None and mlm_labels is not None:
+            mlm_logits, mlm_loss = sampled_masked_lm(self.cls.predictions, self.bert.embeddings.word_embeddings,
+                                                     out.sequence_output, mlm_labels, *mlm_candidates)
+        else:
+            mlm_logits, mlm_loss = masked_lm(self.cls.predictions, self.bert.embeddings.word_embeddings,
+                                             out.sequence_output, mlm_labels)
         nsp_logits = self.cls.seq_relationship(out.pooled_output)
         nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels) if nsp_labels is not None else None
         bow_loss = None

@@ -87,6 +87,10 @@ class PretrainArgs:
     bow_weight: float | None = option(None, help="weight of a bag-of-words loss on [CLS]: it predicts the words of "
                                       "its sequence, so [CLS] learns to read the whole sequence, which nothing "
                                       "else teaches it without NSP; 0: off", bound=at_least(0))
+    mlm_candidates: int | None = option(None, help="score the masked-LM against each position's word and this many "
+                                        "words drawn by corpus frequency (a sampled softmax) instead of the whole "
+                                        "vocabulary: a cheaper step where the vocabulary projection dominates (small "
+                                        "models, CPUs without bf16); 0: the whole vocabulary", bound=at_least(0))
     seed: int = seed_option(12345, help="seed for initialisation, data order and masks")
     resume: bool = option(False, help="continue exactly from the last checkpoint in --out")
     config: str | None = option(None, help="JSON file with any of these options, keyed by name (\"batch_size\": 32); "
@@ -114,7 +118,8 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
                 tie_embeddings=args.tie_embeddings,
                 warmup_fraction=warmup_fraction, recipe=get_recipe(args.recipe), stack_fraction=args.stack_fraction,
-                stack_length_fraction=args.stack_length_fraction, bow_weight=args.bow_weight, objective=args.objective,
+                stack_length_fraction=args.stack_length_fraction, bow_weight=args.bow_weight,
+                mlm_candidates=args.mlm_candidates, objective=args.objective,
                 electra=options_from(ElectraOptions, args))
 
 

@@ -12,15 +12,18 @@ from torch import nn
 from bertforge.device import to_device
 from bertforge.models import IGNORE_INDEX, BertForPreTraining
 from bertforge.train import distributed
+from bertforge.train.candidates import CandidateSampler
 
 
 class PretrainingObjective:
     """loss = mean MLM cross-entropy over masked positions + mean NSP cross-entropy over sequences (MLM alone
     with `nsp=False`) + `bow_weight` x the bag-of-words loss on [CLS] (`heads.bag_of_words`), which needs
-    `is_special`, the vocabulary-sized mask of tokens to leave out of the bag (`PretrainingData.is_special`)."""
+    `is_special`, the vocabulary-sized mask of tokens to leave out of the bag (`PretrainingData.is_special`).
+    With `candidates` the masked-LM term is a sampled softmax over the words it draws (train/candidates.py)."""
 
-    def __init__(self, nsp: bool = True, bow_weight: float = 0.0, is_special: np.ndarray | None = None):
-        self.nsp, self.bow_weight = nsp, bow_weight
+    def __init__(self, nsp: bool = True, bow_weight: float = 0.0, is_special: np.ndarray | None = None,
+                 candidates: CandidateSampler | None = None):
+        self.nsp, self.bow_weight, self.candidates = nsp, bow_weight, candidates
         if bow_weight and is_special is None:
             raise ValueError("the bag-of-words loss needs is_special, the mask of the tokenizer's special tokens")
         self.is_special = None if is_special is None else torch.as_tensor(is_special, dtype=torch.bool)
@@ -44,9 +47,10 @@ class PretrainingObjective:
         return original.masked_fill(special | (batch["attention_mask"] == 0), IGNORE_INDEX)
 
     def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+        drawn = self.candidates.sample(batch, batch["input_ids"].device) if self.candidates else None
         out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                     mlm_labels=batch["mlm_labels"], nsp_labels=batch["nsp_labels"] if self.nsp else None,
-                    bow_labels=self.bow_labels(batch) if self.bow_weight else None)
+                    bow_labels=self.bow_labels(batch) if self.bow_weight else None, mlm_candidates=drawn)
         losses = {"mlm": out.mlm_loss}
         if self.nsp:
             losses["nsp"] = out.nsp_loss

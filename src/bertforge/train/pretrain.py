@@ -22,6 +22,7 @@ from bertforge.options import DataOptions, ElectraOptions
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import budget, distributed, stacking
 from bertforge.train.budget import BudgetPlan, deadline_for, plan_run, save_plan
+from bertforge.train.candidates import candidate_sampler
 from bertforge.train.electra import ElectraObjective, build_electra, evaluate_electra
 from bertforge.train.isotropy import isotropy, model_isotropy
 from bertforge.train.loop import LoopOptions, Trainer, TrainResult, resolve_precision
@@ -65,9 +66,9 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
              data_options: DataOptions | Mapping[str, Any] | None = None, init: str | Path | None = None,
              resume: bool = False, max_seq_len: int | None = None, dropout: float | None = None,
              pre_layer_norm: bool | None = None, tie_embeddings: bool | None = None, minutes: float | None = None,
-             warmup_fraction: float | None = None,
-             recipe: Recipe | str | None = None, stack_fraction: float | None = None,
-             stack_length_fraction: float | None = None, bow_weight: float | None = None, objective: str = "mlm",
+             warmup_fraction: float | None = None, recipe: Recipe | str | None = None,
+             stack_fraction: float | None = None, stack_length_fraction: float | None = None,
+             bow_weight: float | None = None, mlm_candidates: int | None = None, objective: str = "mlm",
              electra: ElectraOptions | Mapping[str, Any] | None = None) -> TrainResult:
     """Pretrain a BERT with MLM (+ NSP unless `data_options.nsp` is False) on `data_dir` (made by `bertforge
     prepare`) into `out_dir`; with `objective="electra"`, as ELECTRA's discriminator (`electra` its options; see
@@ -77,9 +78,10 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
     first phase's model); the optimizer and schedule start fresh. `resume` continues exactly from the last
     checkpoint in `out_dir`. `dropout` overrides the model's dropout while pretraining (the saved config keeps
     its own); `pre_layer_norm` builds a new model with pre-LN layers, `tie_embeddings` False one whose masked-LM
-    decoder is a matrix of its own. `minutes` replaces `loop.steps` by the steps that end at that wall time (see
-    budget.py), with `warmup_fraction` of them as warmup (None: keep `loop.warmup_steps`). `bow_weight` > 0 adds
-    that weight of a bag-of-words loss on [CLS] (`PretrainingObjective`): without NSP nothing else trains [CLS].
+    decoder is a matrix of its own. `minutes` replaces `loop.steps` by the steps that end at that wall time
+    (budget.py), `warmup_fraction` of them warmup (None: keep `loop.warmup_steps`). `bow_weight` > 0 adds that
+    weight of a bag-of-words loss on [CLS]; `mlm_candidates` K > 0 makes the masked-LM a sampled softmax over K
+    drawn words (both `PretrainingObjective`).
 
     `recipe` (a name or a Recipe, recorded in run_config.json) gives what the call leaves unset
     (`bertforge.train.recipe.resolve`): the options here left None, and the loop's batch size, learning rate,
@@ -91,26 +93,25 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
     the first F of the steps or minutes in `out_dir/half-depth/`, then its layers are copied on top of
     themselves and the full-depth model is pretrained for the rest in `out_dir`, with a warmup and decay of its
     own. Both stages read the data from its start, as the measured runs did. `stack_length_fraction` < 1 trains
-    the first stage on sequences that much shorter (at least 8 tokens), with as many more of them a batch (the
-    same tokens a step): the half-depth model leaves the masked-LM's early plateau after fewer tokens at length 16
-    or 32 than at 64.
+    the first stage on sequences that much shorter (at least 8 tokens), as many more a batch (the same tokens a
+    step): the half-depth model leaves the masked-LM's early plateau after fewer tokens at length 16 or 32.
     """
     out_dir = Path(out_dir)
     explicit = dict(dropout=dropout, pre_ln=pre_layer_norm, tie_embeddings=tie_embeddings,
-                    stack_fraction=stack_fraction, stack_length_fraction=stack_length_fraction, bow_weight=bow_weight)
+                    stack_fraction=stack_fraction, stack_length_fraction=stack_length_fraction, bow_weight=bow_weight,
+                    mlm_candidates=mlm_candidates)
     electra_options = _electra_options(objective, electra, explicit, init)
     if electra_options is not None and not isinstance(data_options, DataOptions):
         data_options = {"nsp": False, **_given(data_options)}
     loop, data_options, values = apply_recipe(recipe, loop, data_options, minutes, explicit)
     if electra_options is not None and data_options.nsp:
-        raise BertforgeError("--nsp is not available with --objective electra (its instances fill the sequence): "
-                             "drop it")
+        raise BertforgeError("--nsp is not available with --objective electra (it fills each sequence): drop it")
     stage = _Stage(data_dir=data_dir, model=model, loop=loop, data_options=data_options, init=init, resume=resume,
                    max_seq_len=max_seq_len, dropout=values["dropout"], pre_layer_norm=values["pre_ln"],
-                   tie_embeddings=values["tie_embeddings"],
-                   minutes=minutes, warmup_fraction=values["warmup_fraction"] if warmup_fraction is None
+                   tie_embeddings=values["tie_embeddings"], minutes=minutes,
+                   warmup_fraction=values["warmup_fraction"] if warmup_fraction is None
                    else warmup_fraction, recipe=get_recipe(recipe) if recipe is not None else None,
-                   bow_weight=values["bow_weight"], electra=electra_options)
+                   bow_weight=values["bow_weight"], mlm_candidates=values["mlm_candidates"], electra=electra_options)
     try:
         if not values["stack_fraction"] or init is not None:
             if resume and (out_dir / HALF_DEPTH_DIR).is_dir():
@@ -130,10 +131,11 @@ def _electra_options(objective: str, electra: ElectraOptions | Mapping[str, Any]
         raise BertforgeError(f"unknown objective {objective!r}; choose mlm or electra")
     if objective == "mlm":
         return None
-    for name, flag in (("stack_fraction", "--stack-fraction"), ("bow_weight", "--bow-weight")):
+    for name, flag in (("stack_fraction", "--stack-fraction"), ("bow_weight", "--bow-weight"),
+                       ("mlm_candidates", "--mlm-candidates")):
         if explicit[name]:
             raise BertforgeError(f"{flag} is not available with --objective electra: drop it or set it to 0")
-        explicit[name] = 0.0
+        explicit[name] = 0
     if explicit["tie_embeddings"] is False:
         raise BertforgeError("--no-tie-embeddings is not available with --objective electra (the generator's decoder "
                              "is the shared embeddings): drop it")
@@ -193,6 +195,7 @@ class _Stage:
     warmup_fraction: float | None
     recipe: Recipe | None
     bow_weight: float
+    mlm_candidates: int = 0
     electra: ElectraOptions | None = None  # the ELECTRA objective's options; None: masked-LM
     half: bool = False
     stack_init: bool = False
@@ -242,9 +245,10 @@ def _pretrain_stage(out_dir: Path, s: _Stage) -> TrainResult:
             _check_objective(out_dir, s.electra is not None)
         data = _TrainerData(s.data_dir, s.data_options, s.max_seq_len, d)
         net, config = _build_model(s, data.train.tokenizer, data.train.max_seq_len, d)
-        objective = PretrainingObjective(nsp=s.data_options.nsp, bow_weight=s.bow_weight,
-                                         is_special=data.train.is_special) if s.electra is None else \
-            ElectraObjective(s.electra.discriminator_weight, seed=s.data_options.seed)
+        seed = s.data_options.seed
+        objective = ElectraObjective(s.electra.discriminator_weight, seed=seed) if s.electra else \
+            PretrainingObjective(nsp=s.data_options.nsp, bow_weight=s.bow_weight, is_special=data.train.is_special,
+                                 candidates=candidate_sampler(data.train, s.mlm_candidates, seed, s.loop.batch_size))
         micro, accum = s.loop.accumulation(d.world_size)
         evaluate = _validation(data, s.data_options, micro, d, objective)
         loop, plan = s.loop, None
@@ -333,6 +337,9 @@ def _build_model(s: _Stage, tokenizer: Tokenizer, max_seq_len: int,
     tokenizer.check_compatible(config)
     if s.dropout is not None:
         net.set_dropout(s.dropout)
+    if s.electra is None and not s.data_options.nsp:  # no gradient reaches them: frozen, DDP waits for none
+        for p in (*net.bert.pooler.parameters(), *net.cls.seq_relationship.parameters()):
+            p.requires_grad_(False)
     return net, config
 
 
@@ -375,7 +382,8 @@ def _run_config(s: _Stage, config: BertConfig, loop: LoopOptions, train: Pretrai
     return dict(command="pretrain", data=str(s.data_dir), model=config.to_dict(), loop=loop,
                 data_options=s.data_options, max_seq_len=train.max_seq_len, init=str(s.init) if s.init else None,
                 world_size=d.world_size, recipe=s.recipe.to_dict() if s.recipe else None, dropout=s.dropout,
-                bow_weight=s.bow_weight, stack=s.stack, budget=asdict(plan) if plan else None,
+                bow_weight=s.bow_weight, mlm_candidates=s.mlm_candidates, stack=s.stack,
+                budget=asdict(plan) if plan else None,
                 manifest={k: v for k, v in train.manifest.items() if not isinstance(v, list)},
                 **({"objective": "electra", "electra": asdict(s.electra)} if s.electra is not None else {}))
 

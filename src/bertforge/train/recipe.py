@@ -33,6 +33,7 @@ class Recipe:
     stack_fraction: float  # share of the budget spent at half depth before stacking (stacking.py); 0: off
     stack_length_fraction: float  # the half-depth stage's sequence length, a share of the run's (same tokens a step)
     bow_weight: float  # weight of the bag-of-words loss on [CLS] (PretrainingObjective); 0: off
+    mlm_candidates: int  # masked-LM scored against this many sampled words (train/candidates.py); 0: all of them
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -40,7 +41,7 @@ class Recipe:
 
 BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), weight_decay=0.01, batch_size=256,
               mask_prob=0.15, nsp=True, dropout=None, pre_layer_norm=False, tie_embeddings=True, seq_len=128,
-              stack_fraction=0.0, stack_length_fraction=1.0, bow_weight=0.0)
+              stack_fraction=0.0, stack_length_fraction=1.0, bow_weight=0.0, mlm_candidates=0)
 
 # Length 64: twice the steps of length 128 in the same minutes. Early on the masked-LM sits on a plateau for a
 # number of tokens; stacking pays for them at half depth, half the price, and on sequences a quarter as long
@@ -50,7 +51,7 @@ BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), we
 # it): without NSP nothing else trains [CLS], and short runs fine-tuned below random weights through it (bow-loss.md).
 BUDGET = Recipe(name="budget", lr=2e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=32,
                 mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, tie_embeddings=True, seq_len=64,
-                stack_fraction=0.6, stack_length_fraction=0.25, bow_weight=0.1)
+                stack_fraction=0.6, stack_length_fraction=0.25, bow_weight=0.1, mlm_candidates=0)
 
 RECIPES = {r.name: r for r in (BERT, BUDGET)}
 
@@ -59,7 +60,8 @@ RECIPES = {r.name: r for r in (BERT, BUDGET)}
 RECIPE_OPTIONS = {"batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmup_fraction", "betas": "betas",
                   "weight_decay": "weight_decay", "mask_prob": "mask_prob", "nsp": "nsp", "dropout": "dropout",
                   "pre_ln": "pre_layer_norm", "tie_embeddings": "tie_embeddings", "stack_fraction": "stack_fraction",
-                  "stack_length_fraction": "stack_length_fraction", "bow_weight": "bow_weight"}
+                  "stack_length_fraction": "stack_length_fraction", "bow_weight": "bow_weight",
+                  "mlm_candidates": "mlm_candidates"}
 
 # With a time budget the steps are planned when the run starts; this many stand in for them until then.
 STEPS_UNTIL_PLANNED = 1000
