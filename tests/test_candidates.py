@@ -212,6 +212,22 @@ def test_two_processes_equal_one(prepared, tmp_path, one_thread):
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
 
 
+def test_resuming_a_checkpoint_whose_optimizer_trained_other_weights_is_refused_in_one_line(run, prepared, tmp_path,
+                                                                                             capsys):
+    """A run without NSP started before the pooler was frozen holds optimizer state for the pooler too."""
+    cut = tmp_path / "cut"
+    shutil.copytree(run / "checkpoints" / "step-3", cut / "checkpoints" / "step-3")
+    shutil.copy(run / "run_config.json", cut / "run_config.json")
+    state_file = cut / "checkpoints" / "step-3" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    group = state["optimizer"]["param_groups"][0]
+    group["params"] = [*group["params"], max(p for g in state["optimizer"]["param_groups"] for p in g["params"]) + 1]
+    torch.save(state, state_file)
+    assert main(_args(prepared, cut, str(run.parent / "tiny.json"), "--resume")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "optimizer state" in err and "--init" in err
+
+
 def test_electra_refuses_it(prepared, tiny_config_file, tmp_path, capsys):
     assert main(_args(prepared, tmp_path / "run", tiny_config_file(), "--objective", "electra")) == 2
     err = capsys.readouterr().err

@@ -122,7 +122,12 @@ def load_checkpoint(out_dir: Path, *, model: nn.Module, optimizer: torch.optim.O
             load(weights, source=str(path))
         else:
             load_state(net, weights, source=str(path), verbose=False)
-        optimizer.load_state_dict(optimizer_state)
+        try:
+            optimizer.load_state_dict(optimizer_state)
+        except ValueError as e:  # torch: "... a parameter group that doesn't match the size of optimizer's group"
+            raise BertforgeError(f"{path} holds the optimizer state of other trained weights than this run trains "
+                                 f"(a run without NSP started by bertforge before its pooler was frozen?): start a "
+                                 f"new run from its model with --init {path}") from e
         scheduler.load_state_dict(scheduler_state)
         set_rng_state(rng[dist.rank] if isinstance(rng, list) else rng)  # a dict: before per-rank states
         if dist.is_main:
