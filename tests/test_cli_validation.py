@@ -73,6 +73,7 @@ ALLOWED = {
     ("finetune", "--warmup-ratio"): "[0,1)", ("finetune", "--weight-decay"): ">=0", ("finetune", "--seed"): SEED,
     ("finetune", "--max-length"): ">=5", ("finetune", "--micro-batch-size"): ">=1", ("finetune", "--seeds"): ">=1",
     ("finetune", "--max-train-examples"): ">=1", ("finetune", "--eval-batch-size"): ">=1",
+    ("finetune", "--layer-lr-decay"): "(0,1]", ("finetune", "--reinit-layers"): ">=0",
     ("finetune", "--save-every"): ">=1", ("finetune", "--save-minutes"): ">=0", ("finetune", "--keep-last"): ">=1",
     ("evaluate", "--batch-size"): ">=1", ("predict", "--batch-size"): ">=1", ("fill-mask", "--top-k"): ">=1",
     ("export", "--opset"): ">=17",
@@ -157,7 +158,8 @@ IMPOSSIBLE = [("pretrain", "--batch-size", "0"), ("pretrain", "--log-every", "0"
               ("pretrain", "--stack-length-fraction", "0"), ("pretrain", "--stack-length-fraction", "1.5"),
               ("pretrain", "--bow-weight", "-0.1"), ("pretrain", "--generator-width", "0"),
               ("pretrain", "--generator-layers", "1.5"), ("pretrain", "--discriminator-weight", "0"),
-              ("pretrain", "--mlm-candidates", "-1")]
+              ("pretrain", "--mlm-candidates", "-1"), ("finetune", "--layer-lr-decay", "0"),
+              ("finetune", "--layer-lr-decay", "1.2"), ("finetune", "--reinit-layers", "-1")]
 
 
 @pytest.fixture

@@ -163,6 +163,7 @@ class LoopOptions:
     progress: bool = option(True, help="show progress: a bar on a terminal, a plain line a minute in a log file "
                                        "(--no-progress: none; metrics.jsonl is written either way)")
     best_metric: str | None = None  # set by fine-tuning: the evaluation metric whose best model is kept in best/
+    layer_lr_decay: float = 1.0  # set by fine-tuning: layer-wise learning rates (`optim.parameter_groups`)
 
     def accumulation(self, world_size: int) -> tuple[int, int]:
         """(micro_batch_size, micro-batches per step) for `world_size` processes; refuses what cannot be."""
@@ -235,6 +236,11 @@ class FinetuneOptions:
                                     bound=at_least(5, "[CLS] A [SEP] B [SEP] needs 5"))
     micro_batch_size: int | None = same_as(LoopOptions, "micro_batch_size")
     from_scratch: bool = option(False, help="random weights with --init's architecture and tokenizer (a baseline)")
+    layer_lr_decay: float = option(1.0, help="layer-wise learning rates: the heads at --lr, each encoder layer below "
+                                   "the top this factor lower than the one above it, the embeddings lowest (ELECTRA "
+                                   "fine-tunes with 0.8); 1: one rate", bound=SHARE)
+    reinit_layers: int = option(0, help="re-initialise the pooler and the top N encoder layers before fine-tuning "
+                                "(their pretrained weights may fit pretraining more than the task)", bound=at_least(0))
     max_train_examples: int | None = option(None, help="use only the first N training examples", bound=at_least(1))
     eval_batch_size: int = option(64, help="sequences per forward pass when evaluating on dev", bound=at_least(1))
     save_every: int | None = option(None, help="also write a checkpoint to --resume from every N steps (one is "

@@ -156,15 +156,15 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
              task_options: dict | None = None, options: FinetuneOptions | None = None, resume: bool = False) -> dict:
     """Fine-tune `init` (a model directory with a tokenizer) on a task; the best dev model ends in `out`.
     Returns {"metrics": best dev metrics, "best_step", "history": per-evaluation metrics, ...}. Every input is
-    checked before training starts; `out` appears (or is replaced) only when the run has finished, see the module
-    docstring. `resume`: go on from the newest checkpoint in `<out>.partial/` (`partial_dir`)."""
-    o = options or FinetuneOptions()
-    out = Path(out)
+    checked before training starts; `out` appears (or is replaced) only when the run has finished (module
+    docstring). `resume`: go on from the newest checkpoint in `<out>.partial/` (`partial_dir`)."""
+    o, out = options or FinetuneOptions(), Path(out)
     check_out_dir(out)
     task = get_task(task_name, **(task_options or {}))
     train = task.read_train(data, o.max_train_examples)
     dev = task.read(data, "dev")
     tokenizer = Tokenizer.from_pretrained(init)
+    _check_reinit(o, init)
     max_length = o.max_length or task.max_length
     labels = task.labels if task.kind in ("classification", "token_classification") else None
     label_map = task.label_map() if labels else None
@@ -283,7 +283,20 @@ def _task_model(task: Any, init: str | Path, labels: list | None, o: FinetuneOpt
     torch.manual_seed(o.seed)  # the fresh head's initialisation, or the whole model's
     if o.from_scratch:
         return model_cls(BertConfig.from_json(init).replace(**overrides))
-    return model_cls.from_pretrained(init, verbose=d.is_main, **overrides)
+    model = model_cls.from_pretrained(init, verbose=d.is_main, **overrides)
+    if o.reinit_layers:  # checked against the depth by `_check_reinit`
+        layers = model.bert.encoder.layer
+        for module in (*layers[len(layers) - o.reinit_layers:], model.bert.pooler):
+            if module is not None:
+                module.apply(model._init_module)
+    return model
+
+
+def _check_reinit(o: FinetuneOptions, init: str | Path) -> None:
+    layers = BertConfig.from_json(init).num_hidden_layers
+    if o.reinit_layers > layers:
+        raise BertforgeError(f"--reinit-layers {o.reinit_layers} is more than the {layers} encoder layers of {init}: "
+                             f"use at most {layers}")
 
 
 def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopOptions:
@@ -296,7 +309,7 @@ def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopO
                       log_every=max(1, min(50, steps_per_epoch // 4)), eval_every=steps_per_epoch,
                       seed=o.seed, best_metric=main_metric, progress=o.progress,
                       device=o.device, compile=o.compile, precision=o.precision, keep_last=o.keep_last,
-                      save_every=o.save_every or 0, save_minutes=o.save_minutes)
+                      save_every=o.save_every or 0, save_minutes=o.save_minutes, layer_lr_decay=o.layer_lr_decay)
 
 
 def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, dev: list, dev_features: list,

@@ -217,7 +217,7 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.dist.rank)
         self.model.to(self.dist.device)
         self.optimizer = build_optimizer(self.model, name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                         betas=tuple(cfg.betas))
+                                         betas=tuple(cfg.betas), layer_lr_decay=cfg.layer_lr_decay)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
         self.best: dict | None = None
         self.resumed_budget_spent = None
