@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from simulated_clock import simulated_clock
 from bertforge.config import BertConfig
 from bertforge.demo_budget import MARGIN, PAYS_FROM_STEPS, parse_demo_minutes, plan_minutes
 from bertforge.errors import BertforgeError
+from bertforge.train.candidates import CandidateSampler
 from bertforge.train.forecast import Forecast, forecast_steps
 from bertforge.train.recipe import BERT, BUDGET
 
@@ -35,6 +37,17 @@ def test_the_forecast_really_trains_the_recipes_model_on_the_wall_clock():
     assert len(probe.seconds_per_step) == 2 and all(0 < s < 5 for s in probe.seconds_per_step)
     assert probe.steps == sum(int(share * 60 / s) for share, s in zip((0.6, 0.4), probe.seconds_per_step,
                                                                        strict=True))
+
+
+def test_a_recipe_with_a_sampled_softmax_is_timed_with_it(monkeypatch):
+    drawn = []
+    real = CandidateSampler.sample
+    monkeypatch.setattr(CandidateSampler, "sample", lambda self, *a: drawn.append(self.k) or real(self, *a))
+    forecast_steps(CONFIG, dataclasses.replace(BUDGET, mlm_candidates=64), 1.0, seq_len=16, precision="fp32")
+    assert drawn and set(drawn) == {64}
+    drawn.clear()
+    forecast_steps(CONFIG, dataclasses.replace(BUDGET, mlm_candidates=0), 1.0, seq_len=16, precision="fp32")
+    assert not drawn
 
 
 def fake_forecast(seconds_per_step: float):
