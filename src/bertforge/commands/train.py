@@ -102,8 +102,8 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     filling those not given (None, see `bertforge.train.recipe.resolve`); refuses impossible values."""
     from bertforge.train.budget import parse_minutes
 
-    if args.objective == "electra":  # the recipe's NSP, stacking and bag-of-words loss off; `pretrain` refuses given
-        off = {"nsp": False, "stack_fraction": 0.0, "bow_weight": 0.0}
+    if args.objective == "electra":  # the recipe's NSP, stacking, bag-of-words loss and sampled softmax off;
+        off = {"nsp": False, "stack_fraction": 0.0, "bow_weight": 0.0, "mlm_candidates": 0}  # `pretrain` refuses given
         args = dataclasses.replace(args, **{name: value for name, value in off.items() if getattr(args, name) is None})
     if args.stack_fraction and args.init:
         raise BertforgeError("--stack-fraction builds a new model in two stages; with --init there is none to "
