@@ -1,13 +1,11 @@
 """The server's batcher on its own (no web stack): what runs together, what each request gets back, the bound."""
 
-import os
-import sys
 import threading
 import time
 
 import pytest
 
-from bertforge.serve.batcher import ENGINE_NICENESS, Batcher, Closed, QueueFull
+from bertforge.serve.batcher import Batcher, Closed, QueueFull
 
 
 class Engine:
@@ -115,26 +113,3 @@ def test_requests_arriving_within_the_wait_join_the_batch():
         assert engine.calls == [("k", ["a", "b"])]
     finally:
         batcher.close(10)
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
-def test_the_engine_and_the_threads_it_starts_run_at_a_lower_priority_than_the_server():
-    def priority() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    def run(key, items):
-        started: list[int] = []
-        child = threading.Thread(target=lambda: started.append(priority()))
-        child.start()
-        child.join()
-        return [(priority(), started[0])]
-
-    server = priority()
-    batcher = Batcher(run, max_tokens=10, max_wait=0.0, max_queue=6)
-    batcher.start()
-    try:
-        [(worker, child)] = batcher.submit("k", ["x"], 1).result(10)
-    finally:
-        batcher.close(10)
-    assert worker == child == min(19, server + ENGINE_NICENESS) and ENGINE_NICENESS > 0
-    assert priority() == server  # the server's own threads keep theirs

@@ -13,9 +13,6 @@ cancelled and skipped if it has not started.
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -40,22 +37,6 @@ class Job:
     future: Future = field(default_factory=Future)
 
 
-# How much lower than the server's the engine's CPU priority is (the nice value added to its threads'): on a
-# machine whose cores the engine's threads fill, the event loop still reads, refuses and answers at once.
-ENGINE_NICENESS = 10
-
-
-def lower_priority(niceness: int) -> None:
-    """The calling thread's nice value raised by `niceness` (at most 19), on Linux, where it is a thread's own and
-    the threads it starts inherit it: the batch streams and torch's intra-op threads the engine starts from its
-    worker. Elsewhere, or where the system refuses, nothing changes."""
-    if niceness <= 0 or sys.platform != "linux":
-        return
-    tid = threading.get_native_id()
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
-
-
 # The callable that runs one engine call: (key, items of every request in the group) -> one result per item.
 Runner = Callable[[Hashable, list], list]
 
@@ -64,9 +45,8 @@ class Batcher:
     """Queue requests with `submit`, get each one's results from its Future; `close` drains and stops."""
 
     def __init__(self, run: Runner, *, max_tokens: int, max_wait: float, max_queue: int,
-                 on_batch: Callable[[int, int], None] | None = None, niceness: int = ENGINE_NICENESS):
+                 on_batch: Callable[[int, int], None] | None = None):
         self._run = run
-        self.niceness = niceness  # the worker's nice value above the server's (`lower_priority`)
         self.max_tokens, self.max_wait, self.max_queue = max_tokens, max_wait, max_queue
         self._on_batch = on_batch  # (requests, inputs) of every engine call, for the metrics
         self._jobs: collections.deque[Job] = collections.deque()
@@ -113,7 +93,6 @@ class Batcher:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
-        lower_priority(self.niceness)  # first, before the engine starts any thread from here
         while True:
             group = self._take()
             if group is None:
