@@ -114,3 +114,8 @@ def pack_sequences(model: nn.Module) -> nn.Module:
         elif not isinstance(child, PackedEncoder):
             pack_sequences(child)
     return model
+
+
+def is_packed(model: nn.Module) -> bool:
+    """Does `model` run its encoder packed (`pack_sequences`)?"""
+    return any(isinstance(m, PackedEncoder) for m in model.modules())
