@@ -17,6 +17,8 @@ had (the same for every side); a light client keeps that share small.
 reports how many were refused (503), the slowest and the median refusal (from sending to the answer), whether every
 accepted answer is right, and the server's resident memory before and after (the second burst shows whether what the
 first one left is reused or grows).
+--cuts K...: offline only, each group of --clients texts cut in K batches (for each K), by the packed encoder and the
+padded one (`bertforge.infer.packing`), then all texts at once by each.
 --hostile N sends N malformed or oversized bodies and reports their statuses (each must be a 4xx with a JSON
 error) and whether the server still answers.
 """
@@ -55,6 +57,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-queue", type=int, default=256, help="serve's queue bound (the burst is 4x this)")
     p.add_argument("--burst", action="store_true")
     p.add_argument("--hostile", type=int, default=0, metavar="N")
+    p.add_argument("--cuts", type=int, nargs="+", metavar="K",
+                   help="offline only: texts/s with each group of --clients cut in K batches, by the packed encoder "
+                        "and the padded one (a CPU fp32 or bf16 engine), then over all texts at once by each")
     p.add_argument("--baseline", choices=["transformers", "onnxruntime"], help=argparse.SUPPRESS)  # a side's server
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args()
@@ -125,6 +130,7 @@ def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, float, l
     texts/s in groups of --clients cut as the server cuts a group (the most that --clients concurrent one-text
     requests can give, with no HTTP: a group is at most one request a client), and the label of each text."""
     from bertforge.infer import Predictor
+    from bertforge.infer.packing import is_packed
     from bertforge.serve.model import group_batch_size
 
     predictor = Predictor(args.model, precision=args.precision, quantize=args.quantize)
@@ -137,11 +143,33 @@ def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, float, l
     t0 = time.perf_counter()
     for start in range(0, len(records), args.clients):
         group = records[start:start + args.clients]
-        predictor.predict(group, batch_size=group_batch_size(len(group)))
+        predictor.predict(group, batch_size=group_batch_size(len(group), is_packed(predictor.task_model.model)))
     grouped = len(records) / (time.perf_counter() - t0)
     print(f"{'offline-groups':<14} {grouped:9,.1f} texts/s (the same, in groups of {args.clients} as the server cuts "
           "them)", flush=True)
     return rate, grouped, [r["label"] for r in results[:len(texts)]]
+
+
+def cuts(args: argparse.Namespace, texts: list[str]) -> None:
+    """--cuts: how the batches a group is cut into and packing go together (`bertforge.infer.packing`), offline."""
+    from bertforge.infer import Predictor
+
+    predictor = Predictor(args.model, precision=args.precision)
+    packed = predictor.task_model.model.bert.encoder
+    records = [{"text": texts[n % len(texts)]} for n in range(max(args.requests, len(texts)))]
+    predictor.predict(records[:64])
+    for name, encoder in (("padded", packed.plain), ("packed", packed)):
+        predictor.task_model.model.bert.encoder = encoder
+        rates = []
+        for k in args.cuts:
+            t0 = time.perf_counter()
+            for start in range(0, args.requests, args.clients):
+                predictor.predict(records[start:start + args.clients], batch_size=-(-args.clients // k))
+            rates.append(f"{args.requests / (time.perf_counter() - t0):,.1f}")
+        t0 = time.perf_counter()
+        predictor.predict(records)
+        print(f"{name}: groups of {args.clients} in {', '.join(map(str, args.cuts))} batches: {', '.join(rates)} "
+              f"texts/s; all at once {len(records) / (time.perf_counter() - t0):,.1f}", flush=True)
 
 
 def serve_command(args: argparse.Namespace) -> list[str]:
@@ -265,6 +293,9 @@ def main() -> None:
     texts = read_texts(args.texts)
     print(f"{args.requests} requests of one text from {args.clients} clients; {len(texts)} texts; model {args.model}, "
           f"{args.precision}{' int8' if args.quantize else ''}", flush=True)
+    if args.cuts:
+        cuts(args, texts)
+        return
     rates, labels = {}, None
     if "offline" in args.sides or args.burst:
         rates["offline"], rates["offline-groups"], labels = offline(args, texts)

@@ -74,12 +74,17 @@ class BertSelfAttention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, N, T, D)
         if positions is not None:
             q = q.gather(2, positions[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))  # (B, N, P, D)
-        p = self.dropout_p if self.training else 0.0
-        if _explicit_attention_is_faster(q, T):
-            y = _explicit_attention(q, k, v, mask, p)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, N, T or P, D)
+        y = attend(q, k, v, mask, self.dropout_p if self.training else 0.0)  # (B, N, T or P, D)
         return y.transpose(1, 2).reshape(B, q.shape[2], -1)  # (B, T or P, H)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
+           ) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v over the keys `mask` allows, on whichever kernel is faster for these inputs (the
+    explicit one or SDPA, below). q (B, N, P, D), k and v (B, N, T, D), mask (B, 1, 1, T) bool or None; (B, N, P, D)."""
+    if _explicit_attention_is_faster(q, k.shape[2]):
+        return _explicit_attention(q, k, v, mask, dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 # Training under bf16/fp16 autocast on a CPU, PyTorch's fused attention kernel (flash for CPU) is 2-4x slower

@@ -1,9 +1,12 @@
 """Inference on new text: fill-mask, task predictions (classification, regression, NER, QA, multiple choice)
 and embeddings, from Python and the command line.
 
-Speed on CPU comes from five choices, each measured by bench/inference.py (the kernels by bench/int8_kernels.py):
+Speed on CPU comes from six choices, each measured by bench/inference.py (the kernels by bench/int8_kernels.py):
 - no computing on padding beyond what a batch needs: inputs are sorted by length and batched by a token
   budget, so each batch is padded only to its own longest sequence, and results are put back in input order;
+- in fp32 and bf16, no computing on padding in the products at all: an encoder runs a batch's real tokens packed
+  into one matrix, and pads them only for the attention (`packing`), which counts most for a batch of random
+  lengths, such as a group of the server's concurrent requests;
 - every Linear layer's weight laid out once for oneDNN's matrix kernels (`pack_linears`): the matrix products
   are most of the time on short texts, and torch's nn.Linear hands fp32 ones to MKL, which packs the weight
   anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight);
@@ -18,8 +21,9 @@ Speed on CPU comes from five choices, each measured by bench/inference.py (the k
   (`bertforge.batching`): small products use a CPU's threads better side by side than split.
 
 The package by job: `engines` (Encoder, MaskFiller, Predictor), `transforms` (the model rewritten for the CPU:
-packed and int8 Linear layers, the fused int8 encoder), `checks` (the options checked together, and the device
-and dtype they give). Reading the command line's input files is the CLI's (`bertforge.commands.inputs`).
+packed and int8 Linear layers, the fused int8 encoder), `packing` (the unpadded encoder), `checks` (the options
+checked together, and the device and dtype they give). Reading the command line's input files is the CLI's
+(`bertforge.commands.inputs`).
 """
 
 from bertforge.infer.engines import Encoder, MaskFiller, Predictor, predict_records

@@ -20,6 +20,7 @@ from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 from bertforge import cpu, kernels
 from bertforge.encoder import BertEncoder, BertLayer, BertSelfAttention
 from bertforge.infer.checks import inference_dtype
+from bertforge.infer.packing import pack_sequences
 
 
 @functools.cache
@@ -297,8 +298,8 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
 def prepare(model: nn.Module, quantize: str | None, device: torch.device, precision: str) -> nn.Module:
     """The model in its inference form: on `device` in the dtype of `precision`, its Linear layers int8
-    (`quantize`, CPU) or, on the CPU, packed for oneDNN."""
+    (`quantize`, CPU) or, on the CPU, packed for oneDNN and its encoders run on real tokens only (`packing`)."""
     model = model.to(device=device, dtype=inference_dtype(precision, device, quantize))
     if quantize == "int8":
         return quantize_int8(model)
-    return pack_linears(model) if device.type == "cpu" else model
+    return pack_sequences(pack_linears(model)) if device.type == "cpu" else model

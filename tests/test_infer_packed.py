@@ -1,0 +1,133 @@
+"""Packed (unpadded) inference (`bertforge.infer.packing`): every head's outputs on a padded batch of random lengths
+equal the unpacked model's, post-LN and pre-LN, fp32 and bf16, and the packed path is the one that ran."""
+
+import copy
+
+import pytest
+import torch
+
+from bertforge import cpu
+from bertforge.infer.packing import PackedEncoder, PackedSelfAttention, Packing, is_packed
+from bertforge.infer.transforms import prepare
+from bertforge.models import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+
+CPU = torch.device("cpu")
+
+
+def padded_batch(vocab: int, lengths: list[int], generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random ids right-padded to the longest of `lengths`, segment B in each row's second half, and the mask."""
+    T = max(lengths)
+    ids = torch.randint(5, vocab, (len(lengths), T), generator=generator)
+    mask = (torch.arange(T) < torch.tensor(lengths)[:, None]).long()  # (B, T)
+    types = (torch.arange(T) >= torch.tensor(lengths)[:, None] // 2).long() * mask
+    return {"input_ids": ids * mask, "token_type_ids": types, "attention_mask": mask}
+
+
+def packed_calls(model: torch.nn.Module) -> list[int]:
+    """A list that counts the attention calls made on packed rows."""
+    calls: list[int] = []
+    for module in model.modules():
+        if isinstance(module, PackedSelfAttention):
+            module.register_forward_pre_hook(lambda m, args: calls.append(1) if isinstance(args[1], Packing) else None)
+    return calls
+
+
+def both(model: torch.nn.Module, precision: str = "fp32") -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the model as it is, in the dtype of `precision`; its prepared copy, packed)."""
+    model.eval()
+    reference = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32)
+    return reference, prepare(model, None, CPU, precision)
+
+
+def real(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The values at real tokens only (the padded path computes padding's too, the packed one zeros)."""
+    return out[mask.bool()]
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_every_head_on_packed_rows_equals_the_padded_model(tiny_config, pre_ln):
+    config = tiny_config.replace(pre_layer_norm=pre_ln, num_labels=3)
+    g = torch.Generator().manual_seed(0)
+    batch = padded_batch(config.vocab_size, [9, 3, 17, 1, 12, 17, 5], g)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for cls in (BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering):
+            reference, packed = both(cls(config))
+            calls = packed_calls(packed)
+            want, got = reference(**batch), packed(**batch)
+            assert len(calls) == config.num_hidden_layers
+            if cls is BertForQuestionAnswering:
+                for a, b in ((want.start_logits, got.start_logits), (want.end_logits, got.end_logits)):
+                    torch.testing.assert_close(real(b, batch["attention_mask"]), real(a, batch["attention_mask"]))
+            elif cls is BertForTokenClassification:
+                torch.testing.assert_close(real(got.logits, batch["attention_mask"]),
+                                           real(want.logits, batch["attention_mask"]))
+            else:
+                torch.testing.assert_close(got.logits, want.logits)
+
+        reference, packed = both(BertForMultipleChoice(config))
+        choices = {k: v[:6].view(2, 3, -1) for k, v in batch.items()}  # (B, C, T)
+        torch.testing.assert_close(packed(**choices).logits, reference(**choices).logits)
+
+
+def test_masked_positions_embeddings_and_an_unpadded_batch(tiny_config):
+    g = torch.Generator().manual_seed(1)
+    batch = padded_batch(tiny_config.vocab_size, [6, 14, 2, 9], g)
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[0, 3], labels[1, 1], labels[1, 13], labels[3, 8] = 7, 8, 9, 10  # masks at real tokens only
+    torch.manual_seed(1)
+    reference, packed = both(BertForMaskedLM(tiny_config))
+    calls = packed_calls(packed)
+    with torch.no_grad():
+        torch.testing.assert_close(packed(**batch, labels=labels).logits, reference(**batch, labels=labels).logits)
+        assert len(calls) == tiny_config.num_hidden_layers
+        for kwargs in ({}, {"cls_only": True}):  # every position (mean pooling reads them), and [CLS] alone
+            want = reference.bert(**batch, **kwargs).sequence_output
+            got = packed.bert(**batch, **kwargs).sequence_output
+            if kwargs:
+                torch.testing.assert_close(got, want)
+            else:
+                torch.testing.assert_close(real(got, batch["attention_mask"]), real(want, batch["attention_mask"]))
+                assert not got[~batch["attention_mask"].bool()].any()
+        full = {k: v[:, :2] for k, v in batch.items()}  # no padding: the encoder as it is
+        torch.testing.assert_close(packed.bert(**full).sequence_output, reference.bert(**full).sequence_output)
+    assert len(calls) == 3 * tiny_config.num_hidden_layers  # none for the batch without padding
+
+
+def test_training_mode_runs_the_padded_layers(tiny_config):
+    torch.manual_seed(2)
+    _, packed = both(BertForSequenceClassification(tiny_config))
+    encoder = packed.bert.encoder
+    assert isinstance(encoder, PackedEncoder)
+    calls = packed_calls(packed)
+    batch = padded_batch(tiny_config.vocab_size, [4, 8], torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        packed.train()(**batch)
+    assert calls == []
+
+
+@pytest.mark.skipif(not cpu.has_native_bf16(), reason="this CPU does not multiply bf16 natively")
+def test_bf16_packed_equals_bf16_padded(tiny_config):
+    batch = padded_batch(tiny_config.vocab_size, [11, 4, 30, 7], torch.Generator().manual_seed(3))
+    torch.manual_seed(3)
+    reference, packed = both(BertForSequenceClassification(tiny_config), "bf16")
+    with torch.no_grad():
+        want, got = reference(**batch).logits.float(), packed(**batch).logits.float()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)  # bf16 rounding, products blocked differently
+
+
+def test_fp32_models_are_packed_int8_ones_are_not_and_a_server_cuts_their_groups_accordingly(tiny_config):
+    from bertforge.serve.model import group_batch_size
+
+    torch.manual_seed(4)
+    assert is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), None, CPU, "fp32"))
+    assert not is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), "int8", CPU, "fp32"))
+    assert not is_packed(BertForSequenceClassification(tiny_config))
+    assert [group_batch_size(n) for n in (1, 8, 32, 33, 1000)] == [1, 1, 4, 5, 64]
+    assert [group_batch_size(n, packed=True) for n in (1, 8, 32, 33, 1000)] == [1, 4, 16, 17, 64]
