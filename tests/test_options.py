@@ -28,7 +28,8 @@ LIBRARY_OPTIONS = {"pretrain": (LoopOptions, DataOptions), "finetune": (Finetune
 REQUIRED = {"pretrain": ["--data", "d", "--out", "o"],
             "finetune": ["--task", "sst2", "--data", "d", "--init", "m", "--out", "o"], "demo": []}
 # Options the code that makes the class sets, never the user.
-LIBRARY_ONLY = {(LoopOptions, "best_metric")}  # fine-tuning: the task's main metric
+# fine-tuning: the task's main metric, and its --layer-lr-decay (a FinetuneOptions option)
+LIBRARY_ONLY = {(LoopOptions, "best_metric"), (LoopOptions, "layer_lr_decay")}
 # Where a command, given no options, runs with other values than the library's defaults: pretrain has its own
 # --steps and one --seed for the loop and the data, and its default recipe (bert) fills in the batch size and the
 # warmup (1% of the steps), which the library requires or sets for the paper's 1M steps.
