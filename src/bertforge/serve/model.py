@@ -5,6 +5,7 @@ options, so the server answers what those commands print."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,9 +73,10 @@ class ServedModel:
         return [name for name, engine in (("/predict", self.predictor), ("/fill-mask", self.filler),
                                           ("/embed", self.encoder)) if engine is not None]
 
-    @property
+    @functools.cached_property
     def packed(self) -> bool:
-        """Does `/predict`'s engine run its encoder packed (`bertforge.infer.packing`)?"""
+        """Does `/predict`'s engine run its encoder packed (`bertforge.infer.packing`)? Fixed once loaded: asked
+        once, not on every group the batcher runs."""
         return self.predictor is not None and self.predictor.backend == "torch" and is_packed(
             self.predictor.task_model.model)
 

@@ -17,25 +17,31 @@ def parameter_groups(model: nn.Module, weight_decay: float, *, lr: float | None 
     d < 1, layer-wise learning rates as ELECTRA fine-tunes: `lr` for the heads and pooler, lr x d for the top
     encoder layer, lr x d^2 for the one below, ..., lr x d^(L+1) for the embeddings: the lower a layer, the more
     general what pretraining taught it, and the less fine-tuning should move it."""
-    layers = 1 + max((int(m.group(1)) for name, _ in model.named_parameters() if (m := _LAYER.search(name))),
-                     default=-1)
+    scale = _layer_scales(model, layer_lr_decay) if layer_lr_decay != 1.0 else lambda name: 1.0
     groups: dict[tuple[bool, float], list] = {(True, 1.0): [], (False, 1.0): []}
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        scale = 1.0
-        if layer_lr_decay != 1.0:
-            m = _LAYER.search(name)
-            depth = int(m.group(1)) + 1 if m else 0 if _EMBEDDINGS.search(name) else layers + 1
-            scale = layer_lr_decay ** (layers + 1 - depth)
-        groups.setdefault((not (name.endswith(NO_DECAY_SUFFIXES) or p.ndim == 1), scale), []).append(p)
+        if p.requires_grad:
+            groups.setdefault((not (name.endswith(NO_DECAY_SUFFIXES) or p.ndim == 1), scale(name)), []).append(p)
     return [{"params": ps, "weight_decay": weight_decay if decays else 0.0,
-             **({"lr": lr * scale} if scale != 1.0 and lr is not None else {})}
-            for (decays, scale), ps in groups.items()]
+             **({"lr": lr * factor} if factor != 1.0 and lr is not None else {})}
+            for (decays, factor), ps in groups.items()]
 
 
 _LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
 _EMBEDDINGS = re.compile(r"(?:^|\.)embeddings\.")
+
+
+def _layer_scales(model: nn.Module, decay: float):
+    """name -> decay^(L + 1 - depth): depth 0 for the embeddings, i + 1 for encoder layer i, L + 1 for the rest."""
+    layers = 1 + max((int(m.group(1)) for name, _ in model.named_parameters() if (m := _LAYER.search(name))),
+                     default=-1)
+
+    def scale(name: str) -> float:
+        m = _LAYER.search(name)
+        depth = int(m.group(1)) + 1 if m else 0 if _EMBEDDINGS.search(name) else layers + 1
+        return decay ** (layers + 1 - depth)
+
+    return scale
 
 
 def build_optimizer(model: nn.Module, *, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
