@@ -50,7 +50,7 @@ def plan_minutes(asked: float | None, model: str, config: BertConfig, recipe: Re
     lines = [_speed(probe, model, minutes, steps)]
     if steps < needed:
         lines.append(f"In our runs pretraining first scored above random weights on both tasks at about {needed:,} "
-                     f"steps (at 4,084, the 10 minutes of a 2-core CPU without bf16, below them on both), so "
+                     f"steps (at 7,977, the 10 minutes of a 2-core CPU without bf16, not on both: +0.3 and -0.3), so "
                      f"{minutes:g} minutes here may not: --minutes {enough} (or --minutes auto) reaches them on this "
                      f"CPU.")
     elif asked is None:
