@@ -61,7 +61,7 @@ def test_the_demo_says_when_its_budget_falls_short_of_the_steps_that_paid_and_au
     needed = PAYS_FROM_STEPS["tiny"]
     slow = fake_forecast(0.15)  # 4,000 steps in 10 minutes
     minutes, lines, record = plan_minutes(10.0, "tiny", CONFIG, BUDGET, seq_len=64, precision="fp32", forecast=slow)
-    enough = math.ceil(MARGIN * needed * 0.15 / 60)  # whole minutes, with the margin, rounded up
+    enough = math.ceil(MARGIN * (10.0 * needed / 4000))  # whole minutes at 4,000 steps per 10, with the margin
     assert minutes == 10.0 and record["forecast_steps"] == 4000 and record["minutes_that_reach_them"] == enough
     assert "10 minutes buy about 4,000 steps" in lines[0]
     assert f"at about {needed:,} steps" in lines[1] and f"--minutes {enough:g} (or --minutes auto)" in lines[1]
