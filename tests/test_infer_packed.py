@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bertforge import cpu
-from bertforge.infer.packing import PackedEncoder, PackedSelfAttention, Packing, is_packed
+from bertforge.infer.packing import PackedEncoder, PackedSelfAttention, Packing, is_packed, packed_rows
 from bertforge.infer.transforms import prepare
 from bertforge.models import (
     BertForMaskedLM,
@@ -95,9 +95,9 @@ def test_masked_positions_embeddings_and_an_unpadded_batch(tiny_config):
             else:
                 torch.testing.assert_close(real(got, batch["attention_mask"]), real(want, batch["attention_mask"]))
                 assert not got[~batch["attention_mask"].bool()].any()
-        full = {k: v[:, :2] for k, v in batch.items()}  # no padding: the encoder as it is
+        full = {k: v[:, :2] for k, v in batch.items()}  # no padding: packed all the same (rows rounded up)
         torch.testing.assert_close(packed.bert(**full).sequence_output, reference.bert(**full).sequence_output)
-    assert len(calls) == 3 * tiny_config.num_hidden_layers  # none for the batch without padding
+    assert len(calls) == 4 * tiny_config.num_hidden_layers
 
 
 def test_training_mode_runs_the_padded_layers(tiny_config):
@@ -131,3 +131,26 @@ def test_fp32_models_are_packed_int8_ones_are_not_and_a_server_cuts_their_groups
     assert not is_packed(BertForSequenceClassification(tiny_config))
     assert [group_batch_size(n) for n in (1, 8, 32, 33, 1000)] == [1, 1, 4, 5, 64]
     assert [group_batch_size(n, packed=True) for n in (1, 8, 32, 33, 1000)] == [1, 4, 16, 17, 64]
+
+
+def test_packed_row_counts_are_few_and_waste_little():
+    # every token count of a batch up to 64 texts of 128 tokens runs at one of a few row counts (each a shape the
+    # products build and cache once), none more than a thirty-second (or 7 rows) above the real tokens
+    counts = {packed_rows(s) for s in range(1, 8193)}
+    assert len(counts) <= 200
+    for s in range(1, 8193):
+        assert s <= packed_rows(s) <= max(s + 7, s * 33 // 32)
+    assert packed_rows(16) == 16 and packed_rows(17) == 24 and packed_rows(1000) == 1008
+
+
+def test_spare_rows_change_no_real_output(tiny_config):
+    # 1 + 16 = 17 real tokens run as 24 rows: 7 spare ones, copies of the first, must reach no output
+    model = BertForTokenClassification(tiny_config.replace(num_labels=3))
+    reference, packed = both(model)
+    batch = padded_batch(tiny_config.vocab_size, [1, 16], torch.Generator().manual_seed(4))
+    calls = packed_calls(packed)
+    with torch.no_grad():
+        want, got = reference(**batch).logits, packed(**batch).logits
+    assert calls and packed_rows(17) == 24
+    torch.testing.assert_close(real(got, batch["attention_mask"]), real(want, batch["attention_mask"]),
+                               rtol=1e-4, atol=1e-5)

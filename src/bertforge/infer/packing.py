@@ -1,13 +1,14 @@
 """Packed (unpadded) inference: an encoder's token-wise work done over a batch's real tokens only.
 
 A padded batch (B, T) of texts of different lengths costs every Linear layer and LayerNorm B x T rows, padding
-included. `PackedEncoder` gathers the real tokens into one (S, H) matrix (S: their count) once, runs each layer's
-products, GELU and LayerNorms on it, and only for the attention scatters the query/key/value rows back into the
-padded (B, N, T, D) layout, where the padding mask applies as before; the attention's output rows are gathered back.
-So a group of short texts of random lengths, such as the server's, need not be cut into many small length-sorted
-batches to keep its padding low: its products see all its tokens at once. The layers themselves run unchanged
-(`BertLayer.forward`, post-LN or pre-LN) on (1, S, H): only their attention is wrapped (`PackedSelfAttention`),
-and it tells a packed call from a padded one by the `Packing` passed where the padding mask would be.
+included. `PackedEncoder` gathers the real tokens into one (S, H) matrix once (S: their count, rounded up a little
+by `packed_rows`), runs each layer's products, GELU and LayerNorms on it, and only for the attention scatters the
+query/key/value rows back into the padded (B, N, T, D) layout, where the padding mask applies as before; the
+attention's output rows are gathered back. So a group of short texts of random lengths, such as the server's, need
+not be cut into many small length-sorted batches to keep its padding low: its products see all its tokens at once.
+The layers themselves run unchanged (`BertLayer.forward`, post-LN or pre-LN) on (1, S, H): only their attention is
+wrapped (`PackedSelfAttention`), and it tells a packed call from a padded one by the `Packing` passed where the
+padding mask would be.
 
 The results are the padded path's up to float rounding (the products are blocked differently). CPU fp32 and
 bf16 models are packed (`infer.transforms.prepare`); int8 models keep the fused int8 encoder, ONNX Runtime its
@@ -30,8 +31,22 @@ class Packing:
 
     keep: torch.Tensor  # (B, T) bool: the real tokens
     rows: torch.Tensor  # (S,) long: their flat indices b * T + t, in order (the packed rows)
-    mask: torch.Tensor  # (B, 1, 1, T) bool: the SDPA padding mask
+    mask: torch.Tensor | None  # (B, 1, 1, T) bool: the SDPA padding mask; None: no padding
     positions: torch.Tensor | None  # (B, P) long: the padded positions the last layer computes, or None
+    batch: torch.Tensor  # (packed_rows(S),) long: each packed row's b, then the spare rows' (copies of the first)
+    token: torch.Tensor  # (packed_rows(S),) long: and its t
+
+
+def packed_rows(tokens: int) -> int:
+    """The rows a packed batch of `tokens` real tokens runs at: `tokens` rounded up to a multiple of a thirty-second
+    of the power of two below it (at least 8), so at most 3.1% more (or 7 rows). Why: the products
+    (`infer.transforms.PackedLinear`, oneDNN) build and cache a primitive for every input shape, and each holds
+    memory (0.6 MB for MiniLM's 384 x 1536 product, 1.6 MB for BERT-base's 768 x 3072; 1,024 of them cached). A
+    server's groups bring a new token count nearly every time: MiniLM fp32 over 150 groups of 32-290 texts grew from
+    750 MB to 1.95 GB resident, still rising. Rounded, at most 160 row counts cover every batch up to 8,192 tokens:
+    the same run levelled off at 1.02 GB after about 80 groups, and a server reuses its primitives."""
+    granule = max(8, 1 << max(0, tokens.bit_length() - 6))
+    return -(-tokens // granule) * granule
 
 
 class PackedSelfAttention(nn.Module):
@@ -51,22 +66,22 @@ class PackedSelfAttention(nn.Module):
         inner, packing = self.inner, mask
         B, T = packing.keep.shape
         N, D = inner.num_heads, inner.head_size
-        qkv = inner.qkv(x[0])  # (S, 3H)
-        # the rows back in their padded places; zeros (not garbage) in the padding, which the mask leaves out of
-        # every sum but whose products must stay finite
-        padded = qkv.new_zeros(B * T, qkv.shape[1]).index_copy_(0, packing.rows, qkv)
+        qkv = inner.qkv(x[0])  # (packed_rows(S), 3H)
+        # the real rows back in their padded places; zeros (not garbage) in the padding, which the mask leaves out
+        # of every sum but whose products must stay finite
+        padded = qkv.new_zeros(B * T, qkv.shape[1]).index_copy_(0, packing.rows, qkv[:packing.rows.numel()])
         q, k, v = padded.view(B, T, 3, N, D).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, N, T, D)
         if positions is not None:  # the last layer: the queries at the packing's positions only
             q = q.gather(2, packing.positions[:, None, :, None].expand(-1, N, -1, D))  # (B, N, P, D)
             y = attend(q, k, v, packing.mask, 0.0)  # (B, N, P, D)
             return y.transpose(1, 2).reshape(1, -1, N * D)  # (1, B x P, H), row-major as the packed positions
         y = attend(q, k, v, packing.mask, 0.0)  # (B, N, T, D)
-        return y.transpose(1, 2)[packing.keep].view(1, -1, N * D)  # (1, S, H)
+        return y.transpose(1, 2)[packing.batch, packing.token].view(1, -1, N * D)  # (1, packed_rows(S), H)
 
 
 class PackedEncoder(nn.Module):
-    """A `BertEncoder` (its own layers, their attention wrapped in `PackedSelfAttention`) that runs a padded batch
-    in eval mode packed; a batch without padding, or a model in training, runs as the encoder does."""
+    """A `BertEncoder` (its own layers, their attention wrapped in `PackedSelfAttention`) that runs every batch in
+    eval mode packed, padded or not; a model in training runs as the encoder does."""
 
     def __init__(self, encoder: BertEncoder):
         super().__init__()
@@ -85,17 +100,22 @@ class PackedEncoder(nn.Module):
         """As `BertEncoder.forward`: x (B, T, H), mask (B, 1, 1, T) bool or None, positions (B, P) or None; the
         output (B, T, H) (zeros at the padding), or (B, P, H). Positions must be real tokens (a head reads
         [CLS] or [MASK]s): the padded path computes padding's positions too, this one does not."""
-        if mask is None or self.training:
+        if self.training:
             return self.plain(x, mask, positions)
         B, T, H = x.shape
-        keep = mask[:, 0, 0, :]
+        # a batch without padding runs packed too: its rows rounded as any other's, so that one text after another,
+        # each of its own length, reuses a few shapes' primitives (`packed_rows`)
+        keep = mask[:, 0, 0, :] if mask is not None else x.new_ones(B, T, dtype=torch.bool)
         rows = keep.reshape(-1).nonzero().squeeze(1)  # (S,)
-        h = x.reshape(B * T, H).index_select(0, rows)[None]  # (1, S, H)
+        S = rows.numel()
+        # spare rows up to packed_rows(S): copies of the first real one (finite; no real row ever reads them)
+        gather = torch.cat([rows, rows[:1].expand(packed_rows(S) - S)])
+        h = x.reshape(B * T, H).index_select(0, gather)[None]  # (1, packed_rows(S), H)
         packed_positions = None
         if positions is not None:  # each (b, t) of positions as its packed row
             row_of = keep.reshape(-1).cumsum(0).sub_(1).view(B, T)
             packed_positions = row_of.gather(1, positions).view(1, -1)  # (1, B x P)
-        packing = Packing(keep, rows, mask, positions)
+        packing = Packing(keep, rows, mask, positions, gather // T, gather % T)
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
             h = layer(h, packing, packed_positions if i == last else None)
@@ -103,7 +123,7 @@ class PackedEncoder(nn.Module):
             h = self.plain.final_norm(h)
         if positions is not None:
             return h.view(B, positions.shape[1], H)
-        return h.new_zeros(B * T, H).index_copy_(0, rows, h[0]).view(B, T, H)
+        return h.new_zeros(B * T, H).index_copy_(0, rows, h[0, :S]).view(B, T, H)
 
 
 def pack_sequences(model: nn.Module) -> nn.Module:
