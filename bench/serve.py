@@ -130,7 +130,6 @@ def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, float, l
     texts/s in groups of --clients cut as the server cuts a group (the most that --clients concurrent one-text
     requests can give, with no HTTP: a group is at most one request a client), and the label of each text."""
     from bertforge.infer import Predictor
-    from bertforge.infer.packing import is_packed
     from bertforge.serve.model import group_batch_size
 
     predictor = Predictor(args.model, precision=args.precision, quantize=args.quantize)
@@ -143,7 +142,7 @@ def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, float, l
     t0 = time.perf_counter()
     for start in range(0, len(records), args.clients):
         group = records[start:start + args.clients]
-        predictor.predict(group, batch_size=group_batch_size(len(group), is_packed(predictor.task_model.model)))
+        predictor.predict(group, batch_size=group_batch_size(len(group)))
     grouped = len(records) / (time.perf_counter() - t0)
     print(f"{'offline-groups':<14} {grouped:9,.1f} texts/s (the same, in groups of {args.clients} as the server cuts "
           "them)", flush=True)

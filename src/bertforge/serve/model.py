@@ -5,7 +5,6 @@ options, so the server answers what those commands print."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import Any
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.infer import Encoder, MaskFiller, Predictor
-from bertforge.infer.packing import is_packed
 from bertforge.model_files import model_dir
 from bertforge.tasks.runner import TASK_FILE
 
@@ -22,18 +20,17 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")
 CHARS_PER_TOKEN = 4  # English text averages about 4 characters a WordPiece token; the batcher's budget estimates
 
 
-def group_batch_size(inputs: int, packed: bool = False) -> int:
+def group_batch_size(inputs: int) -> int:
     """The batch size that cuts a served group of `inputs` into length-sorted batches (up to `predict`'s 64 a batch):
-    8 or more, or 2 on an engine that runs its encoder packed (`bertforge.infer.packing`). A group of concurrent
-    requests is a random draw of lengths: run as one padded batch, 32 Rotten Tomatoes snippets were padded to 1.9x
-    their tokens (1.2x when all 1,323 are sorted together); cut finer they are padded less, and a CPU runs the
-    batches two at a time on a thread each (`bertforge.batching`). bench/serve.py, MiniLM-L6 fp32, 32 clients,
-    2-core EPYC: requests/s with the group cut in 1, 2, 4, 8, 16 and 32 batches were 158, 193, 223, 230-241, 211 and
-    158. A packed encoder computes no padding but in the attention, and its products do better on more rows: groups
-    of 32 in 8, 4, 2 and 1 batches ran at 225, 242, 252 and 256 texts/s packed, against 242, 227, 206 and 160
-    padded (offline, one run); served, cut in 2 and in 8 were alike (medians of three alternating runs 252 and 255
-    requests/s), so the cut that is faster offline stays."""
-    return max(1, min(64, -(-inputs // (2 if packed else 8))))
+    8 or more. A group of concurrent requests is a random draw of lengths: run as one padded batch, 32 Rotten
+    Tomatoes snippets were padded to 1.9x their tokens (1.2x when all 1,323 are sorted together); cut finer they are
+    padded less, and a CPU runs the batches two at a time on a thread each (`bertforge.batching`). bench/serve.py,
+    MiniLM-L6 fp32, 32 clients, 2-core EPYC: requests/s with the group cut in 1, 2, 4, 8, 16 and 32 batches were 158,
+    193, 223, 230-241, 211 and 158. A packed encoder (`bertforge.infer.packing`) computes no padding but in the
+    attention, so fewer, larger batches might do: served, cut in 2 against 8 (alternating runs), fp32 was alike
+    (251.9 and 254.9 requests/s, medians of three; 266.5, 249.3 against 251.5, 265.2 later) and bf16 lost (296.9,
+    301.9 against 343.4, 358.8), so every engine keeps the 8-way cut."""
+    return max(1, min(64, -(-inputs // 8)))
 
 
 @dataclass
@@ -74,13 +71,6 @@ class ServedModel:
         return [name for name, engine in (("/predict", self.predictor), ("/fill-mask", self.filler),
                                           ("/embed", self.encoder)) if engine is not None]
 
-    @functools.cached_property
-    def packed(self) -> bool:
-        """Does `/predict`'s engine run its encoder packed (`bertforge.infer.packing`)? Fixed once loaded: asked
-        once, not on every group the batcher runs."""
-        return self.predictor is not None and self.predictor.backend == "torch" and is_packed(
-            self.predictor.task_model.model)
-
     @property
     def task(self) -> Any:
         return None if self.predictor is None else self.predictor.task
@@ -107,7 +97,7 @@ class ServedModel:
     def run(self, key: Hashable, items: list) -> list:
         endpoint, *options = key
         if endpoint == "/predict":
-            return self.predictor.predict(items, batch_size=group_batch_size(len(items), self.packed))
+            return self.predictor.predict(items, batch_size=group_batch_size(len(items)))
         if endpoint == "/fill-mask":
             (top_k,) = options
             return self.filler.fill(items, top_k=top_k)
