@@ -66,6 +66,7 @@ ALLOWED = {
     ("pretrain", "--keep-last"): ">=1", ("pretrain", "--log-every"): ">=1", ("pretrain", "--seed"): SEED,
     ("pretrain", "--workers"): ">=0", ("pretrain", "--clip-grad-norm"): ">=0",
     ("pretrain", "--stack-fraction"): "[0,1)", ("pretrain", "--stack-length-fraction"): "(0,1]",
+    ("pretrain", "--stack-mask-prob"): "(0,1)",
     ("pretrain", "--bow-weight"): ">=0", ("pretrain", "--generator-width"): "(0,1]",
     ("pretrain", "--mlm-candidates"): ">=0",
     ("pretrain", "--generator-layers"): "(0,1]", ("pretrain", "--discriminator-weight"): ">0",

@@ -83,9 +83,10 @@ def test_a_stacked_run_pretrains_half_depth_then_the_full_model_from_it(prepared
     second_config = json.loads((second / RUN_CONFIG).read_text())
     assert first_config["loop"]["steps"] == 12 and second_config["loop"]["steps"] == 8  # 60% / 40% of 20
     assert second_config["init"] == str(first)
-    stack = {"fraction": 0.6, "minutes": None, "steps": 20, "length_fraction": 0.25}
+    stack = {"fraction": 0.6, "minutes": None, "steps": 20, "length_fraction": 0.25, "mask_prob": None}
     assert first_config["stack"] == {**stack, "stage": "half depth"}
     assert second_config["stack"] == {**stack, "stage": "full depth"}
+    assert first_config["data_options"]["masked_lm_prob"] == second_config["data_options"]["masked_lm_prob"] == 0.4
     # the budget recipe's first stage reads a quarter of the run's length, 8 tokens at least, with as many tokens
     # a step: 4 sequences of 8 against 2 of 16
     assert (first_config["max_seq_len"], first_config["loop"]["batch_size"]) == (8, 4)
@@ -107,16 +108,20 @@ def test_a_stacked_run_pretrains_half_depth_then_the_full_model_from_it(prepared
 @pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_the_short_first_stage_reads_shorter_sequences_with_the_same_tokens_a_step(prepared, tmp_path, capsys):
     out = tmp_path / "short"
-    args = _args(prepared, out, "--steps", "6", "--stack-fraction", "0.5", "--max-seq-len", "32",
-                 "--batch-size", "4", "--stack-length-fraction", "0.25", "--log-every", "1")
+    # (and masks another share of its positions: --stack-mask-prob)
+    args = _args(prepared, out, "--steps", "6", "--stack-fraction", "0.5", "--max-seq-len", "32", "--mask-prob",
+                 "0.2", "--stack-mask-prob", "0.6", "--batch-size", "4", "--stack-length-fraction", "0.25",
+                 "--log-every", "1")
     assert main(args) == 0
     first = json.loads((out / "half-depth" / RUN_CONFIG).read_text())
     assert (first["max_seq_len"], first["loop"]["batch_size"]) == (8, 16)
-    assert first["stack"]["length_fraction"] == 0.25
+    assert (first["stack"]["length_fraction"], first["data_options"]["masked_lm_prob"]) == (0.25, 0.6)
     full = json.loads((out / RUN_CONFIG).read_text())
-    assert (full["max_seq_len"], full["loop"]["batch_size"]) == (32, 4)
+    assert (full["max_seq_len"], full["loop"]["batch_size"], full["data_options"]["masked_lm_prob"]) == (32, 4, 0.2)
     assert main(args[:-4] + ["--stack-length-fraction", "0.5", "--resume"]) == 2
     assert "--stack-length-fraction 0.25 -> 0.5" in capsys.readouterr().err
+    assert main(args[:-6] + ["--stack-mask-prob", "0.5", "--stack-length-fraction", "0.25", "--resume"]) == 2
+    assert "--stack-mask-prob 0.6 -> 0.5" in capsys.readouterr().err
     # a share shorter than 8 tokens is trained at 8, the shortest instances are made for
     short = tmp_path / "shortest"
     args = _args(prepared, short, "--steps", "4", "--stack-fraction", "0.5", "--stack-length-fraction", "0.1")

@@ -23,6 +23,7 @@ from bertforge.errors import BertforgeError
 from bertforge.options import (
     FRACTION,
     MIN_SEQ_LEN,
+    PROBABILITY,
     SHARE,
     DataOptions,
     ElectraOptions,
@@ -84,6 +85,8 @@ class PretrainArgs:
     stack_length_fraction: float | None = option(None, help="stacking: the half-depth stage's sequence length as a "
                                                  "share of the run's (0.5: half as long, twice the sequences a "
                                                  "batch: the same tokens a step); 1: the same", bound=SHARE)
+    stack_mask_prob: float | None = option(None, help="stacking: the half-depth stage's masking rate (default: "
+                                           "--mask-prob, the full-depth stage's)", bound=PROBABILITY)
     bow_weight: float | None = option(None, help="weight of a bag-of-words loss on [CLS]: it predicts the words of "
                                       "its sequence, so [CLS] learns to read the whole sequence, which nothing "
                                       "else teaches it without NSP; 0: off", bound=at_least(0))
@@ -118,7 +121,8 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
                 tie_embeddings=args.tie_embeddings,
                 warmup_fraction=warmup_fraction, recipe=get_recipe(args.recipe), stack_fraction=args.stack_fraction,
-                stack_length_fraction=args.stack_length_fraction, bow_weight=args.bow_weight,
+                stack_length_fraction=args.stack_length_fraction, stack_mask_prob=args.stack_mask_prob,
+                bow_weight=args.bow_weight,
                 mlm_candidates=args.mlm_candidates, objective=args.objective,
                 electra=options_from(ElectraOptions, args))
 

@@ -48,7 +48,7 @@ def _batches(config: BertConfig, batch_size: int, seq_len: int, mask_prob: float
                "mlm_labels": ids.masked_fill(~masked, IGNORE_INDEX), "nsp_labels": torch.zeros(batch_size).long()}
 
 
-def _seconds_per_step(config: BertConfig, recipe: Recipe, loop: LoopOptions, seq_len: int) -> float:
+def _seconds_per_step(config: BertConfig, recipe: Recipe, loop: LoopOptions, seq_len: int, mask_prob: float) -> float:
     is_special = np.zeros(config.vocab_size, dtype=bool)
     is_special[:SPECIAL_IDS] = True
     # a sampled softmax draws from Zipf-like frequencies (exponent 1.1): 1,024 draws give about 550 different words
@@ -61,7 +61,7 @@ def _seconds_per_step(config: BertConfig, recipe: Recipe, loop: LoopOptions, seq
     model = BertForPreTraining(config)
     model.set_dropout(recipe.dropout if recipe.dropout is not None else config.hidden_dropout_prob)
     torch.set_rng_state(rng)
-    batches = _batches(config, loop.batch_size, seq_len, recipe.mask_prob, 0)
+    batches = _batches(config, loop.batch_size, seq_len, mask_prob, 0)
     return budget.time_steps(model, batches, objective, loop, accum=1, device=torch.device("cpu"))
 
 
@@ -71,11 +71,12 @@ def forecast_steps(config: BertConfig, recipe: Recipe, minutes: float, *, seq_le
     evaluations are left out, so it is an upper bound by a few percent."""
     loop = LoopOptions(steps=1, batch_size=recipe.batch_size, lr=recipe.lr, betas=recipe.betas,
                        weight_decay=recipe.weight_decay, warmup_steps=0, precision=precision)
-    stages = [(config, loop, seq_len, 1.0)]
+    stages = [(config, loop, seq_len, recipe.mask_prob, 1.0)]
     if recipe.stack_fraction:  # the stages as `stacking.stages` makes them
         short = short_length(seq_len, recipe.stack_length_fraction)
-        stages = [(half_depth(config), short_stage(loop, seq_len, short), short, recipe.stack_fraction),
-                  (config, loop, seq_len, 1.0 - recipe.stack_fraction)]
-    seconds = tuple(_seconds_per_step(c, recipe, stage_loop, length) for c, stage_loop, length, _ in stages)
+        first_mask = recipe.stack_mask_prob if recipe.stack_mask_prob is not None else recipe.mask_prob
+        stages = [(half_depth(config), short_stage(loop, seq_len, short), short, first_mask, recipe.stack_fraction),
+                  (config, loop, seq_len, recipe.mask_prob, 1.0 - recipe.stack_fraction)]
+    seconds = tuple(_seconds_per_step(c, recipe, stage_loop, length, mask) for c, stage_loop, length, mask, _ in stages)
     steps = sum(int(share * minutes * 60 / s) for (*_, share), s in zip(stages, seconds, strict=True))
     return Forecast(minutes=minutes, seconds_per_step=seconds, steps=steps)

@@ -68,8 +68,8 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
              pre_layer_norm: bool | None = None, tie_embeddings: bool | None = None, minutes: float | None = None,
              warmup_fraction: float | None = None, recipe: Recipe | str | None = None,
              stack_fraction: float | None = None, stack_length_fraction: float | None = None,
-             bow_weight: float | None = None, mlm_candidates: int | None = None, objective: str = "mlm",
-             electra: ElectraOptions | Mapping[str, Any] | None = None) -> TrainResult:
+             stack_mask_prob: float | None = None, bow_weight: float | None = None, mlm_candidates: int | None = None,
+             objective: str = "mlm", electra: ElectraOptions | Mapping[str, Any] | None = None) -> TrainResult:
     """Pretrain a BERT with MLM (+ NSP unless `data_options.nsp` is False) on `data_dir` (made by `bertforge
     prepare`) into `out_dir`; with `objective="electra"`, as ELECTRA's discriminator (`electra` its options; see
     bertforge.electra for the run directory's layout): no NSP, stacking, bag-of-words loss or `init` then.
@@ -98,8 +98,8 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
     """
     out_dir = Path(out_dir)
     explicit = dict(dropout=dropout, pre_ln=pre_layer_norm, tie_embeddings=tie_embeddings,
-                    stack_fraction=stack_fraction, stack_length_fraction=stack_length_fraction, bow_weight=bow_weight,
-                    mlm_candidates=mlm_candidates)
+                    stack_fraction=stack_fraction, stack_length_fraction=stack_length_fraction,
+                    stack_mask_prob=stack_mask_prob, bow_weight=bow_weight, mlm_candidates=mlm_candidates)
     electra_options = _electra_options(objective, electra, explicit, init)
     if electra_options is not None and not isinstance(data_options, DataOptions):
         data_options = {"nsp": False, **_given(data_options)}
@@ -118,7 +118,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
                 raise BertforgeError(f"the run in {out_dir} was stacked (it has {HALF_DEPTH_DIR}/): resume it with "
                                      f"the --stack-fraction it was started with ({RUN_CONFIG})")
             return _pretrain_stage(out_dir, stage)
-        return _pretrain_stacked(out_dir, stage, values["stack_fraction"], values["stack_length_fraction"])
+        return _pretrain_stacked(out_dir, stage, values)
     finally:
         distributed.teardown()
 
@@ -204,11 +204,13 @@ class _Stage:
     allow: tuple[str, ...] = ()
 
 
-def _pretrain_stacked(out_dir: Path, stage: _Stage, fraction: float, length_fraction: float) -> TrainResult:
+def _pretrain_stacked(out_dir: Path, stage: _Stage, values: Mapping[str, Any]) -> TrainResult:
+    """A stacked run (`values`: the recipe options' values, `recipe.resolve`)."""
     started = budget.now()
     first, second = stacking.stages(out_dir, model=stage.model, loop=stage.loop, minutes=stage.minutes,
                                     data_dir=stage.data_dir, max_seq_len=stage.max_seq_len, resume=stage.resume,
-                                    fraction=fraction, length_fraction=length_fraction)
+                                    fraction=values["stack_fraction"], length_fraction=values["stack_length_fraction"],
+                                    data_options=stage.data_options, mask_prob=values["stack_mask_prob"])
     d = distributed.setup(stage.loop.device)
     first_dir = out_dir / HALF_DEPTH_DIR
     if (first_dir / WEIGHTS_NAME).is_file():

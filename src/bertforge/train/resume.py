@@ -162,7 +162,7 @@ def resume_history(out_dir: Path, run_config: dict, minutes: float | None, *, ve
 
 # A stacked run's settings, as run_config.json's "stack" records them, and the option each comes from.
 _STACK_OPTIONS = {"fraction": "--stack-fraction", "minutes": "the time budget (--minutes):", "steps": "--steps",
-                  "length_fraction": "--stack-length-fraction"}
+                  "length_fraction": "--stack-length-fraction", "mask_prob": "--stack-mask-prob"}
 
 
 def check_stack(out_dir: Path, stack: dict, stage_dirs: Iterable[Path]) -> BertforgeError | None:
@@ -178,7 +178,7 @@ def check_stack(out_dir: Path, stack: dict, stage_dirs: Iterable[Path]) -> Bertf
         before = recorded.get("stack")
         if not isinstance(before, dict):
             return BertforgeError(f"the run in {out_dir} was not stacked: resume it with --stack-fraction 0")
-        before = {"length_fraction": 1.0, **before}  # runs before the option trained both stages at one length
+        before = {"length_fraction": 1.0, "mask_prob": None, **before}  # runs from before these options
         changed = [f"{_STACK_OPTIONS[c.key]} {json.dumps(c.recorded)} -> {json.dumps(c.now)}"
                    for c in changes(before, stack, keys=_STACK_OPTIONS)]
         if changed:

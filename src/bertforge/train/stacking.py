@@ -18,7 +18,7 @@ from bertforge.config import PRESETS, BertConfig
 from bertforge.data.shards import read_manifest
 from bertforge.errors import BertforgeError
 from bertforge.models import BertForPreTraining
-from bertforge.options import MIN_SEQ_LEN, LoopOptions
+from bertforge.options import MIN_SEQ_LEN, DataOptions, LoopOptions
 from bertforge.train import distributed
 from bertforge.train.resume import check_stack
 from bertforge.train.rundir import used_dir_refusal
@@ -94,18 +94,20 @@ def short_stage(loop: LoopOptions, run_len: int, short_len: int) -> LoopOptions:
 
 
 def stages(out_dir: Path, *, model: str, loop: LoopOptions, minutes: float | None, data_dir: str | Path,
-           max_seq_len: int | None, resume: bool, fraction: float,
-           length_fraction: float) -> tuple[dict[str, Any], dict[str, Any]]:
+           max_seq_len: int | None, resume: bool, fraction: float, length_fraction: float,
+           data_options: DataOptions | None = None, mask_prob: float | None = None
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The settings of a stacked run's two stages (what each changes of the run's): the first at half depth in
     out_dir/half-depth on shorter sequences, the second from its model stacked. Refuses, on every process, an odd
-    depth, a used `out_dir`, and a resumed run asked for another split, budget or length than it was started with."""
+    depth, a used `out_dir`, and a resumed run asked for another split, budget, length or first stage's masking rate
+    (`mask_prob` replaces `data_options`' in the first; None: the run's) than it was started with."""
     check_stackable(model_depth(model))  # before either stage claims a directory
     run_len = int(max_seq_len or read_manifest(Path(data_dir))["max_seq_len"])
     short_len = short_length(run_len, length_fraction)
     d = distributed.setup(loop.device)
     first_dir = out_dir / HALF_DEPTH_DIR
     stack = {"fraction": fraction, "minutes": minutes, "steps": None if minutes else loop.steps,
-             "length_fraction": length_fraction}
+             "length_fraction": length_fraction, "mask_prob": mask_prob}
     refusal = None
     if d.is_main:  # the stages claim their own directories; a used --out is refused before both
         refusal = check_stack(out_dir, stack, (out_dir, first_dir)) if resume else used_dir_refusal(out_dir)
@@ -115,6 +117,8 @@ def stages(out_dir: Path, *, model: str, loop: LoopOptions, minutes: float | Non
     first = dict(init=None, half=True, label="half depth: ", stack={**stack, "stage": "half depth"},
                  loop=short_stage(first_loop, run_len, short_len), minutes=first_minutes, max_seq_len=short_len,
                  resume=resume and first_dir.is_dir())
+    if mask_prob is not None:
+        first["data_options"] = dataclasses.replace(data_options, masked_lm_prob=mask_prob)
     second = dict(init=first_dir, stack_init=True, label="full depth: ", stack={**stack, "stage": "full depth"},
                   allow=(HALF_DEPTH_DIR,), loop=second_loop, minutes=second_minutes)
     return first, second
