@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import importlib.resources
+import json
 import logging
 import time
 from collections.abc import Hashable
@@ -228,6 +229,10 @@ class Gate:
     def __init__(self, app: FastAPI, options: ServeOptions, metrics: Metrics, paths: set[str]):
         self.app, self.options, self.metrics, self.paths = app, options, metrics, paths
         self.state = app.state
+        # a full queue's 503, rendered once: a burst's refusals are most of its requests
+        body = json.dumps({"error": queue_full(app.state.batcher)}).encode()
+        self._full = ([(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"retry-after", b"1")], body)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -255,7 +260,9 @@ class Gate:
         if scope["method"] == "POST" and self.state.batcher.full and scope["path"] in self.state.served.endpoints:
             # refused before its body is read or parsed: under a burst, each refusal costs the event loop (which the
             # accepted requests' answers also wait for) as little as it can
-            await _error(503, queue_full(self.state.batcher), {"Retry-After": "1"})(scope, receive, send)
+            headers, body = self._full
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
             return
         body = await self._body(scope, receive)
         refusal = None
