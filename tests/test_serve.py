@@ -353,7 +353,7 @@ def test_a_full_queue_refuses_before_reading_the_body(models):
 
 def test_the_command_freezes_the_loaded_heap_before_it_serves(models, monkeypatch, capsys):
     """What is alive once the model is loaded is out of the cyclic collector's reach when serving starts: a full
-    collection over it held every answer of a burst back for 150-200 ms (server.py)."""
+    collection over it held a burst's refusals back by about 90 ms (server.py)."""
     import gc
 
     import bertforge.serve.server as server_module

@@ -92,7 +92,7 @@ def serve(options: ServeOptions) -> int:
 def _freeze_the_heap() -> None:
     """Everything alive once the model is loaded (the model's and the libraries' objects, about 270,000) moved out
     of the cyclic garbage collector's reach for the life of this process (`gc.freeze`): a full collection walked
-    them all holding the GIL, and one that fell in a burst held every refusal behind it (bursts' median refusals
-    142-157 ms instead of 54-69 in 3 of 8; with the freeze 52-73 in all 8, docs/benchmarks.md)."""
+    them all holding the GIL, and one that fell in a burst held every refusal behind it (median refusals of 140-157
+    ms instead of 52-69 in 5 bursts of 16; with the freeze 52-80 ms in all 16, docs/benchmarks.md)."""
     gc.collect()
     gc.freeze()
