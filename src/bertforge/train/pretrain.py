@@ -94,7 +94,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
     themselves and the full-depth model is pretrained for the rest in `out_dir`, with a warmup and decay of its
     own. Both stages read the data from its start, as the measured runs did. `stack_length_fraction` < 1 trains
     the first stage on sequences that much shorter (at least 8 tokens), as many more a batch (the same tokens a
-    step): the half-depth model leaves the masked-LM's early plateau after fewer tokens at length 16 or 32.
+    step): the half-depth model leaves the masked-LM's early plateau sooner; `stack_mask_prob` its masking rate.
     """
     out_dir = Path(out_dir)
     explicit = dict(dropout=dropout, pre_ln=pre_layer_norm, tie_embeddings=tie_embeddings,
