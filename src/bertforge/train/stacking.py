@@ -94,9 +94,8 @@ def short_stage(loop: LoopOptions, run_len: int, short_len: int) -> LoopOptions:
 
 
 def stages(out_dir: Path, *, model: str, loop: LoopOptions, minutes: float | None, data_dir: str | Path,
-           max_seq_len: int | None, resume: bool, fraction: float, length_fraction: float,
-           data_options: DataOptions | None = None, mask_prob: float | None = None
-           ) -> tuple[dict[str, Any], dict[str, Any]]:
+           max_seq_len: int | None, resume: bool, fraction: float, length_fraction: float, data_options: DataOptions,
+           mask_prob: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The settings of a stacked run's two stages (what each changes of the run's): the first at half depth in
     out_dir/half-depth on shorter sequences, the second from its model stacked. Refuses, on every process, an odd
     depth, a used `out_dir`, and a resumed run asked for another split, budget, length or first stage's masking rate
