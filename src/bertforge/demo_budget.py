@@ -3,9 +3,9 @@ minutes buy here (`bertforge.train.forecast`), and the demo says whether they re
 paid in our runs, with the budget that would; `--minutes auto` takes that budget.
 
 Why steps, not minutes: the same 10 minutes of the budget recipe (its sampled softmax) were about 8,000 steps of
-BERT-tiny on a 2-core AVX2 EPYC in fp32, where pretraining scored at random weights' level (+0.3 and -0.3 on the
-two tasks), 12,000 gave +1.4 and +1.1, and about 19,600 (a 2-core EPYC with AVX512-BF16 under bf16) +2.1 and +3.2
-(docs/experiments/untuned-task.md).
+BERT-tiny on a 2-core AVX2 EPYC in fp32, where pretraining scored at random weights' level (-0.9 to +0.7 on each of
+the two tasks in three pretrainings), 12,000 gave +1.4 and +1.1 and with another seed +1.3 and +2.6, and about
+19,600 (a 2-core EPYC with AVX512-BF16 under bf16) +2.1 and +3.2 (docs/experiments/untuned-task.md).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from bertforge.train.recipe import Recipe
 
 DEFAULT_MINUTES = 10.0
 # The fewest steps of the budget recipe at which the demo's pretrained model scored above random weights on both
-# tasks in our runs, by model (docs/experiments/untuned-task.md: tiny +1.4 and +1.1 at 12,000, +0.3 and -0.3 at
-# 7,977); a model not listed gets no promise either way.
+# tasks in our runs, by model (docs/experiments/untuned-task.md: tiny +1.4 / +1.1 and +1.3 / +2.6 at 12,000 in two
+# pretrainings, -0.9 to +0.7 on each task at 7,977 in three); a model not listed gets no promise either way.
 PAYS_FROM_STEPS = {"tiny": 12000}
 MARGIN = 1.1  # the forecast leaves out setup and evaluations (a few percent): auto asks for a tenth more
 
@@ -50,7 +50,7 @@ def plan_minutes(asked: float | None, model: str, config: BertConfig, recipe: Re
     lines = [_speed(probe, model, minutes, steps)]
     if steps < needed:
         lines.append(f"In our runs pretraining first scored above random weights on both tasks at about {needed:,} "
-                     f"steps (at 7,977, the 10 minutes of a 2-core CPU without bf16, not on both: +0.3 and -0.3), so "
+                     f"steps (at 7,977, the 10 minutes of a 2-core CPU without bf16, -0.9 to +0.7 in three runs), so "
                      f"{minutes:g} minutes here may not: --minutes {enough} (or --minutes auto) reaches them on this "
                      f"CPU.")
     elif asked is None:
