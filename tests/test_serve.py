@@ -382,3 +382,40 @@ def test_the_command_freezes_the_loaded_heap_before_it_serves(models, monkeypatc
         gc.unfreeze()
     assert seen["frozen"] > 10_000  # the model's modules and the libraries' objects, not a handful
     assert "serving" in capsys.readouterr().out
+
+
+def test_the_gates_own_lane_answers_as_the_fastapi_routes(models):
+    """The Gate answers the model endpoints itself (without FastAPI's routing): every body, good or bad, gets the
+    same status and JSON from it as from the FastAPI app's routes."""
+    import asyncio
+
+    from bertforge.serve.app import create_app
+    from bertforge.serve.model import ServedModel
+    from bertforge.serve.options import ServeOptions
+
+    gates_own = ("body: not valid UTF-8", "body: larger")  # refused before either reads the body
+    cases = {"clf": [("/predict", b) for b, _, error in BAD if not error.startswith(gates_own)]
+             + [("/predict", {"inputs": SENTENCES}), ("/predict", {"inputs": "good"}),
+                ("/predict", b"[" * 5000 + b"]" * 5000), ("/embed", {"inputs": ["a", "b"], "pooling": "pooler"}),
+                ("/embed", {"inputs": "a film", "pooling": "mean", "normalize": True})],
+             "mlm": [("/fill-mask", {"inputs": MASKED, "top_k": 3}), ("/fill-mask", {"inputs": "no mask"}),
+                     ("/fill-mask", {"inputs": "[MASK]", "top_k": 0}), ("/embed", {"inputs": "x", "pooling": "max"})]}
+
+    async def answers(app, requests) -> list:
+        out = []
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            for path, body in requests:
+                content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                r = await client.post(path, content=content, headers={"content-type": "application/json"})
+                out.append((path, r.status_code, r.json()))
+        return out
+
+    for kind, requests in cases.items():
+        gate = create_app(ServedModel.load(models[kind]), ServeOptions(model=str(models[kind]), max_inputs=8))
+        gate.state.batcher.start()
+        try:
+            lane, routes = asyncio.run(answers(gate, requests)), asyncio.run(answers(gate.app, requests))
+        finally:
+            gate.state.batcher.close(LIMIT)
+        assert lane == routes
+        assert {status for _, status, _ in lane} >= {200, 422}
