@@ -122,14 +122,14 @@ def test_bf16_packed_equals_bf16_padded(tiny_config):
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)  # bf16 rounding, products blocked differently
 
 
-def test_fp32_models_are_packed_int8_ones_are_not_and_a_server_cuts_its_groups_in_eight(tiny_config):
+def test_fp32_models_are_packed_int8_ones_are_not_and_a_server_cuts_its_groups_in_four(tiny_config):
     from bertforge.serve.model import group_batch_size
 
     torch.manual_seed(4)
     assert is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), None, CPU, "fp32"))
     assert not is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), "int8", CPU, "fp32"))
     assert not is_packed(BertForSequenceClassification(tiny_config))
-    assert [group_batch_size(n) for n in (1, 8, 32, 33, 1000)] == [1, 1, 4, 5, 64]
+    assert [group_batch_size(n) for n in (1, 8, 32, 33, 1000)] == [1, 2, 8, 9, 64]
 
 
 def test_packed_row_counts_are_few_and_waste_little():

@@ -21,16 +21,16 @@ CHARS_PER_TOKEN = 4  # English text averages about 4 characters a WordPiece toke
 
 
 def group_batch_size(inputs: int) -> int:
-    """The batch size that cuts a served group of `inputs` into length-sorted batches (up to `predict`'s 64 a batch):
-    8 or more. A group of concurrent requests is a random draw of lengths: run as one padded batch, 32 Rotten
-    Tomatoes snippets were padded to 1.9x their tokens (1.2x when all 1,323 are sorted together); cut finer they are
-    padded less, and a CPU runs the batches two at a time on a thread each (`bertforge.batching`). bench/serve.py,
-    MiniLM-L6 fp32, 32 clients, 2-core EPYC: requests/s with the group cut in 1, 2, 4, 8, 16 and 32 batches were 158,
-    193, 223, 230-241, 211 and 158. A packed encoder (`bertforge.infer.packing`) computes no padding but in the
-    attention, so fewer, larger batches might do: served, cut in 2 against 8 (alternating runs), fp32 was alike
-    (251.9 and 254.9 requests/s, medians of three; 266.5, 249.3 against 251.5, 265.2 later) and bf16 lost (296.9,
-    301.9 against 343.4, 358.8), so every engine keeps the 8-way cut."""
-    return max(1, min(64, -(-inputs // 8)))
+    """The batch size that cuts a served group of `inputs` into 4 length-sorted batches (up to `predict`'s 64 a
+    batch), which a CPU runs two at a time on a thread each (`bertforge.batching`). A group of concurrent requests is
+    a random draw of lengths; the packed encoder (`bertforge.infer.packing`) computes no padding but in the attention,
+    so the cut trades the attention's padding against the fixed cost of each batch. bench/serve.py, MiniLM-L6, 32
+    clients, 2-core EPYC with AVX512-BF16, side by side alone (docs/benchmarks.md, twelfth session):
+    cut in 4 against 8, fp32 272.5-276.2 against 251.8-267.3 requests/s, bf16 408.3 and 442.0 against 348.8 and
+    360.1, int8 556.5 and 587.5 against 515.6 and 568.1; offline (`--cuts`), fp32 283-301 against 256-280 texts/s.
+    Cut in 2 (or 1) a group runs as one stream on both threads, which lost in bf16 (296.9 and 301.9 requests/s
+    against 343.4 and 358.8 cut in 8)."""
+    return max(1, min(64, -(-inputs // 4)))
 
 
 @dataclass
