@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 TIMEOUT = 60.0
@@ -58,6 +60,21 @@ class Connection:
             self.reader = self.writer = None
 
 
+@contextlib.contextmanager
+def gc_held() -> Iterator[None]:
+    """The client's own cyclic garbage collector held off while it measures: the bench's process also holds the
+    offline side's model and libraries, and a full collection over them in the middle of a burst took every answer
+    behind it (the server freezes its heap for the same reason, `bertforge.serve.server`)."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 async def closed_loop(url: str, path: str, bodies: list[bytes], clients: int, requests: int) -> dict:
     """`requests` POSTs of `bodies[n % len(bodies)]` from `clients` connections, each sending its next request when
     the last is answered: wall time, and per request its latency, status and answer."""
@@ -78,8 +95,9 @@ async def closed_loop(url: str, path: str, bodies: list[bytes], clients: int, re
         finally:
             await conn.close()
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(clients)))
+    with gc_held():
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
     return {"seconds": time.perf_counter() - t0, "latencies": latencies, "statuses": statuses, "answers": answers}
 
 
@@ -99,6 +117,7 @@ async def burst(url: str, path: str, bodies: list[bytes], count: int) -> list[tu
         return status, time.perf_counter() - t0, answer
 
     try:
-        return await asyncio.gather(*(one(n) for n in range(count)))
+        with gc_held():
+            return await asyncio.gather(*(one(n) for n in range(count)))
     finally:
         await asyncio.gather(*(c.close() for c in conns))
