@@ -80,10 +80,10 @@ def _sigterm_exits_cleanly() -> Iterator[None]:
 
 def serve(options: ServeOptions) -> int:
     server, sock = make_server(options)
+    _freeze_the_heap()  # before the line that says it serves: a client that starts on it is not kept waiting
     endpoints = ", ".join(server.config.app.state.served.endpoints)
     print(f"serving {options.model} ({endpoints}) on {url_of(sock)}  (page: /, API: /docs; Ctrl-C stops)",
           flush=True)
-    _freeze_the_heap()
     with _sigterm_exits_cleanly():
         server.run(sockets=[sock])
     return 0
