@@ -117,6 +117,8 @@ def test_parse_minutes_and_plan_steps():
     assert seconds(steps) <= 600 and steps >= 0.99 * most
     with pytest.raises(BertforgeError, match="budget"):
         plan_steps(0.05, 1.0, 0.0, 0, 0.0)
+    assert plan_steps(0.05, 1.0, 0.0, 0, 0.0, continuing=True) == 10  # a stage after one already paid for
+    assert plan_steps(10, 0.5, 2.0, 100, 5.0, continuing=True) == steps
 
 
 

@@ -173,6 +173,21 @@ def test_stacked_runs_refuse_a_used_directory_an_odd_depth_and_init(prepared, tm
 
 
 @pytest.mark.slow  # several seconds: full pretraining runs or a server process
+def test_a_second_stage_with_no_time_left_still_ends_the_run_instead_of_refusing(prepared, tmp_path, capsys):
+    """A budget whose full-depth stage leaves no time for a step (a slow or busy CPU): the run ends with a stacked
+    model rather than an error after the half-depth stage has spent its share."""
+    out = tmp_path / "short"
+    with simulated_clock(0.4):  # the second stage's 2.4 s are gone in its own step timing (10 steps of 0.4 s)
+        assert main(_args(prepared, out, "--minutes", "0.4", "--stack-fraction", "0.9")) == 0
+    printed = capsys.readouterr().out
+    assert "this stage continues a run, so it trains until the budget ends" in printed
+    plan = json.loads((out / "budget_plan.json").read_text())
+    assert plan["over_budget"] and not json.loads((out / "half-depth" / "budget_plan.json").read_text())["over_budget"]
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"][-1] >= 1
+
+
+@pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_a_stacked_budget_splits_the_minutes_and_resumes_only_as_it_was_started(prepared, tmp_path, capsys):
     out = tmp_path / "budget"
     args = _args(prepared, out, "--minutes", "0.4")

@@ -33,6 +33,7 @@ from bertforge.train.loop import Objective, autocast, resolve_precision
 from bertforge.train.optim import build_optimizer
 
 PLAN_FILE = "budget_plan.json"
+MIN_STEPS = 10  # the fewest steps a budget must leave (plan_steps)
 TIMED_STEPS = 8  # after 2 untimed ones (first-call allocations and kernel selection)
 
 # The clock a budget is planned and kept by, read through `now()`. Tests put a fake one here, which moves by the
@@ -51,11 +52,14 @@ class BudgetPlan:
     eval_seconds: float  # one evaluation, timed on the copy
     steps: int  # optimizer steps that fit
     spent_before_training: float  # seconds of the budget gone before the first real step (setup, this timing)
+    over_budget: bool = False  # fewer than MIN_STEPS fit, and the run continues one already paid for (plan_steps)
 
     def describe(self) -> str:
+        over = ("; fewer fit: this stage continues a run, so it trains until the budget ends (at least one step) "
+                "rather than refuse and lose the stage before it" if self.over_budget else "")
         return (f"budget {self.minutes:g} min: {self.steps:,} steps at {self.seconds_per_step:.3f} s/step "
                 f"(one evaluation {self.eval_seconds:.1f} s; {self.spent_before_training:.0f} s spent on setup "
-                f"and timing)")
+                f"and timing{over})")
 
 
 def parse_minutes(text: str | float) -> float:
@@ -111,14 +115,23 @@ def time_call(fn: Callable[[], object]) -> float:
     return now() - start
 
 
-def plan_steps(minutes: float, seconds_per_step: float, eval_seconds: float, eval_every: int,
-               spent: float) -> int:
+def steps_that_fit(minutes: float, seconds_per_step: float, eval_seconds: float, eval_every: int,
+                   spent: float) -> int:
     """Steps that fit in what is left of the budget, with an evaluation every `eval_every` steps (0: only at the
-    end) and one at the end. Refuses a budget too short for 10 steps."""
+    end) and one at the end."""
     left = minutes * 60 - spent - eval_seconds  # the final evaluation always runs
-    per_step = seconds_per_step + (eval_seconds / eval_every if eval_every else 0.0)
-    steps = int(left / per_step)
-    if steps < 10:
+    return int(left / (seconds_per_step + (eval_seconds / eval_every if eval_every else 0.0)))
+
+
+def plan_steps(minutes: float, seconds_per_step: float, eval_seconds: float, eval_every: int,
+               spent: float, *, continuing: bool = False) -> int:
+    """`steps_that_fit`; a budget too short for MIN_STEPS is refused, unless the run is `continuing` one already
+    paid for (a stacked run's second stage: refusing there would throw away the first stage's work), which plans
+    MIN_STEPS and ends when its deadline passes (`Deadline`: at least one step)."""
+    steps = steps_that_fit(minutes, seconds_per_step, eval_seconds, eval_every, spent)
+    if steps < MIN_STEPS:
+        if continuing:
+            return MIN_STEPS
         raise BertforgeError(f"a budget of {minutes:g} min leaves time for {max(steps, 0)} steps at "
                              f"{seconds_per_step:.2f} s/step: give more minutes or a smaller model")
     return steps
@@ -185,19 +198,20 @@ def deadline_for(plan: BudgetPlan, origin: float) -> Deadline:
 
 def plan_run(config: LoopOptions, *, minutes: float, warmup_fraction: float | None, out_dir: Path, resume: bool,
              started: float, dist: distributed.Dist, model: nn.Module, batches: Iterator[dict],
-             objective: Objective, accum: int, evaluate: Callable[[nn.Module], dict] | None) -> tuple[BudgetPlan,
-                                                                                                  LoopOptions]:
+             objective: Objective, accum: int, evaluate: Callable[[nn.Module], dict] | None,
+             continuing: bool = False) -> tuple[BudgetPlan, LoopOptions]:
     """The plan of a run with a budget of `minutes` (the one `out_dir` recorded when resumed, else timed now on
     copies of `model`), and the loop `config` with the planned steps and a warmup of `warmup_fraction` of them
-    (None: `config.warmup_steps`). Every process gets the same."""
+    (None: `config.warmup_steps`). Every process gets the same. `continuing`: see `plan_steps`."""
     plan = load_plan(out_dir) if resume else None
     if plan is None:
         seconds = agree(time_steps(model, batches, objective, config, accum=accum, device=dist.device), dist)
         eval_seconds = agree(_time_evaluation(model, evaluate, config, dist.device), dist)
         spent = agree(now() - started, dist)
-        steps = plan_steps(minutes, seconds, eval_seconds, config.eval_every, spent)
+        steps = plan_steps(minutes, seconds, eval_seconds, config.eval_every, spent, continuing=continuing)
+        over = steps_that_fit(minutes, seconds, eval_seconds, config.eval_every, spent) < MIN_STEPS
         plan = BudgetPlan(minutes=minutes, seconds_per_step=seconds, eval_seconds=eval_seconds, steps=steps,
-                          spent_before_training=spent)
+                          spent_before_training=spent, over_budget=over)
     warmup = config.warmup_steps if warmup_fraction is None else round(warmup_fraction * plan.steps)
     config = dataclasses.replace(config, steps=plan.steps, warmup_steps=min(warmup, plan.steps - 1))
     if dist.is_main:

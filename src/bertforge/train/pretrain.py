@@ -258,7 +258,7 @@ def _pretrain_stage(out_dir: Path, s: _Stage) -> TrainResult:
             plan, loop = plan_run(loop, minutes=s.minutes, warmup_fraction=s.warmup_fraction, out_dir=out_dir,
                                   resume=s.resume, started=started, dist=d, model=net,
                                   batches=data.train.batches(micro), objective=objective, accum=accum,
-                                  evaluate=evaluate)
+                                  evaluate=evaluate, continuing=s.stack_init)
         run_config = _run_config(s, config, loop, data.train, plan, d)
         resumes = resume_history(out_dir, run_config, s.minutes, verbose=d.is_main) if s.resume else []
         if d.is_main:
