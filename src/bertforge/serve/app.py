@@ -302,7 +302,7 @@ class Gate:
             await _error(401, "Authorization: give the server's --api-key as `Authorization: Bearer KEY`",
                          {"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
-        if scope["method"] == "POST" and self.state.batcher.full and scope["path"] in self.state.served.endpoints:
+        if scope["method"] == "POST" and self.state.batcher.full and scope["path"] in self.endpoints:
             # refused before its body is read or parsed: under a burst, each refusal costs the event loop (which the
             # accepted requests' answers also wait for) as little as it can
             headers, body = self._full
