@@ -243,3 +243,74 @@ def test_the_gradient_of_a_word_not_drawn_is_zero_in_the_decoder_bias():
     loss.backward()
     moved = set(torch.nonzero(head.bias.grad).flatten().tolist())
     assert moved == {0, 4, 6, 9}
+
+
+# --- the bag of words against the same candidates ----------------------------------------------------------------
+
+
+def test_the_sampled_bag_of_words_equals_one_computed_by_hand():
+    """Word 5 is a candidate (its softmax is over the candidates alone), 2 and 4 are not (each adds its own logit);
+    a repeated word counts twice; a sequence without words is left out of the mean."""
+    from bertforge.models import sampled_bag_of_words
+
+    model = _head()
+    head, emb = model.cls.predictions, model.bert.embeddings.word_embeddings
+    cls = torch.randn(3, 4)
+    labels = torch.tensor([[2, 5, 2], [4, IGNORE_INDEX, IGNORE_INDEX], [IGNORE_INDEX] * 3])
+    candidates = torch.tensor([0, 5, 6])
+    log_inclusion = torch.log(torch.tensor([1.0, 0.9, 0.5, 0.4, 0.3, 0.2, 0.1]))
+    loss = sampled_bag_of_words(head, emb, cls, labels, candidates, log_inclusion)
+    with torch.no_grad():
+        h = head.transform(cls)
+        w, b = emb.weight, head.bias
+
+        def score(row, j):
+            return float(h[row] @ w[j] + b[j] - log_inclusion[j])
+
+        def word_loss(row, word):
+            others = [score(row, j) for j in candidates.tolist() if j != word]
+            own = score(row, word)
+            return -own + math.log(math.exp(own) + sum(math.exp(x) for x in others))
+
+        first = (word_loss(0, 2) * 2 + word_loss(0, 5)) / 3
+        second = word_loss(1, 4)
+    assert loss.item() == pytest.approx((first + second) / 2, rel=1e-5)
+
+
+def test_with_every_word_a_sure_candidate_the_sampled_bag_of_words_is_the_full_one():
+    from bertforge.models import bag_of_words, sampled_bag_of_words
+
+    model = _head(vocab=9)
+    head, emb = model.cls.predictions, model.bert.embeddings.word_embeddings
+    cls = torch.randn(2, 4)
+    labels = torch.tensor([[3, 8, 8, IGNORE_INDEX], [1, 0, 7, 4]])
+    full = bag_of_words(head, emb, cls, labels)
+    sampled = sampled_bag_of_words(head, emb, cls, labels, torch.arange(9), torch.zeros(9))
+    assert sampled.item() == pytest.approx(full.item(), rel=1e-6)
+    g_full = torch.autograd.grad(full, [emb.weight, head.bias])
+    g_sampled = torch.autograd.grad(sampled_bag_of_words(head, emb, cls, labels, torch.arange(9), torch.zeros(9)),
+                                    [emb.weight, head.bias])
+    for a, b in zip(g_sampled, g_full, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_with_candidates_the_model_scores_its_bag_of_words_on_them_and_touches_only_them_and_the_inputs():
+    from bertforge.models import bag_of_words, sampled_bag_of_words
+
+    torch.manual_seed(3)
+    model = BertForPreTraining(BertConfig(**TINY)).eval()
+    ids = torch.randint(5, 2000, (2, 10))
+    mlm = torch.full_like(ids, IGNORE_INDEX)
+    mlm[:, 3] = ids[:, 3]
+    candidates = torch.tensor([0, 1, 2, 3, 4, 17, 900])
+    log_inclusion = torch.full((2000,), -3.0)
+    out = model(ids, None, torch.ones_like(ids), mlm_labels=mlm, bow_labels=ids,
+                mlm_candidates=(candidates, log_inclusion))
+    cls = model.bert(ids, None, torch.ones_like(ids)).sequence_output[:, 0]
+    head, emb = model.cls.predictions, model.bert.embeddings.word_embeddings
+    expected = sampled_bag_of_words(head, emb, cls, ids, candidates, log_inclusion)
+    torch.testing.assert_close(out.bow_loss, expected)
+    assert abs(float(out.bow_loss) - float(bag_of_words(head, emb, cls, ids))) > 0.1
+    out.bow_loss.backward()
+    moved = set(torch.nonzero(head.bias.grad).flatten().tolist())
+    assert moved == set(candidates.tolist()) | set(ids.flatten().tolist())
