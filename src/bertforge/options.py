@@ -25,6 +25,7 @@ from bertforge.errors import BertforgeError
 # The pretraining recipes' names (train/recipe.py defines them). Named here, not imported, because this module sits
 # below train/ (inference imports it, and inference never imports training); tests/test_recipe.py keeps the two equal.
 RECIPE_NAMES = ("bert", "budget")
+EMBEDDING_INITS = ("random", "cooccurrence")  # pretrain --embedding-init (train/cooccurrence.py)
 
 
 @dataclass(frozen=True)
@@ -291,3 +292,11 @@ class DemoOptions:
                                            bound=at_least(1))
     seed: int = seed_option(12345)
     progress: bool = same_as(LoopOptions, "progress")
+
+
+def given_fields(options: Any) -> dict[str, Any]:
+    """The fields an option class instance or mapping sets (None: not set)."""
+    if options is None:
+        return {}
+    items = dataclasses.asdict(options).items() if dataclasses.is_dataclass(options) else dict(options).items()
+    return {k: v for k, v in items if v is not None}

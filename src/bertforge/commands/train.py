@@ -21,6 +21,7 @@ import os
 from bertforge.commands.arguments import Command, command_args, options_from
 from bertforge.errors import BertforgeError
 from bertforge.options import (
+    EMBEDDING_INITS,
     FRACTION,
     MIN_SEQ_LEN,
     PROBABILITY,
@@ -44,6 +45,8 @@ def recipe_note(field: str) -> str:
             return "on" if value else "off"
         if value is None:
             return "the model config's"
+        if isinstance(value, str):
+            return value
         return " ".join(map(str, value)) if isinstance(value, tuple) else f"{value:g}"
 
     return "recipe: " + ", ".join(f"{r.name} {shown(getattr(r, field))}" for r in RECIPES.values())
@@ -94,6 +97,10 @@ class PretrainArgs:
                                         "words drawn by corpus frequency (a sampled softmax) instead of the whole "
                                         "vocabulary: a cheaper step where the vocabulary projection dominates (small "
                                         "models, CPUs without bf16); 0: the whole vocabulary", bound=at_least(0))
+    embedding_init: str | None = option(None, choices=EMBEDDING_INITS,
+                                        help="a new model's word embeddings: random, or cooccurrence: from the "
+                                             "training split's word co-occurrences (PPMI and an SVD, seconds), so "
+                                             "the masked-LM starts knowing which words are used alike")
     seed: int = seed_option(12345, help="seed for initialisation, data order and masks")
     resume: bool = option(False, help="continue exactly from the last checkpoint in --out")
     config: str | None = option(None, help="JSON file with any of these options, keyed by name (\"batch_size\": 32); "
@@ -111,6 +118,9 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     if args.stack_fraction and args.init:
         raise BertforgeError("--stack-fraction builds a new model in two stages; with --init there is none to "
                              "build: drop one of them")
+    if args.embedding_init == "cooccurrence" and args.init:
+        raise BertforgeError("--embedding-init cooccurrence starts a new model's word embeddings; --init starts "
+                             "from a trained model's: drop one of them")
     minutes = parse_minutes(args.minutes) if args.minutes is not None else None
     given = {name: getattr(args, name) for name in (*RECIPE_OPTIONS, "steps")}
     resolved = resolve(args.recipe, given, minutes=minutes)
@@ -123,7 +133,7 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
                 warmup_fraction=warmup_fraction, recipe=get_recipe(args.recipe), stack_fraction=args.stack_fraction,
                 stack_length_fraction=args.stack_length_fraction, stack_mask_prob=args.stack_mask_prob,
                 bow_weight=args.bow_weight,
-                mlm_candidates=args.mlm_candidates, objective=args.objective,
+                mlm_candidates=args.mlm_candidates, embedding_init=args.embedding_init, objective=args.objective,
                 electra=options_from(ElectraOptions, args))
 
 

@@ -14,16 +14,17 @@ from torch import nn
 
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.loader import PretrainingData
-from bertforge.electra import GENERATOR_DIR, HEAD_FILE
+from bertforge.electra import GENERATOR_DIR, HEAD_FILE, ElectraForPreTraining
 from bertforge.errors import BertforgeError
 from bertforge.model_files import WEIGHTS_NAME, unwrap
 from bertforge.models import BertForPreTraining
-from bertforge.options import DataOptions, ElectraOptions
+from bertforge.options import EMBEDDING_INITS, DataOptions, ElectraOptions, given_fields
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import budget, distributed, stacking
 from bertforge.train.budget import BudgetPlan, deadline_for, plan_run, save_plan
 from bertforge.train.candidates import candidate_sampler
-from bertforge.train.electra import ElectraObjective, build_electra, evaluate_electra
+from bertforge.train.cooccurrence import init_from_cooccurrences
+from bertforge.train.electra import ElectraObjective, build_electra, electra_run_options, evaluate_electra
 from bertforge.train.isotropy import isotropy, model_isotropy
 from bertforge.train.loop import LoopOptions, Trainer, TrainResult, resolve_precision
 from bertforge.train.objective import PretrainingObjective, evaluate_pretraining
@@ -69,7 +70,8 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
              warmup_fraction: float | None = None, recipe: Recipe | str | None = None,
              stack_fraction: float | None = None, stack_length_fraction: float | None = None,
              stack_mask_prob: float | None = None, bow_weight: float | None = None, mlm_candidates: int | None = None,
-             objective: str = "mlm", electra: ElectraOptions | Mapping[str, Any] | None = None) -> TrainResult:
+             embedding_init: str | None = None, objective: str = "mlm",
+             electra: ElectraOptions | Mapping[str, Any] | None = None) -> TrainResult:
     """Pretrain a BERT with MLM (+ NSP unless `data_options.nsp` is False) on `data_dir` (made by `bertforge
     prepare`) into `out_dir`; with `objective="electra"`, as ELECTRA's discriminator (`electra` its options; see
     bertforge.electra for the run directory's layout): no NSP, stacking, bag-of-words loss or `init` then.
@@ -81,7 +83,8 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
     decoder is a matrix of its own. `minutes` replaces `loop.steps` by the steps that end at that wall time
     (budget.py), `warmup_fraction` of them warmup (None: keep `loop.warmup_steps`). `bow_weight` > 0 adds that
     weight of a bag-of-words loss on [CLS]; `mlm_candidates` K > 0 makes the masked-LM a sampled softmax over K
-    drawn words (both `PretrainingObjective`).
+    drawn words (both `PretrainingObjective`). `embedding_init` "cooccurrence" starts a new model's word embeddings
+    (not `init`'s) from the training split's co-occurrence statistics (cooccurrence.py), "random" as usual.
 
     `recipe` (a name or a Recipe, recorded in run_config.json) gives what the call leaves unset
     (`bertforge.train.recipe.resolve`): the options here left None, and the loop's batch size, learning rate,
@@ -99,10 +102,11 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
     out_dir = Path(out_dir)
     explicit = dict(dropout=dropout, pre_ln=pre_layer_norm, tie_embeddings=tie_embeddings,
                     stack_fraction=stack_fraction, stack_length_fraction=stack_length_fraction,
-                    stack_mask_prob=stack_mask_prob, bow_weight=bow_weight, mlm_candidates=mlm_candidates)
-    electra_options = _electra_options(objective, electra, explicit, init)
+                    stack_mask_prob=stack_mask_prob, bow_weight=bow_weight, mlm_candidates=mlm_candidates,
+                    embedding_init=embedding_init)
+    electra_options = electra_run_options(objective, electra, explicit, init)
     if electra_options is not None and not isinstance(data_options, DataOptions):
-        data_options = {"nsp": False, **_given(data_options)}
+        data_options = {"nsp": False, **given_fields(data_options)}
     loop, data_options, values = apply_recipe(recipe, loop, data_options, minutes, explicit)
     if electra_options is not None and data_options.nsp:
         raise BertforgeError("--nsp is not available with --objective electra (it fills each sequence): drop it")
@@ -111,46 +115,22 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
                    tie_embeddings=values["tie_embeddings"], minutes=minutes,
                    warmup_fraction=values["warmup_fraction"] if warmup_fraction is None
                    else warmup_fraction, recipe=get_recipe(recipe) if recipe is not None else None,
-                   bow_weight=values["bow_weight"], mlm_candidates=values["mlm_candidates"], electra=electra_options)
+                   bow_weight=values["bow_weight"], mlm_candidates=values["mlm_candidates"], electra=electra_options,
+                   embedding_init=values["embedding_init"])
     try:
-        if not values["stack_fraction"] or init is not None:
-            if resume and (out_dir / HALF_DEPTH_DIR).is_dir():
-                raise BertforgeError(f"the run in {out_dir} was stacked (it has {HALF_DEPTH_DIR}/): resume it with "
-                                     f"the --stack-fraction it was started with ({RUN_CONFIG})")
-            return _pretrain_stage(out_dir, stage)
-        return _pretrain_stacked(out_dir, stage, values)
+        return _run_stages(out_dir, stage, values)
     finally:
         distributed.teardown()
 
 
-def _electra_options(objective: str, electra: ElectraOptions | Mapping[str, Any] | None, explicit: dict,
-                     init: str | Path | None) -> ElectraOptions | None:
-    """ELECTRA's options (None: the masked-LM objective); with ELECTRA, `explicit` gets stacking and the
-    bag-of-words loss off unless given, and refuses them given."""
-    if objective not in ("mlm", "electra"):
-        raise BertforgeError(f"unknown objective {objective!r}; choose mlm or electra")
-    if objective == "mlm":
-        return None
-    for name, flag in (("stack_fraction", "--stack-fraction"), ("bow_weight", "--bow-weight"),
-                       ("mlm_candidates", "--mlm-candidates")):
-        if explicit[name]:
-            raise BertforgeError(f"{flag} is not available with --objective electra: drop it or set it to 0")
-        explicit[name] = 0
-    if explicit["tie_embeddings"] is False:
-        raise BertforgeError("--no-tie-embeddings is not available with --objective electra (the generator's decoder "
-                             "is the shared embeddings): drop it")
-    explicit["tie_embeddings"] = True
-    if init is not None:
-        raise BertforgeError("--init is not available with --objective electra (it would need a generator): drop it")
-    return electra if isinstance(electra, ElectraOptions) else ElectraOptions(**_given(electra))
-
-
-def _given(options: Any) -> dict[str, Any]:
-    """The fields an option class instance or mapping sets (None: not set)."""
-    if options is None:
-        return {}
-    items = asdict(options).items() if dataclasses.is_dataclass(options) else dict(options).items()
-    return {k: v for k, v in items if v is not None}
+def _run_stages(out_dir: Path, stage: _Stage, values: Mapping[str, Any]) -> TrainResult:
+    """The run: one stage, or stacking's two (a new model with a stack fraction)."""
+    if not values["stack_fraction"] or stage.init is not None:
+        if stage.resume and (out_dir / HALF_DEPTH_DIR).is_dir():
+            raise BertforgeError(f"the run in {out_dir} was stacked (it has {HALF_DEPTH_DIR}/): resume it with "
+                                 f"the --stack-fraction it was started with ({RUN_CONFIG})")
+        return _pretrain_stage(out_dir, stage)
+    return _pretrain_stacked(out_dir, stage, values)
 
 
 _LOOP_OPTIONS = ("batch_size", "lr", "warmup_steps", "betas", "weight_decay")  # the recipe's, of LoopOptions
@@ -162,9 +142,12 @@ def apply_recipe(recipe: Recipe | str | None, loop: LoopOptions | Mapping[str, A
     """`pretrain`'s loop and data options and the recipe options' values (`recipe.resolve`) for `recipe` (None:
     `bert`), the options given winning: `explicit` (by command-line name, None: not given) and the fields `loop`
     and `data_options` set. An option class instance is used as it is."""
-    loop_given, data_given = _given(loop), _given(data_options)
+    loop_given, data_given = given_fields(loop), given_fields(data_options)
     given = {**loop_given, "mask_prob": data_given.get("masked_lm_prob"), "nsp": data_given.get("nsp"), **explicit}
     values = resolve(recipe if recipe is not None else BERT, given, minutes=minutes)
+    if values["embedding_init"] not in EMBEDDING_INITS:
+        raise BertforgeError(f"unknown embedding_init {values['embedding_init']!r}; choose "
+                             f"{' or '.join(EMBEDDING_INITS)}")
     if not isinstance(loop, LoopOptions):
         if values["steps"] is None:
             raise BertforgeError("pretrain needs the run's length: the loop's steps, or a time budget (minutes)")
@@ -197,6 +180,7 @@ class _Stage:
     bow_weight: float
     mlm_candidates: int = 0
     electra: ElectraOptions | None = None  # the ELECTRA objective's options; None: masked-LM
+    embedding_init: str = "random"  # a new model's word embeddings: "random" or "cooccurrence" (cooccurrence.py)
     half: bool = False
     stack_init: bool = False
     stack: dict | None = None
@@ -246,7 +230,7 @@ def _pretrain_stage(out_dir: Path, s: _Stage) -> TrainResult:
         if s.resume:
             _check_objective(out_dir, s.electra is not None)
         data = _TrainerData(s.data_dir, s.data_options, s.max_seq_len, d)
-        net, config = _build_model(s, data.train.tokenizer, data.train.max_seq_len, d)
+        net, config = _build_model(s, data.train, d)
         seed = s.data_options.seed
         objective = ElectraObjective(s.electra.discriminator_weight, seed=seed) if s.electra else \
             PretrainingObjective(nsp=s.data_options.nsp, bow_weight=s.bow_weight, is_special=data.train.is_special,
@@ -308,11 +292,12 @@ class _TrainerData:
         return self.train.batches(micro_batch_size, position=position or 0, num_workers=self.options.num_workers)
 
 
-def _build_model(s: _Stage, tokenizer: Tokenizer, max_seq_len: int,
-                 d: distributed.Dist) -> tuple[nn.Module, BertConfig]:
+def _build_model(s: _Stage, train: PretrainingData, d: distributed.Dist) -> tuple[nn.Module, BertConfig]:
     """The model to pretrain: `init`'s (checked against the data's tokenizer; stacked for the second stage), or a
-    new one of `model`'s config (pre-LN, half depth as asked); with the pretraining dropout set."""
-    config = resolve_model_config(s.model, tokenizer.vocab_size, max_seq_len)
+    new one of `model`'s config (pre-LN, half depth as asked, its word embeddings as `embedding_init` says); with
+    the pretraining dropout set."""
+    tokenizer = train.tokenizer
+    config = resolve_model_config(s.model, tokenizer.vocab_size, train.max_seq_len)
     if s.init is not None:
         net = BertForPreTraining.from_pretrained(s.init, verbose=d.is_main)
         if net.config.vocab_size != tokenizer.vocab_size:
@@ -336,6 +321,9 @@ def _build_model(s: _Stage, tokenizer: Tokenizer, max_seq_len: int,
             config = half_depth(config)
         torch.manual_seed(s.loop.seed)
         net = BertForPreTraining(config) if s.electra is None else build_electra(config, s.electra)
+        if s.embedding_init == "cooccurrence":  # also when resuming: a run cut before its first checkpoint restarts
+            words = net.discriminator if isinstance(net, ElectraForPreTraining) else net.bert
+            init_from_cooccurrences(words.embeddings.word_embeddings, train, config, verbose=d.is_main)
     tokenizer.check_compatible(config)
     if s.dropout is not None:
         net.set_dropout(s.dropout)
@@ -384,7 +372,8 @@ def _run_config(s: _Stage, config: BertConfig, loop: LoopOptions, train: Pretrai
     return dict(command="pretrain", data=str(s.data_dir), model=config.to_dict(), loop=loop,
                 data_options=s.data_options, max_seq_len=train.max_seq_len, init=str(s.init) if s.init else None,
                 world_size=d.world_size, recipe=s.recipe.to_dict() if s.recipe else None, dropout=s.dropout,
-                bow_weight=s.bow_weight, mlm_candidates=s.mlm_candidates, stack=s.stack,
+                bow_weight=s.bow_weight, mlm_candidates=s.mlm_candidates, embedding_init=s.embedding_init,
+                stack=s.stack,
                 budget=asdict(plan) if plan else None,
                 manifest={k: v for k, v in train.manifest.items() if not isinstance(v, list)},
                 **({"objective": "electra", "electra": asdict(s.electra)} if s.electra is not None else {}))

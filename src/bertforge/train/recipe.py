@@ -35,6 +35,7 @@ class Recipe:
     bow_weight: float  # weight of the bag-of-words loss on [CLS] (PretrainingObjective); 0: off
     mlm_candidates: int  # masked-LM scored against this many sampled words (train/candidates.py); 0: all of them
     stack_mask_prob: float | None = None  # the half-depth stage's masking rate; None: mask_prob, as the second's
+    embedding_init: str = "random"  # a new model's word embeddings: random, or from co-occurrences (cooccurrence.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,7 +66,8 @@ RECIPE_OPTIONS = {"batch_size": "batch_size", "lr": "lr", "warmup_steps": "warmu
                   "weight_decay": "weight_decay", "mask_prob": "mask_prob", "nsp": "nsp", "dropout": "dropout",
                   "pre_ln": "pre_layer_norm", "tie_embeddings": "tie_embeddings", "stack_fraction": "stack_fraction",
                   "stack_length_fraction": "stack_length_fraction", "bow_weight": "bow_weight",
-                  "mlm_candidates": "mlm_candidates", "stack_mask_prob": "stack_mask_prob"}
+                  "mlm_candidates": "mlm_candidates", "stack_mask_prob": "stack_mask_prob",
+                  "embedding_init": "embedding_init"}
 
 # With a time budget the steps are planned when the run starts; this many stand in for them until then.
 STEPS_UNTIL_PLANNED = 1000
