@@ -106,31 +106,6 @@ def bag_of_words(head: BertLMPredictionHead, word_embeddings: nn.Embedding, cls_
     return -per_sequence.sum() / inside.any(1).sum().clamp_min(1)
 
 
-def sampled_bag_of_words(head: BertLMPredictionHead, word_embeddings: nn.Embedding, cls_output: torch.Tensor,
-                         labels: torch.Tensor, candidates: torch.Tensor, log_inclusion: torch.Tensor) -> torch.Tensor:
-    """`bag_of_words` as a sampled softmax, against the masked-LM's candidates: each of a sequence's words scores
-    its own logit against the sequence's K candidate logits, every logit less its word's `log_inclusion`, as
-    `sampled_masked_lm` does for a masked position. A word that is a candidate is its own entry among them, so its
-    softmax is over the candidates alone; a word that is not adds its own logit to them. The decoder's product
-    shrinks from B x V to B x (the candidates and the batch's words), which at 64 sequences a step was a quarter of
-    a half-depth stacking step."""
-    hidden = head.transform(cls_output)  # (B, H)
-    weight = word_embeddings.weight if head.decoder is None else head.decoder.weight  # (V, H)
-    inside = labels != IGNORE_INDEX
-    k = candidates.shape[0]
-    scored, where = torch.unique(torch.cat([candidates, labels.clamp_min(0).flatten()]), return_inverse=True)
-    logits = F.linear(hidden, weight.index_select(0, scored), (head.bias - log_inclusion).index_select(0, scored))
-    logits = logits.float()  # (B, S): the candidates and every word of the batch, once each
-    is_candidate = torch.zeros(scored.shape[0], dtype=torch.bool, device=labels.device)
-    is_candidate[where[:k]] = True
-    total = logits.masked_fill(~is_candidate, float("-inf")).logsumexp(-1, keepdim=True)  # (B, 1)
-    words = where[k:].view(labels.shape)  # (B, T): each word's column in logits
-    own = logits.gather(1, words)
-    total = torch.where(is_candidate[words], total, torch.logaddexp(total, own))
-    per_sequence = ((own - total) * inside).sum(1) / inside.sum(1).clamp_min(1)
-    return -per_sequence.sum() / inside.any(1).sum().clamp_min(1)
-
-
 MLM_CLS_COLUMN = 0  # `mlm_positions` puts [CLS] in this column, for the pooler
 
 
@@ -197,7 +172,7 @@ class BertForPreTraining(BertPreTrainedModel):
         bow_labels (B, T): the sequence's original token ids, -100 at special tokens and padding, for the
         bag-of-words loss on [CLS] (`bag_of_words`); it adds no weights, the masked-LM head scores it.
         mlm_candidates: (candidates (K,), log_inclusion (V,)) scores the masked-LM as a sampled softmax
-        (`sampled_masked_lm`; its logits are then (M, 1 + K)), and the bag of words too (`sampled_bag_of_words`).
+        (`sampled_masked_lm`; its logits are then (M, 1 + K)).
         With mlm_labels, the last layer runs only where the heads read (`mlm_positions`)."""
         positions = None
         if mlm_labels is not None:
@@ -214,10 +189,8 @@ class BertForPreTraining(BertPreTrainedModel):
         bow_loss = None
         if bow_labels is not None:
             cls_output = out.sequence_output[:, CLS_INDEX if positions is None else MLM_CLS_COLUMN]
-            bow_loss = (bag_of_words(self.cls.predictions, self.bert.embeddings.word_embeddings, cls_output,
-                                     bow_labels) if mlm_candidates is None else
-                        sampled_bag_of_words(self.cls.predictions, self.bert.embeddings.word_embeddings, cls_output,
-                                             bow_labels, *mlm_candidates))
+            bow_loss = bag_of_words(self.cls.predictions, self.bert.embeddings.word_embeddings, cls_output,
+                                    bow_labels)
         losses = [x for x in (mlm_loss, nsp_loss, bow_loss) if x is not None]
         loss = sum(losses[1:], losses[0]) if losses else None
         return PreTrainingOutput(loss, mlm_logits, nsp_logits, mlm_loss, nsp_loss, bow_loss)
