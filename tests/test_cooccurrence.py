@@ -101,10 +101,10 @@ def test_only_words_that_occur_and_are_not_special_are_written():
 # --- a run ------------------------------------------------------------------------------------------------------
 
 
-def _run(data, out, config: str, init: str, *extra: str) -> list[str]:
-    return ["pretrain", "--data", str(data), "--model", config, "--out", str(out), "--steps", "1", "--lr", "1e-12",
-            "--warmup-steps", "0", "--batch-size", "4", "--eval-batches", "0", "--no-progress", "--precision", "fp32",
-            "--embedding-init", init, *extra]
+def _run(data, out, config: str, init: str, *extra: str, steps: int = 1, lr: float = 1e-12) -> list[str]:
+    return ["pretrain", "--data", str(data), "--model", config, "--out", str(out), "--steps", str(steps), "--lr",
+            str(lr), "--warmup-steps", "0", "--batch-size", "4", "--eval-batches", "0", "--no-progress", "--precision",
+            "fp32", "--embedding-init", init, *extra]
 
 
 def test_a_run_starts_its_word_embeddings_from_the_cooccurrences_and_records_it(tmp_path, tiny_config_file, capsys):
@@ -158,3 +158,31 @@ def test_a_split_without_pairs_leaves_the_embeddings_random_and_says_so(capsys):
     init_from_cooccurrences(embedding, train, config)
     assert "the word embeddings stay random" in capsys.readouterr().out
     assert torch.equal(embedding.weight, before)
+
+
+@pytest.mark.slow
+def test_resume_after_an_interruption_is_bitwise_equal(tmp_path, tiny_config_file):
+    """With the option on (dropout too, so the random numbers must be restored), a run resumed from its step-3
+    checkpoint ends where the uninterrupted one did: the vectors computed again on resume draw no random numbers
+    and the checkpoint's weights replace them."""
+    import shutil
+
+    from support import prepared_dir
+
+    from bertforge.data.loader import PretrainingData
+    from bertforge.files import read_jsonl
+
+    data = prepared_dir()
+    config = tiny_config_file(vocab_size=PretrainingData(data, "train").tokenizer.vocab_size)
+    whole = _run(data, tmp_path / "whole", config, "cooccurrence", "--save-every", "3", "--log-every", "1",
+                 "--dropout", "0.1", steps=6, lr=1e-3)
+    assert main(whole) == 0
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "whole" / "checkpoints" / "step-3", cut / "checkpoints" / "step-3")
+    shutil.copy(tmp_path / "whole" / "run_config.json", cut / "run_config.json")
+    rows = [r for r in read_jsonl(tmp_path / "whole" / "metrics.jsonl") if r["step"] <= 3]
+    (cut / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    again = [str(cut) if a == str(tmp_path / "whole") else a for a in whole]
+    assert main([*again, "--resume"]) == 0
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(cut / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
