@@ -87,9 +87,10 @@ def test_the_command_line_wins_over_the_config_file_which_wins_over_the_recipe(t
         "budget", 10000, 5e-4, False, "adamw", 0)
     kwargs = pretrain_kwargs(args)
     loop, data = kwargs["loop"], kwargs["data_options"]
-    assert (loop.steps, loop.lr, loop.optimizer, loop.batch_size, loop.betas) == (10000, 5e-4, "adamw", 32, (0.9, 0.98))
+    assert (loop.steps, loop.lr, loop.optimizer, loop.batch_size, loop.betas) == (10000, 5e-4, "adamw", 16, (0.9, 0.98))
     assert (data.nsp, data.masked_lm_prob, data.num_workers) == (False, 0.2, 0)
     assert kwargs["pre_layer_norm"] is True and kwargs["dropout"] == 0.0  # the file's recipe, budget
+    assert kwargs["embedding_init"] == "cooccurrence"
     # Without the flags the file's values hold.
     args = resolved(base)
     assert (args.steps, args.nsp, args.optimizer, args.workers) == (200, True, "lamb", 2)

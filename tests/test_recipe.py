@@ -25,6 +25,7 @@ from bertforge.train import distributed
 from bertforge.train.budget import BudgetPlan, Deadline, parse_minutes, plan_steps
 from bertforge.train.loop import LoopOptions
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
+from bertforge.train.recipe import BUDGET
 from bertforge.train.rundir import RUN_CONFIG
 from bertforge.train.state import checkpoints
 
@@ -197,9 +198,9 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     assert config["recipe"]["name"] == "budget" and config["dropout"] == 0.0
     assert config["data_options"]["nsp"] is False and config["data_options"]["masked_lm_prob"] == 0.3  # flag wins
     assert config["model"]["pre_layer_norm"] is True and config["loop"]["betas"] == [0.9, 0.98]
-    assert max(r["lr"] for r in train) == pytest.approx(2e-3, rel=0.05)
+    assert max(r["lr"] for r in train) == pytest.approx(BUDGET.lr, rel=0.05)
     warmup = config["loop"]["warmup_steps"]
-    assert train[-1]["lr"] == pytest.approx(2e-3 / (steps - warmup))  # the last before zero
+    assert train[-1]["lr"] == pytest.approx(BUDGET.lr / (steps - warmup))  # the last before zero
     assert all("nsp_loss" not in r for r in train) and all("nsp_accuracy" not in r for r in records)
     assert config["bow_weight"] == config["recipe"]["bow_weight"] > 0  # the recipe's bag-of-words loss on [CLS]
     assert all(r["bow_loss"] > 0 and r["loss"] == pytest.approx(r["mlm_loss"] + r["bow_loss"]) for r in train)
@@ -248,8 +249,9 @@ def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_sp
     assert [r["step"] for r in train] == list(range(1, len(train) + 1))
     assert train[:kept] == first[:kept] and train[-1]["planned_steps"] == len(train)
     # the first step after the checkpoint runs on the schedule the checkpoint recorded, not on the first plan
-    assert train[kept]["lr"] == pytest.approx(2e-3 * (state["total_steps"] - kept) / (state["total_steps"] - warmup))
-    assert train[-1]["lr"] == pytest.approx(2e-3 / (len(train) - warmup))
+    total = state["total_steps"]
+    assert train[kept]["lr"] == pytest.approx(BUDGET.lr * (total - kept) / (total - warmup))
+    assert train[-1]["lr"] == pytest.approx(BUDGET.lr / (len(train) - warmup))
 
 
 def test_bad_recipe_values_are_error_lines(prepared, tmp_path, capsys):
@@ -333,7 +335,9 @@ def test_a_recipe_fills_what_is_not_given_and_a_given_option_wins():
     given = {"steps": 500, "lr": 5e-4, "nsp": None, "pre_ln": False}
     values = resolve("budget", given, minutes=None)
     assert (values["lr"], values["pre_ln"]) == (5e-4, False)  # given, even when false
-    assert (values["nsp"], values["batch_size"], values["mask_prob"], values["betas"]) == (False, 32, 0.4, (0.9, 0.98))
+    assert (values["nsp"], values["batch_size"], values["mask_prob"], values["betas"]) == (False, 16, 0.4, (0.9, 0.98))
+    assert values["embedding_init"] == "cooccurrence"
+    assert resolve("bert", given, minutes=None)["embedding_init"] == "random"
     assert (values["steps"], values["warmup_steps"], values["warmup_fraction"]) == (500, 30, None)  # 6% of 500
     budgeted = resolve("budget", given, minutes=10)
     assert (budgeted["steps"], budgeted["warmup_fraction"]) == (STEPS_UNTIL_PLANNED, 0.06)  # laid over the plan
@@ -350,7 +354,7 @@ def test_the_library_applies_a_recipe_with_the_options_given_winning(prepared, t
              data_options={"eval_batches": 0}, max_seq_len=16, stack_fraction=0, dropout=0.05)
     config = json.loads((out / RUN_CONFIG).read_text())
     assert config["recipe"]["name"] == "budget" and config["stack"] is None
-    assert (config["loop"]["lr"], config["loop"]["betas"], config["loop"]["batch_size"]) == (2e-3, [0.9, 0.98], 2)
+    assert (config["loop"]["lr"], config["loop"]["betas"], config["loop"]["batch_size"]) == (BUDGET.lr, [0.9, 0.98], 2)
     assert config["loop"]["warmup_steps"] == 1 and config["loop"]["steps"] == 3
     assert (config["data_options"]["nsp"], config["data_options"]["masked_lm_prob"]) == (False, 0.4)
     assert config["data_options"]["eval_batches"] == 0 and config["dropout"] == 0.05  # given: they win

@@ -47,16 +47,21 @@ BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), we
 
 # Length 64: twice the steps of length 128 in the same minutes. Early on the masked-LM sits on a plateau for a
 # number of tokens; stacking pays for them at half depth, half the price, and on sequences a quarter as long
-# (16 tokens, 128 of them a step), which leave it after about a quarter of the tokens: on a 2-core AVX2 CPU ten
+# (16 tokens, 4x as many a step), which leave it after about a quarter of the tokens: on a 2-core AVX2 CPU ten
 # minutes at length 64 ended on the plateau and fine-tuned 6.1 points below random weights with 1,000 labels,
 # at 16 they left it and lost 2.4 (docs/experiments/stacking.md). A bag-of-words loss on [CLS] (0.1 of
 # it): without NSP nothing else trains [CLS], and short runs fine-tuned below random weights through it (bow-loss.md).
 # The masked-LM as a sampled softmax over 1,024 drawn words: the decoder over the vocabulary was most of a small
 # model's step; at the same 10 minutes in bf16 it took BERT-tiny from +0.9 / +2.2 to +2.1 / +3.2 over random weights
 # on Rotten Tomatoes / IMDB, and the AVX2 CPU's 10 minutes from -0.3 / -1.1 to +0.3 / -0.3 (untuned-task.md).
-BUDGET = Recipe(name="budget", lr=2e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=32,
+# Batch 16 at lr 1.4e-3 (2e-3 / sqrt 2): 1.8x the steps of batch 32 in the same time; at the AVX2 CPU's 10 minutes
+# +0.8 / +0.6 over three pretrainings against batch 32's +0.0 / +0.3. Word embeddings from the corpus's
+# co-occurrences (cooccurrence.py, seconds): there +1.4 / +2.5 and +1.4 / +1.5 in two pretrainings; with both, 10
+# minutes in bf16 +3.0 / +3.1 against batch 32's +2.1 / +3.2 (untuned-task.md).
+BUDGET = Recipe(name="budget", lr=1.4e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=16,
                 mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, tie_embeddings=True, seq_len=64,
-                stack_fraction=0.6, stack_length_fraction=0.25, bow_weight=0.1, mlm_candidates=1024)
+                stack_fraction=0.6, stack_length_fraction=0.25, bow_weight=0.1, mlm_candidates=1024,
+                embedding_init="cooccurrence")
 
 RECIPES = {r.name: r for r in (BERT, BUDGET)}
 
