@@ -186,3 +186,13 @@ def test_resume_after_an_interruption_is_bitwise_equal(tmp_path, tiny_config_fil
     assert main([*again, "--resume"]) == 0
     a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(cut / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_unknown_embedding_init_is_refused_before_anything_runs(tmp_path):
+    from support import prepared_dir
+
+    from bertforge.train.pretrain import pretrain
+
+    with pytest.raises(BertforgeError, match="unknown embedding_init 'svd'; choose random or cooccurrence"):
+        pretrain(prepared_dir(), tmp_path / "run", model="tiny", loop={"steps": 1}, embedding_init="svd")
+    assert not (tmp_path / "run").exists()
