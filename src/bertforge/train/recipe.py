@@ -56,7 +56,7 @@ BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), we
 # on Rotten Tomatoes / IMDB, and the AVX2 CPU's 10 minutes from -0.3 / -1.1 to +0.3 / -0.3 (untuned-task.md).
 # Batch 16 at lr 1.4e-3 (2e-3 / sqrt 2): 1.8x the steps of batch 32 in the same time; at the AVX2 CPU's 10 minutes
 # +0.8 / +0.6 over three pretrainings against batch 32's +0.0 / +0.3. Word embeddings from the corpus's
-# co-occurrences (cooccurrence.py, seconds): there +1.4 / +2.5 and +1.4 / +1.5 in two pretrainings; with both, 10
+# co-occurrences (cooccurrence.py, seconds): there +1.4 / +2.5, +1.4 / +1.5, +1.2 / +1.6 in three runs; with both, 10
 # minutes in bf16 +3.0 / +3.1 against batch 32's +2.1 / +3.2 (untuned-task.md).
 BUDGET = Recipe(name="budget", lr=1.4e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=16,
                 mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, tie_embeddings=True, seq_len=64,
