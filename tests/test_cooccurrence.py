@@ -152,8 +152,7 @@ def test_a_split_without_pairs_leaves_the_embeddings_random_and_says_so(capsys):
                         intermediate_size=16, max_position_embeddings=16)
     embedding = torch.nn.Embedding(40, 8)
     before = embedding.weight.detach().clone()
-    one_token_documents = SimpleNamespace(_tokens=np.array([7, 8, 9]), _sentences=np.array([0, 1, 2, 3]),
-                                          _documents=np.array([0, 1, 2, 3]))
+    one_token_documents = SimpleNamespace(_tokens=np.array([7, 8, 9]), document_offsets=lambda: np.array([0, 1, 2, 3]))
     train = SimpleNamespace(documents=SimpleNamespace(shards=[one_token_documents]), is_special=np.zeros(40, bool))
     init_from_cooccurrences(embedding, train, config)
     assert "the word embeddings stay random" in capsys.readouterr().out

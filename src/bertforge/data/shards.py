@@ -167,10 +167,13 @@ class Shard:
         s0, s1 = int(self._documents[d]), int(self._documents[d + 1])
         return Document(self._tokens, self._sentences[s0:s1 + 1])
 
+    def document_offsets(self) -> np.ndarray:
+        """(D + 1,) each document's first token's offset into the shard's tokens, then the token count."""
+        return self._sentences[self._documents]
+
     def document_token_counts(self) -> np.ndarray:
         """(D,) tokens per document."""
-        offs = np.asarray(self.sentences)[np.asarray(self.documents)]
-        return np.diff(offs)
+        return np.diff(self.document_offsets())
 
 
 def _memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:

@@ -93,7 +93,7 @@ def cooccurrence_embeddings(streams: Iterable[tuple[np.ndarray, np.ndarray]], vo
 def shard_streams(shards: Iterable) -> Iterable[tuple[np.ndarray, np.ndarray]]:
     """(tokens, document starts) of each of a split's shards (data/shards.py's `Shard`), for `count_pairs`."""
     for shard in shards:
-        yield shard._tokens, np.asarray(shard._sentences)[np.asarray(shard._documents)[:-1]]
+        yield shard._tokens, shard.document_offsets()[:-1]
 
 
 def set_word_embeddings(embedding: torch.nn.Embedding, vectors: np.ndarray, is_special: np.ndarray) -> int:
