@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
 from bertforge.train.cooccurrence import (
+    SCALE,
     cooccurrence_embeddings,
     count_pairs,
     ppmi,
@@ -122,7 +123,8 @@ def test_a_run_starts_its_word_embeddings_from_the_cooccurrences_and_records_it(
     assert json.loads((tmp_path / "cooc" / "run_config.json").read_text())["embedding_init"] == "cooccurrence"
     cooc, rand = (load_file(tmp_path / d / "model.safetensors")["bert.embeddings.word_embeddings.weight"]
                   for d in ("cooc", "random"))
-    vectors = cooccurrence_embeddings(shard_streams(train.documents.shards), vocab, 32, std=0.02)
+    # at SCALE times the config's initializer range (0.02)
+    vectors = cooccurrence_embeddings(shard_streams(train.documents.shards), vocab, 32, std=SCALE * 0.02)
     written = (np.abs(vectors).sum(1) > 0) & ~train.is_special
     assert written.sum() > 50
     # one step at lr 1e-12 moves nothing visibly: the written rows are the co-occurrence vectors, the others the

@@ -57,7 +57,8 @@ BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), we
 # Batch 16 at lr 1.4e-3 (2e-3 / sqrt 2): 1.8x the steps of batch 32 in the same time; at the AVX2 CPU's 10 minutes
 # +0.8 / +0.6 over three pretrainings against batch 32's +0.0 / +0.3. Word embeddings from the corpus's
 # co-occurrences (cooccurrence.py, seconds): there +1.4 / +2.5, +1.4 / +1.5, +1.2 / +1.6 in three runs; with both, 10
-# minutes in bf16 +3.0 / +3.1 against batch 32's +2.1 / +3.2 (untuned-task.md).
+# minutes in bf16 +3.0 / +3.1 against batch 32's +2.1 / +3.2; those vectors at 3x the initializer's spread took the AVX2
+# CPU's 10 minutes on IMDB from a mean +1.9 to +3.4 over three pretrainings, Rotten Tomatoes alike (untuned-task.md).
 BUDGET = Recipe(name="budget", lr=1.4e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=16,
                 mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, tie_embeddings=True, seq_len=64,
                 stack_fraction=0.6, stack_length_fraction=0.25, bow_weight=0.1, mlm_candidates=1024,
