@@ -44,11 +44,15 @@ EPOCH_SCRIPT = """
 import sys, time
 from bertforge.data.loader import PretrainingData
 data = PretrainingData(sys.argv[1], "train", max_predictions_per_seq=20)
-n = 0
+n, batch = 0, []
 for i, inst in enumerate(data.epoch_instances(0)):
-    data.mask(inst, 0, i)
-    n += 1
-print(n, file=sys.stderr)
+    batch.append((0, i, inst))
+    if len(batch) == 32:  # masked a batch at a time, as training does
+        data.masked_batch(batch)
+        n, batch = n + len(batch), []
+if batch:
+    data.masked_batch(batch)
+print(n + len(batch), file=sys.stderr)
 """
 
 

@@ -179,3 +179,12 @@ def test_pretraining_and_task_batches_are_padded_by_one_helper():
     assert choices["input_ids"].shape == (3, 2, 3) and choices["attention_mask"][:, 1].sum() == 3  # (B, C, T)
     with pytest.raises(BertforgeError, match="same number of choices"):  # padded as rows, not silently reshaped
         collate_features([{"input_ids": [[1, 2]] * n, "token_type_ids": [[0, 0]] * n} for n in (2, 1, 3)], 0)
+
+
+@pytest.mark.parametrize("whole_word_mask", [False, True])
+def test_a_batch_is_its_instances_masked_one_by_one(data_dir, whole_word_mask):
+    data = PretrainingData(data_dir, "train", whole_word_mask=whole_word_mask, masked_lm_prob=0.4)
+    batch = next(data.batches(16))
+    rows = [data.mask(inst, 0, i) for i, inst in enumerate(itertools.islice(data.epoch_instances(0), 16))]
+    assert_batches_equal([batch], [{**collate(rows, data.pad_id), "instance": batch["instance"]}])
+    assert (batch["mlm_labels"] != -100).sum() > 16  # something was masked

@@ -8,7 +8,8 @@
 The stream of one epoch e, a pure function of (seed, e) and the data (not of rank, world size or workers):
 documents in a random order; cut into blocks of about `BLOCK_TOKENS`; each block's instances (from
 `create_instances`, one RNG per document) shuffled within the block. Instance i of the epoch is masked with
-an RNG keyed on (seed, e, i). Rank r of W takes instances r, r+W, r+2W, ... and an epoch's last incomplete
+random numbers keyed on (seed, e, i), a whole batch at once (`masking.mask_batch`; whole-word masking one
+instance at a time). Rank r of W takes instances r, r+W, r+2W, ... and an epoch's last incomplete
 round of W is dropped, so every rank has the same number per epoch; DataLoader workers split the rank's
 batches round-robin, which is the order DataLoader returns them in, so the batches are the same for any
 `num_workers`. The position {"epoch": e, "position": p} counts instances of the whole epoch stream, so it is
@@ -28,7 +29,7 @@ import torch
 import torch.utils.data
 
 from bertforge.data.instances import Instance, create_instances, create_single_segment_instances
-from bertforge.data.masking import IGNORE_INDEX, mask_tokens
+from bertforge.data.masking import IGNORE_INDEX, instance_keys, mask_batch, mask_tokens
 from bertforge.data.padding import pad_ids, pad_rows
 from bertforge.data.shards import Shard, open_split, read_manifest
 from bertforge.errors import BertforgeError
@@ -176,17 +177,51 @@ class PretrainingData:
     def mask(self, instance: Instance, epoch: int, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """(input_ids (T,), mlm_labels (T,), token_type_ids (T,), is_random_next) for instance `index` of
         `epoch`: `[CLS] A [SEP] B [SEP]`, token types 0 for `[CLS] A [SEP]` and 1 for `B [SEP]`; a single-segment
-        instance (B empty, no NSP) is `[CLS] A [SEP]`."""
+        instance (B empty, no NSP) is `[CLS] A [SEP]`. The same as its row of any batch `masked_batch` makes."""
+        if self.is_subword is not None:
+            ids, types = self._unmasked(instance)
+            rng = np.random.default_rng([self.seed, self._data_epoch(epoch), _MASK, index])
+            masked, labels = mask_tokens(ids, rng, is_special=self.is_special, mask_id=self.mask_id,
+                                         replacement_ids=self.replacement_ids, masked_lm_prob=self.masked_lm_prob,
+                                         max_predictions=self.max_predictions, is_subword=self.is_subword)
+            return masked, labels, types, instance.is_random_next
+        out = self.masked_batch([(epoch, index, instance)])
+        n = int(out["attention_mask"].sum())
+        return (out["input_ids"][0, :n].numpy(), out["mlm_labels"][0, :n].numpy(),
+                out["token_type_ids"][0, :n].numpy(), bool(out["nsp_labels"][0]))
+
+    def _unmasked(self, instance: Instance) -> tuple[np.ndarray, np.ndarray]:
         a, b = instance.tokens_a, instance.tokens_b
         tail = [b, [self.sep_id]] if len(b) else []
         ids = np.concatenate([[self.cls_id], a, [self.sep_id], *tail]).astype(np.int64)
         types = np.zeros(len(ids), np.int64)
         types[len(a) + 2:] = 1
-        rng = np.random.default_rng([self.seed, self._data_epoch(epoch), _MASK, index])
-        masked, labels = mask_tokens(ids, rng, is_special=self.is_special, mask_id=self.mask_id,
-                                     replacement_ids=self.replacement_ids, masked_lm_prob=self.masked_lm_prob,
-                                     max_predictions=self.max_predictions, is_subword=self.is_subword)
-        return masked, labels, types, instance.is_random_next
+        return ids, types
+
+    def masked_batch(self, batch: list[tuple[int, int, Instance]]) -> dict[str, Any]:
+        """The collated batch (see `collate`) of (epoch, index, instance) triples, masked. Without whole-word
+        masking all rows at once (`masking.mask_batch`, each instance keyed on (seed, epoch, index))."""
+        if self.is_subword is not None:
+            return collate([self.mask(inst, e, i) for e, i, inst in batch], self.pad_id)
+        lengths = np.array([len(inst.tokens_a) + len(inst.tokens_b) + 2 + (len(inst.tokens_b) > 0)
+                            for _, _, inst in batch], np.int64)
+        ids = np.full((len(batch), int(lengths.max())), self.pad_id, np.int64)
+        types = np.zeros_like(ids)
+        for row, (_, _, inst) in enumerate(batch):
+            na, nb = len(inst.tokens_a), len(inst.tokens_b)
+            ids[row, 0], ids[row, 1:na + 1], ids[row, na + 1] = self.cls_id, inst.tokens_a, self.sep_id
+            if nb:
+                ids[row, na + 2:na + nb + 2], ids[row, na + nb + 2] = inst.tokens_b, self.sep_id
+                types[row, na + 2:na + nb + 3] = 1
+        keys = instance_keys(self.seed, np.array([self._data_epoch(e) for e, _, _ in batch]),
+                             np.array([i for _, i, _ in batch]))
+        masked, labels = mask_batch(ids, lengths, keys, is_special=self.is_special, mask_id=self.mask_id,
+                                    replacement_ids=self.replacement_ids, masked_lm_prob=self.masked_lm_prob,
+                                    max_predictions=self.max_predictions)
+        attention = (np.arange(ids.shape[1]) < lengths[:, None]).astype(np.int64)
+        return {"input_ids": torch.from_numpy(masked), "token_type_ids": torch.from_numpy(types),
+                "attention_mask": torch.from_numpy(attention), "mlm_labels": torch.from_numpy(labels),
+                "nsp_labels": torch.tensor([int(inst.is_random_next) for _, _, inst in batch], dtype=torch.long)}
 
     def _rank_stream(self, epoch: int, position: int) -> Iterator[tuple[int, int, Instance]]:
         """(epoch, index, instance) of this rank from `position` on, forever; complete rounds of W only."""
@@ -250,7 +285,7 @@ class _BatchDataset(torch.utils.data.IterableDataset):
         for k, (batch, after) in enumerate(stream):
             if k % n != worker:
                 continue
-            out = collate([data.mask(inst, e, i) for e, i, inst in batch], data.pad_id)
+            out = data.masked_batch(batch)
             # (B, 2) each instance's (epoch, index) in the stream, the same on any number of ranks (ELECTRA keys its
             # samples on it); the epoch a static-masking epoch replays, so a replayed batch is the same batch
             out["instance"] = torch.tensor([[data._data_epoch(e), i] for e, i, _ in batch], dtype=torch.long)
