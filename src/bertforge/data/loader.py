@@ -203,24 +203,15 @@ class PretrainingData:
         masking all rows at once (`masking.mask_batch`, each instance keyed on (seed, epoch, index))."""
         if self.is_subword is not None:
             return collate([self.mask(inst, e, i) for e, i, inst in batch], self.pad_id)
-        lengths = np.array([len(inst.tokens_a) + len(inst.tokens_b) + 2 + (len(inst.tokens_b) > 0)
-                            for _, _, inst in batch], np.int64)
-        ids = np.full((len(batch), int(lengths.max())), self.pad_id, np.int64)
-        types = np.zeros_like(ids)
-        for row, (_, _, inst) in enumerate(batch):
-            na, nb = len(inst.tokens_a), len(inst.tokens_b)
-            ids[row, 0], ids[row, 1:na + 1], ids[row, na + 1] = self.cls_id, inst.tokens_a, self.sep_id
-            if nb:
-                ids[row, na + 2:na + nb + 2], ids[row, na + nb + 2] = inst.tokens_b, self.sep_id
-                types[row, na + 2:na + nb + 3] = 1
+        rows = [self._unmasked(inst) for _, _, inst in batch]
+        ids, attention = pad_ids([r[0] for r in rows], self.pad_id)
         keys = instance_keys(self.seed, np.array([self._data_epoch(e) for e, _, _ in batch]),
                              np.array([i for _, i, _ in batch]))
-        masked, labels = mask_batch(ids, lengths, keys, is_special=self.is_special, mask_id=self.mask_id,
-                                    replacement_ids=self.replacement_ids, masked_lm_prob=self.masked_lm_prob,
-                                    max_predictions=self.max_predictions)
-        attention = (np.arange(ids.shape[1]) < lengths[:, None]).astype(np.int64)
-        return {"input_ids": torch.from_numpy(masked), "token_type_ids": torch.from_numpy(types),
-                "attention_mask": torch.from_numpy(attention), "mlm_labels": torch.from_numpy(labels),
+        masked, labels = mask_batch(ids.numpy(), attention.sum(1).numpy(), keys, is_special=self.is_special,
+                                    mask_id=self.mask_id, replacement_ids=self.replacement_ids,
+                                    masked_lm_prob=self.masked_lm_prob, max_predictions=self.max_predictions)
+        return {"input_ids": torch.from_numpy(masked), "token_type_ids": pad_rows([r[1] for r in rows], 0),
+                "attention_mask": attention, "mlm_labels": torch.from_numpy(labels),
                 "nsp_labels": torch.tensor([int(inst.is_random_next) for _, _, inst in batch], dtype=torch.long)}
 
     def _rank_stream(self, epoch: int, position: int) -> Iterator[tuple[int, int, Instance]]:

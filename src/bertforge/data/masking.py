@@ -122,7 +122,7 @@ def mask_batch(ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, *, is_spe
     wanted = np.minimum(max_predictions, np.maximum(1, np.round(lengths * masked_lm_prob).astype(np.int64)))
     draw = np.where(candidate, _stream(keys, width, 0), np.uint64(_U64))
     rank = np.empty((b, width), np.int64)
-    np.put_along_axis(rank, np.argsort(draw, axis=1, kind="stable"), np.arange(width)[None, :].repeat(b, 0), 1)
+    np.put_along_axis(rank, np.argsort(draw, axis=1, kind="stable"), np.arange(width)[None, :], 1)
     chosen = candidate & (rank < wanted[:, None])
     u = (_stream(keys, width, 1) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
     replacement = replacement_ids[(_stream(keys, width, 2) % np.uint64(len(replacement_ids))).astype(np.int64)]
