@@ -126,7 +126,11 @@ def pretrain_kwargs(args: PretrainArgs) -> dict:
     resolved = resolve(args.recipe, given, minutes=minutes)
     warmup_fraction = resolved.pop("warmup_fraction")
     args = dataclasses.replace(args, **resolved)
-    return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=options_from(LoopOptions, args),
+    loop = options_from(LoopOptions, args)
+    if minutes is not None and get_recipe(args.recipe).larger_batch and given["batch_size"] is None \
+            and given["lr"] is None:  # left to the recipe: `pretrain` may take its larger batch for the budget
+        loop = {k: v for k, v in dataclasses.asdict(loop).items() if k not in ("batch_size", "lr")}
+    return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=loop,
                 data_options=options_from(DataOptions, args), init=args.init, resume=args.resume,
                 max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
                 tie_embeddings=args.tie_embeddings,

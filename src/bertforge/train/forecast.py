@@ -48,7 +48,8 @@ def _batches(config: BertConfig, batch_size: int, seq_len: int, mask_prob: float
                "mlm_labels": ids.masked_fill(~masked, IGNORE_INDEX), "nsp_labels": torch.zeros(batch_size).long()}
 
 
-def _seconds_per_step(config: BertConfig, recipe: Recipe, loop: LoopOptions, seq_len: int, mask_prob: float) -> float:
+def _seconds_per_step(config: BertConfig, recipe: Recipe, loop: LoopOptions, seq_len: int, mask_prob: float,
+                      device: torch.device) -> float:
     is_special = np.zeros(config.vocab_size, dtype=bool)
     is_special[:SPECIAL_IDS] = True
     # a sampled softmax draws from Zipf-like frequencies (exponent 1.1): 1,024 draws give about 550 different words
@@ -62,13 +63,14 @@ def _seconds_per_step(config: BertConfig, recipe: Recipe, loop: LoopOptions, seq
     model.set_dropout(recipe.dropout if recipe.dropout is not None else config.hidden_dropout_prob)
     torch.set_rng_state(rng)
     batches = _batches(config, loop.batch_size, seq_len, mask_prob, 0)
-    return budget.time_steps(model, batches, objective, loop, accum=1, device=torch.device("cpu"))
+    return budget.time_steps(model, batches, objective, loop, accum=1, device=device)
 
 
-def forecast_steps(config: BertConfig, recipe: Recipe, minutes: float, *, seq_len: int, precision: str) -> Forecast:
-    """The optimizer steps a run of `recipe` for `minutes` reaches here on the CPU (stacked as the recipe stacks: the
-    half-depth stage on shorter sequences, as many more of them a batch), from timed steps of each stage. Setup and
-    evaluations are left out, so it is an upper bound by a few percent."""
+def forecast_steps(config: BertConfig, recipe: Recipe, minutes: float, *, seq_len: int, precision: str,
+                   device: torch.device | None = None) -> Forecast:
+    """The optimizer steps a run of `recipe` for `minutes` reaches here on `device` (None: the CPU), stacked as the
+    recipe stacks (the half-depth stage on shorter sequences, as many more of them a batch), from timed steps of each
+    stage. Setup and evaluations are left out, so it is an upper bound by a few percent."""
     loop = LoopOptions(steps=1, batch_size=recipe.batch_size, lr=recipe.lr, betas=recipe.betas,
                        weight_decay=recipe.weight_decay, warmup_steps=0, precision=precision)
     stages = [(config, loop, seq_len, recipe.mask_prob, 1.0)]
@@ -77,6 +79,8 @@ def forecast_steps(config: BertConfig, recipe: Recipe, minutes: float, *, seq_le
         first_mask = recipe.stack_mask_prob if recipe.stack_mask_prob is not None else recipe.mask_prob
         stages = [(half_depth(config), short_stage(loop, seq_len, short), short, first_mask, recipe.stack_fraction),
                   (config, loop, seq_len, recipe.mask_prob, 1.0 - recipe.stack_fraction)]
-    seconds = tuple(_seconds_per_step(c, recipe, stage_loop, length, mask) for c, stage_loop, length, mask, _ in stages)
+    device = device or torch.device("cpu")
+    seconds = tuple(_seconds_per_step(c, recipe, stage_loop, length, mask, device)
+                    for c, stage_loop, length, mask, _ in stages)
     steps = sum(int(share * minutes * 60 / s) for (*_, share), s in zip(stages, seconds, strict=True))
     return Forecast(minutes=minutes, seconds_per_step=seconds, steps=steps)

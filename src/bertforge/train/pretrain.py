@@ -6,6 +6,7 @@ import dataclasses
 import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from bertforge.models import BertForPreTraining
 from bertforge.options import EMBEDDING_INITS, DataOptions, ElectraOptions, given_fields
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import budget, distributed, stacking
+from bertforge.train.batch_choice import budget_batch
 from bertforge.train.budget import BudgetPlan, deadline_for, plan_run, save_plan
 from bertforge.train.candidates import candidate_sampler
 from bertforge.train.cooccurrence import init_from_cooccurrences
@@ -124,7 +126,14 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
 
 
 def _run_stages(out_dir: Path, stage: _Stage, values: Mapping[str, Any]) -> TrainResult:
-    """The run: one stage, or stacking's two (a new model with a stack fraction)."""
+    """The run: one stage, or stacking's two (a new model with a stack fraction); a new MLM model's time budget at
+    the recipe's batch for it (`budget_batch`)."""
+    if stage.minutes is not None and stage.recipe is not None and stage.init is None and stage.electra is None \
+            and not values["batch_given"]:
+        loop = budget_batch(stage.recipe, stage.loop, values, minutes=stage.minutes, data_dir=stage.data_dir,
+                            model_config=partial(resolve_model_config, stage.model), max_seq_len=stage.max_seq_len,
+                            out_dir=out_dir, resume=stage.resume)
+        stage = dataclasses.replace(stage, loop=loop)
     if not values["stack_fraction"] or stage.init is not None:
         if stage.resume and (out_dir / HALF_DEPTH_DIR).is_dir():
             raise BertforgeError(f"the run in {out_dir} was stacked (it has {HALF_DEPTH_DIR}/): resume it with "
@@ -145,6 +154,7 @@ def apply_recipe(recipe: Recipe | str | None, loop: LoopOptions | Mapping[str, A
     loop_given, data_given = given_fields(loop), given_fields(data_options)
     given = {**loop_given, "mask_prob": data_given.get("masked_lm_prob"), "nsp": data_given.get("nsp"), **explicit}
     values = resolve(recipe if recipe is not None else BERT, given, minutes=minutes)
+    values["batch_given"] = isinstance(loop, LoopOptions) or any(given.get(k) is not None for k in ("batch_size", "lr"))
     if values["embedding_init"] not in EMBEDDING_INITS:
         raise BertforgeError(f"unknown embedding_init {values['embedding_init']!r}; choose "
                              f"{' or '.join(EMBEDDING_INITS)}")

@@ -17,6 +17,16 @@ from bertforge.errors import BertforgeError
 
 
 @dataclass(frozen=True)
+class LargerBatch:
+    """A time budget that buys at least `from_steps` steps at the recipe's batch trains at `batch_size` and `lr`
+    (batch_choice.py); a budget of steps, or a batch size or lr given, keeps the recipe's."""
+
+    from_steps: int
+    batch_size: int
+    lr: float
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str
     lr: float  # peak learning rate
@@ -36,6 +46,7 @@ class Recipe:
     mlm_candidates: int  # masked-LM scored against this many sampled words (train/candidates.py); 0: all of them
     stack_mask_prob: float | None = None  # the half-depth stage's masking rate; None: mask_prob, as the second's
     embedding_init: str = "random"  # a new model's word embeddings: random, or from co-occurrences (cooccurrence.py)
+    larger_batch: LargerBatch | None = None  # the batch of long time budgets (batch_choice.py); None: always batch_size
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,10 +70,13 @@ BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), we
 # co-occurrences (cooccurrence.py, seconds): there +1.4 / +2.5, +1.4 / +1.5, +1.2 / +1.6 in three runs; with both, 10
 # minutes in bf16 +3.0 / +3.1 against batch 32's +2.1 / +3.2; those vectors at 3x the initializer's spread took the AVX2
 # CPU's 10 minutes on IMDB from a mean +1.9 to +3.4 over three pretrainings, Rotten Tomatoes alike (untuned-task.md).
+# Batch 32 at lr 2e-3 where the budget buys 50,000 steps of batch 16 (forecast_steps; batch_choice.py): 30 minutes in
+# bf16 scored +3.2 / +4.8 at batch 32 against +2.2 / +4.3 at 16; 10 minutes there, the same day, +1.7 / +4.0 at 32
+# against +2.5 / +3.7 at 16 (untuned-task.md).
 BUDGET = Recipe(name="budget", lr=1.4e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=16,
                 mask_prob=0.4, nsp=False, dropout=0.0, pre_layer_norm=True, tie_embeddings=True, seq_len=64,
                 stack_fraction=0.6, stack_length_fraction=0.25, bow_weight=0.1, mlm_candidates=1024,
-                embedding_init="cooccurrence")
+                embedding_init="cooccurrence", larger_batch=LargerBatch(from_steps=50_000, batch_size=32, lr=2e-3))
 
 RECIPES = {r.name: r for r in (BERT, BUDGET)}
 
