@@ -71,6 +71,11 @@ def test_the_demo_says_when_its_budget_falls_short_of_the_steps_that_paid_and_au
     fast = fake_forecast(0.03)  # 20,000 steps in 10 minutes: enough, and nothing to warn about
     minutes, lines, record = plan_minutes(10.0, "tiny", CONFIG, BUDGET, seq_len=64, precision="fp32", forecast=fast)
     assert minutes == 10.0 and len(lines) == 1 and record["forecast_steps"] == 20000
+    # a budget that buys the recipe's larger batch says the steps it counted are of the smaller one
+    minutes, lines, record = plan_minutes(30.0, "tiny", CONFIG, BUDGET, seq_len=64, precision="fp32", forecast=fast)
+    assert record["forecast_steps"] == 60000 >= BUDGET.larger_batch.from_steps and len(lines) == 2
+    assert lines[1].startswith(f"These are steps of batch 16; from {BUDGET.larger_batch.from_steps:,} of them "
+                               f"pretraining takes batch 32")
     # a model without measured runs: no promise, and auto cannot choose
     assert plan_minutes(5.0, "mini", CONFIG, BUDGET, seq_len=64, precision="fp32", forecast=slow) == (5.0, [], {})
     with pytest.raises(BertforgeError, match="--minutes auto knows the steps that pay for tiny only"):

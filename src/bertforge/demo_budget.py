@@ -56,6 +56,11 @@ def plan_minutes(asked: float | None, model: str, config: BertConfig, recipe: Re
     elif asked is None:
         lines.append(f"--minutes auto: {minutes:g} minutes, enough for the {needed:,} steps at which pretraining "
                      f"scored above random weights on both tasks in our runs.")
+    larger = recipe.larger_batch
+    if larger is not None and steps >= larger.from_steps:
+        lines.append(f"These are steps of batch {recipe.batch_size}; from {larger.from_steps:,} of them pretraining "
+                     f"takes batch {larger.batch_size}: fewer steps, of {larger.batch_size / recipe.batch_size:g}x the "
+                     f"tokens each, which paid more at such budgets in our runs.")
     record = {"forecast_steps": round(steps), "seconds_per_step": list(probe.seconds_per_step),
               "pays_from_steps": needed, "minutes_that_reach_them": enough, "auto": asked is None}
     return minutes, lines, record
