@@ -23,10 +23,9 @@ from bertforge.train.recipe import Recipe
 from bertforge.train.resume import read_run_config
 from bertforge.train.stacking import HALF_DEPTH_DIR
 
-# recipe options (`recipe.resolve`'s names) a forecast needs as the run will have them: name -> Recipe field
-_FORECAST_FIELDS = {"mask_prob": "mask_prob", "nsp": "nsp", "dropout": "dropout", "stack_fraction": "stack_fraction",
-                    "stack_length_fraction": "stack_length_fraction", "bow_weight": "bow_weight",
-                    "mlm_candidates": "mlm_candidates", "stack_mask_prob": "stack_mask_prob"}
+# recipe options (`recipe.resolve`'s names, each its Recipe field's) a forecast needs as the run will have them
+_FORECAST_OPTIONS = ("mask_prob", "nsp", "dropout", "stack_fraction", "stack_length_fraction", "bow_weight",
+                     "mlm_candidates", "stack_mask_prob")
 
 
 def budget_batch(recipe: Recipe, loop: LoopOptions, values: Mapping[str, Any], *, minutes: float,
@@ -48,7 +47,7 @@ def budget_batch(recipe: Recipe, loop: LoopOptions, values: Mapping[str, Any], *
     d = distributed.setup(loop.device)
     manifest = read_manifest(data_dir)
     seq_len = int(max_seq_len or manifest["max_seq_len"])
-    probe = dataclasses.replace(recipe, **{field: values[name] for name, field in _FORECAST_FIELDS.items()})
+    probe = dataclasses.replace(recipe, **{name: values[name] for name in _FORECAST_OPTIONS})
     started = budget.now()
     config = model_config(int(manifest["vocab_size"]), seq_len)
     steps = forecast_steps(config, probe, minutes, seq_len=seq_len, precision=loop.precision, device=d.device).steps

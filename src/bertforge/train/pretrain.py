@@ -128,8 +128,7 @@ def pretrain(data_dir: str | Path, out_dir: str | Path, *, model: str = "mini",
 def _run_stages(out_dir: Path, stage: _Stage, values: Mapping[str, Any]) -> TrainResult:
     """The run: one stage, or stacking's two (a new model with a stack fraction); a new MLM model's time budget at
     the recipe's batch for it (`budget_batch`)."""
-    if stage.minutes is not None and stage.recipe is not None and stage.init is None and stage.electra is None \
-            and not values["batch_given"]:
+    if stage.minutes is not None and stage.recipe is not None and stage.init is None and stage.electra is None:
         loop = budget_batch(stage.recipe, stage.loop, values, minutes=stage.minutes, data_dir=stage.data_dir,
                             model_config=partial(resolve_model_config, stage.model), max_seq_len=stage.max_seq_len,
                             out_dir=out_dir, resume=stage.resume)
