@@ -49,3 +49,57 @@ def test_relative_links_resolve(page):
     for target in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
         if "://" not in target:
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+README_MAX_LINES = 120
+STATUS_MAX_LINES = 15
+
+
+def section(text: str, title: str) -> list[str]:
+    """The lines of a `## title` section, its heading included, up to the next `## ` heading (trailing blank lines
+    dropped); [] when the page has no such section."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == f"## {title}"]
+    if not starts:
+        return []
+    end = next((i for i in range(starts[0] + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    body = lines[starts[0]:end]
+    while body and not body[-1].strip():
+        body.pop()
+    return body
+
+
+def test_the_readme_is_a_front_door_not_a_notebook():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, "README.md is over 120 lines: move detail into docs/"
+    status = section(text, "Status")
+    assert status, "README.md has no `## Status` section"
+    assert len(status) <= STATUS_MAX_LINES, (
+        f"README.md's Status is {len(status)} lines (at most {STATUS_MAX_LINES}): a short paragraph and the table of "
+        "what the demo shows; the history belongs in docs/experiments/")
+
+
+def test_the_readme_links_the_architecture_and_the_design():
+    links = set(re.findall(r"\]\(([^)#]+)", (REPO / "README.md").read_text()))
+    for page in ("docs/architecture.md", "docs/design.md"):
+        assert page in links, f"README.md does not link {page}"
+
+
+def repository_files(root: Path = REPO) -> list[Path]:
+    skip = {".git", ".venv"}
+    found = []
+    for path in root.rglob("*"):
+        parts = path.relative_to(root).parts
+        if skip.intersection(parts) or any(p.endswith(".egg-info") or p == "__pycache__" for p in parts):
+            continue
+        if path.is_file():
+            found.append(path)
+    return found
+
+
+def test_no_file_cites_the_design_notes_outside_the_repository():
+    """The design lives in docs/design.md; a note outside the repository is not the project's to cite."""
+    # the name is split so that this file does not match itself
+    name = "DESIGN" + ".md"
+    citing = [str(p.relative_to(REPO)) for p in repository_files() if name.encode() in p.read_bytes()]
+    assert not citing, f"these files cite {name}, which is not in the repository (use docs/design.md): {citing}"

@@ -1,4 +1,4 @@
-"""The layering contract (DESIGN.md "Layering", docs/architecture.md), checked over the import graph of
+"""The layering contract (docs/design.md "Layering", docs/architecture.md), checked over the import graph of
 src/bertforge: the command line sits on top of the library and is never imported back; inference never imports
 training; no module imports itself through others; and the size limits of the style guide.
 
