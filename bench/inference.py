@@ -12,9 +12,9 @@ test.
 Sides, all on --device (default cpu; int8 and ONNX Runtime are CPU-only and run only with --device cpu):
 - transformers: its fast tokenizer and AutoModelForSequenceClassification (SDPA attention) under
   torch.inference_mode();
-- ours fp32 / ours bf16 / ours int8: `bertforge.infer.Predictor(model[, precision="bf16" | quantize="int8"])
-  .predict(records)` (what `bertforge predict` runs); a side the device or CPU cannot run (bf16 without
-  AVX512-BF16 or AMX) is left out with the reason;
+- ours fp32 / ours bf16 / ours int8: `bertforge.infer.Predictor(model, EngineOptions(device[, precision="bf16" |
+  quantize="int8"])).predict(records)` (what `bertforge predict` runs); a side the device or CPU cannot run (bf16
+  without AVX512-BF16 or AMX) is left out with the reason;
 - onnxruntime fp32: the graph written by `bertforge.export.export_onnx` (`bertforge export --format onnx`),
   in an InferenceSession (CPUExecutionProvider, default graph optimizations, intra-op threads = torch's);
 - onnxruntime int8: that graph through `onnxruntime.quantization.quantize_dynamic` (int8 weights per output
@@ -25,9 +25,9 @@ Sides, all on --device (default cpu; int8 and ONNX Runtime are CPU-only and run 
   threads are half of torch's (ONNX Runtime's `run` may be called from several threads at once). Every ratio
   against ONNX Runtime is against the faster of its two setups for that precision;
 - with --one-stream, also ours fp32 / bf16 / int8 with one batch at a time (`predict(streams=1)`);
-- with --backend-onnx, also `Predictor(model, backend="onnx"[, quantize="int8"])`: bertforge's tokenizing,
-  batching and decoding around ONNX Runtime (`bertforge predict --backend onnx`), the graph exported and quantized
-  as above, one batch at a time on all threads.
+- with --backend-onnx, also `Predictor(model, EngineOptions(backend="onnx"[, quantize="int8"]))`: bertforge's
+  tokenizing, batching and decoding around ONNX Runtime (`bertforge predict --backend onnx`), the graph exported
+  and quantized as above, one batch at a time on all threads.
 With --ort-optimizer both ONNX Runtime sides use the exported graph after ONNX Runtime's offline transformer
 optimizer (`onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`, what Optimum's
 optimization levels run); it prints which operators it fused.
@@ -75,7 +75,7 @@ from inference_sides import MAX_LENGTH, HFSide, ort_sides, our_sides, sorted_bat
 from measure import pin_device, ratio, spread, sync
 
 from bertforge import cpu
-from bertforge.infer import Predictor
+from bertforge.infer import EngineOptions, Predictor
 from bertforge.tasks import get_task
 from bertforge.train.memory import keep_freed_memory
 
@@ -331,7 +331,7 @@ def main() -> None:
     data = Path(args.data)
     model_dir = Path(args.model) if args.model else finetuned_model(data, args.train_examples, args.lr)
 
-    ours = Predictor(model_dir, device=args.device)
+    ours = Predictor(model_dir, EngineOptions(device=args.device))
     if ours.task.kind != "classification":
         sys.exit(f"{model_dir} is a {ours.task.kind} model; the benchmark needs a classifier")
     texts, scored = workload(args, data, ours)

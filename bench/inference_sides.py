@@ -13,12 +13,12 @@ import torch
 
 from bertforge.batching import length_batches, run_batches
 from bertforge.errors import BertforgeError
-from bertforge.infer import Predictor
+from bertforge.infer import EngineOptions, Predictor
 from bertforge.ort import session
 from bertforge.tasks.runner import MODEL_INPUTS
 
 MAX_LENGTH = 128  # every side truncates texts to this many tokens
-# Our sides besides fp32: Predictor options; a side this device or CPU cannot run is left out, with the reason.
+# Our sides besides fp32: their EngineOptions fields; a side this device or CPU cannot run is left out, with the reason.
 OURS_NARROW = {"ours bf16": {"precision": "bf16"}, "ours int8": {"quantize": "int8"}}
 
 
@@ -121,7 +121,8 @@ def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu
     left_out = []
     for name, options in OURS_NARROW.items():
         try:
-            sides[name] = OursSide(Predictor(model_dir, device=args.device, **options), labels, args.batch_size)
+            predictor = Predictor(model_dir, EngineOptions(device=args.device, **options))
+            sides[name] = OursSide(predictor, labels, args.batch_size)
         except BertforgeError as e:  # not on this device or CPU: say so and go on
             left_out.append(f"{name} ({e})")
     if args.one_stream:
@@ -129,7 +130,8 @@ def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu
             sides[f"{name}, 1 stream"] = OursSide(sides[name].predictor, labels, args.batch_size, streams=1)
     if args.backend_onnx and on_cpu:
         for name, options in (("ours --backend onnx fp32", {}), ("ours --backend onnx int8", {"quantize": "int8"})):
-            sides[name] = OursSide(Predictor(model_dir, backend="onnx", **options), labels, args.batch_size)
+            predictor = Predictor(model_dir, EngineOptions(backend="onnx", **options))
+            sides[name] = OursSide(predictor, labels, args.batch_size)
     return sides, left_out
 
 

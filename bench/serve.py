@@ -129,10 +129,10 @@ def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, float, l
     """Our `predict` over the requests' texts (every text at least once), after a warm-up call: texts/s in one call,
     texts/s in groups of --clients cut as the server cuts a group (the most that --clients concurrent one-text
     requests can give, with no HTTP: a group is at most one request a client), and the label of each text."""
-    from bertforge.infer import Predictor
+    from bertforge.infer import EngineOptions, Predictor
     from bertforge.serve.model import group_batch_size
 
-    predictor = Predictor(args.model, precision=args.precision, quantize=args.quantize)
+    predictor = Predictor(args.model, EngineOptions(precision=args.precision, quantize=args.quantize))
     records = [{"text": texts[n % len(texts)]} for n in range(max(args.requests, len(texts)))]
     predictor.predict(records[:64])
     t0 = time.perf_counter()
@@ -151,9 +151,9 @@ def offline(args: argparse.Namespace, texts: list[str]) -> tuple[float, float, l
 
 def cuts(args: argparse.Namespace, texts: list[str]) -> None:
     """--cuts: how the batches a group is cut into and packing go together (`bertforge.infer.packing`), offline."""
-    from bertforge.infer import Predictor
+    from bertforge.infer import EngineOptions, Predictor
 
-    predictor = Predictor(args.model, precision=args.precision)
+    predictor = Predictor(args.model, EngineOptions(precision=args.precision))
     packed = predictor.task_model.model.bert.encoder
     records = [{"text": texts[n % len(texts)]} for n in range(max(args.requests, len(texts)))]
     predictor.predict(records[:64])

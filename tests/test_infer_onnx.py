@@ -10,7 +10,7 @@ from infer_support import TEXTS, cosines
 
 from bertforge import BertforgeError
 from bertforge.cli import main
-from bertforge.infer import Encoder, Predictor
+from bertforge.infer import Encoder, EngineOptions, Predictor
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def test_onnx_backend_predicts_what_the_torch_engine_does(clf_dir, mlm_dir, tmp_
     export_onnx(clf_dir, tmp_path / "exported")
     for path, quantize, tolerance in ((clf_dir, None, 1e-5), (tmp_path / "exported", None, 1e-5),
                                       (clf_dir, "int8", 0.05)):
-        predictor = Predictor(path, backend="onnx", quantize=quantize)
+        predictor = Predictor(path, EngineOptions(backend="onnx", quantize=quantize))
         assert type(predictor.task_model.model).__name__ == "OrtModel"
         got = np.array([[r["probabilities"][k] for k in ("negative", "positive")]
                         for r in predictor.predict(records, batch_size=2)])
@@ -58,14 +58,14 @@ def test_onnx_backend_embeds_what_the_torch_engine_does(mlm_dir, clf_dir, tmp_pa
     for source, given, poolings in ((mlm_dir, mlm_dir, ("cls", "mean")),
                                     (mlm_dir, tmp_path / "encoder", ("cls", "mean")),
                                     (clf_dir, clf_dir, ("cls", "mean", "pooler"))):
-        reference, engine = Encoder(source), Encoder(given, backend="onnx")
+        reference, engine = Encoder(source), Encoder(given, EngineOptions(backend="onnx"))
         for pooling in poolings:
             np.testing.assert_allclose(engine.embed(TEXTS, pooling=pooling), reference.embed(TEXTS, pooling=pooling),
                                        atol=1e-5)
     with pytest.raises(BertforgeError, match="no pooler weights"):
-        Encoder(mlm_dir, backend="onnx").embed(TEXTS, pooling="pooler")
+        Encoder(mlm_dir, EngineOptions(backend="onnx")).embed(TEXTS, pooling="pooler")
     fp32 = Encoder(mlm_dir).embed(TEXTS, pooling="mean")
-    int8 = Encoder(mlm_dir, backend="onnx", quantize="int8").embed(TEXTS, pooling="mean")
+    int8 = Encoder(mlm_dir, EngineOptions(backend="onnx", quantize="int8")).embed(TEXTS, pooling="mean")
     assert cosines(fp32, int8).min() > 0.999 and np.abs(fp32 - int8).max() > 0  # close, and really quantized
     export_onnx(clf_dir, tmp_path / "classifier")
     capsys.readouterr()

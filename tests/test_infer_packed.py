@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bertforge import cpu
+from bertforge.infer import EngineOptions
 from bertforge.infer.packing import PackedEncoder, PackedSelfAttention, Packing, is_packed, packed_rows
 from bertforge.infer.transforms import prepare
 from bertforge.models import (
@@ -42,7 +43,7 @@ def both(model: torch.nn.Module, precision: str = "fp32") -> tuple[torch.nn.Modu
     """(the model as it is, in the dtype of `precision`; its prepared copy, packed)."""
     model.eval()
     reference = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32)
-    return reference, prepare(model, None, CPU, precision)
+    return reference, prepare(model, EngineOptions(precision=precision), CPU)
 
 
 def real(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -126,8 +127,9 @@ def test_fp32_models_are_packed_int8_ones_are_not_and_a_server_cuts_its_groups_i
     from bertforge.serve.model import group_batch_size
 
     torch.manual_seed(4)
-    assert is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), None, CPU, "fp32"))
-    assert not is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), "int8", CPU, "fp32"))
+    assert is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), EngineOptions(), CPU))
+    assert not is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), EngineOptions(quantize="int8"),
+                                 CPU))
     assert not is_packed(BertForSequenceClassification(tiny_config))
     assert [group_batch_size(n) for n in (1, 8, 32, 33, 1000)] == [1, 2, 8, 9, 64]
 

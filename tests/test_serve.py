@@ -24,7 +24,7 @@ httpx = pytest.importorskip("httpx", reason="httpx is not installed (pip install
 from serve_helpers import LIMIT, Gate, model_dirs, post, running, wait_for  # noqa: E402
 
 from bertforge.cli import main  # noqa: E402
-from bertforge.infer import Encoder, MaskFiller, predict_records  # noqa: E402
+from bertforge.infer import Encoder, EngineOptions, MaskFiller, predict_records  # noqa: E402
 
 TEXTS = ["the film was good .", "bad", "the quick brown fox jumps over the lazy dog , and the dog was lazy .",
          "john smith lives in paris", "", "a great movie , the plot", "é"]
@@ -135,9 +135,9 @@ def test_onnx_backend_serves_what_predict_and_embed_give_on_it(models):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'bertforge[onnx]')")
     with running(models["clf"], backend="onnx") as (url, _):
         close(post(url, "/predict", {"inputs": SENTENCES}).json(),
-              predict_records(models["clf"], [{"text": t} for t in SENTENCES], backend="onnx"))
+              predict_records(models["clf"], [{"text": t} for t in SENTENCES], EngineOptions(backend="onnx")))
         close(post(url, "/embed", {"inputs": TEXTS, "pooling": "mean"}).json(),
-              Encoder(models["clf"], backend="onnx").embed(TEXTS, pooling="mean").tolist())
+              Encoder(models["clf"], EngineOptions(backend="onnx")).embed(TEXTS, pooling="mean").tolist())
         assert httpx.get(url + "/info", timeout=LIMIT).json()["engine"] == "onnx"
 
 

@@ -66,8 +66,12 @@ SHARE = Bound(lo=0, hi=1, lo_open=True)  # a share of something that may be all 
 MIN_SEQ_LEN = at_least(8)  # the least `prepare` makes instances for
 SEED = Bound(lo=0, hi=2**32 - 1, why="a seed is a 32-bit number")
 
-PRECISIONS = ("auto", "fp32", "bf16")  # see `bertforge.train.loop.resolve_precision`
-INFERENCE_PRECISIONS = ("fp32", "bf16", "auto")  # see `bertforge.infer`
+# The number formats a model runs in, for training (`LoopOptions.precision`) and inference (`EngineOptions.precision`)
+# alike: fp32; bf16 (refused where the device would only emulate it); auto, bf16 where the device multiplies it
+# natively, which training asks of CUDA GPUs only and inference of CPUs too (`bertforge.device.pick_precision`).
+PRECISIONS = ("auto", "fp32", "bf16")
+QUANTIZATIONS = ("int8",)  # --quantize of the inference engines (`bertforge.infer.transforms.quantize_int8`)
+BACKENDS = ("torch", "onnx")  # --backend of the inference engines (`bertforge.ort` for onnx)
 
 
 def option(default: Any = MISSING, *, help: str, flag: str | None = None, positional: bool = False,
@@ -103,28 +107,62 @@ def seed_option(default: int, help: str = "random seed") -> Any:
     return option(default, help=help, bound=SEED)
 
 
-def inference_precision_option() -> Any:
-    """`--precision` of the inference commands (predict, fill-mask, embed)."""
-    return option("fp32", choices=INFERENCE_PRECISIONS,
-                  help="fp32, or bf16: the whole model in bfloat16 (about 1.7-2x fp32 on CPUs with AVX512-BF16 or "
-                       "AMX, predictions within ~0.2 points; refused on CPUs without them); auto: bf16 where the "
-                       "device has native bf16, else fp32")
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an inference engine runs a model: its device, number format, quantization and engine.
 
+    `Encoder`, `MaskFiller`, `Predictor` and `predict_records` of `bertforge.infer` take one (default:
+    EngineOptions(), fp32 on bertforge's own engine), as does `bertforge serve`; the --device, --precision,
+    --quantize and --backend of the commands predict, fill-mask, embed and serve are these fields:
 
-def backend_option() -> Any:
-    """`--backend` of `bertforge predict` and `bertforge embed`."""
-    return option("torch", choices=["torch", "onnx"],
-                  help="torch: bertforge's own engine (faster over a file on our benches); onnx: ONNX Runtime on "
-                       "the CPU, fp32 or --quantize int8, on the model directory (exported on the way) or its "
-                       "`bertforge export --format onnx` directory (faster one text at a time on our benches; "
-                       "needs `pip install bertforge[onnx]`)")
+        Predictor("runs/sst2", EngineOptions(quantize="int8")).predict([{"text": "a gorgeous, witty film"}])
 
+    `precision` has the words of training's (`LoopOptions.precision`, one tuple, PRECISIONS) and the same meaning
+    for fp32 and bf16: fp32 is fp32 everywhere; bf16 runs the whole model in bfloat16 and is refused where the
+    device would only emulate it (a CPU without AVX512-BF16 or AMX, a GPU without native bf16). `auto` is bf16
+    wherever the device multiplies bf16 natively, a CUDA GPU with native bf16 or a CPU with AVX512-BF16 or AMX, and
+    fp32 elsewhere; training's auto differs on the CPU only, where it keeps fp32 (its bf16 changes what the optimizer
+    sees; inference's only rounds a forward pass). The default differs too: fp32 here, auto for training.
 
-def quantize_option() -> Any:
-    """`--quantize` of the inference commands."""
-    return option(None, choices=["int8"], help="int8: dynamically quantized Linear layers (CPU; 1.4-2x fp32 by "
-                                               "CPU, accuracy within ~0.3 points on our benches: measure on your "
-                                               "dev set)")
+    Combinations that cannot run are refused here, in one line naming the fix, before any model is loaded; what
+    only the machine can say (a CUDA device that is absent, a CPU without bf16) the engine refuses as it starts."""
+
+    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    precision: str = option("fp32", choices=PRECISIONS,
+                            help="fp32, or bf16: the whole model in bfloat16 (about 1.7-2x fp32 on CPUs with "
+                                 "AVX512-BF16 or AMX, predictions within ~0.2 points; refused on CPUs without them); "
+                                 "auto: bf16 where the device has native bf16, else fp32")
+    quantize: str | None = option(None, choices=QUANTIZATIONS,
+                                  help="int8: dynamically quantized Linear layers (CPU; 1.4-2x fp32 by CPU, accuracy "
+                                       "within ~0.3 points on our benches: measure on your dev set)")
+    backend: str = option("torch", choices=BACKENDS,
+                          help="torch: bertforge's own engine (faster over a file on our benches); onnx: ONNX Runtime "
+                               "on the CPU, fp32 or --quantize int8, on the model directory (exported on the way) or "
+                               "its `bertforge export --format onnx` directory (faster one text at a time on our "
+                               "benches; needs `pip install bertforge[onnx]`)")
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise BertforgeError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        if self.quantize not in (None, *QUANTIZATIONS):
+            raise BertforgeError(f"--quantize {self.quantize!r}: only {', '.join(QUANTIZATIONS)} is supported (None: "
+                                 "not quantized)")
+        if self.backend not in BACKENDS:
+            raise BertforgeError(f"--backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
+        on_cpu = self.device in (None, "", "cpu")
+        if self.quantize == "int8" and not on_cpu:
+            raise BertforgeError(f"--quantize int8 runs on the CPU only, not --device {self.device}: drop --device "
+                                 "or --quantize")
+        if self.quantize == "int8" and self.precision == "bf16":
+            raise BertforgeError("--quantize int8 picks the number formats around its int8 products itself (fp32, "
+                                 "and bf16 where that is faster and the CPU multiplies it natively): drop --precision "
+                                 "bf16, or --quantize for bf16 alone")
+        if self.backend == "onnx" and not on_cpu:
+            raise BertforgeError(f"--backend onnx runs ONNX Runtime on the CPU, not --device {self.device}: drop "
+                                 "--device, or --backend for the GPU")
+        if self.backend == "onnx" and self.precision == "bf16":
+            raise BertforgeError("--backend onnx runs fp32 or int8 (--quantize int8): drop --precision bf16, or "
+                                 "--backend onnx for bf16 on bertforge's own engine")
 
 
 @dataclass

@@ -21,13 +21,15 @@ import io
 import json
 from dataclasses import dataclass
 
-from bertforge.commands.arguments import Command, check_output_file, emit_jsonl
+from bertforge.commands.arguments import Command, check_output_file, command_args, emit_jsonl, options_from
 from bertforge.errors import BertforgeError
-from bertforge.options import at_least, backend_option, inference_precision_option, option, quantize_option
+from bertforge.options import EngineOptions, at_least, option, same_as
 
 
-@dataclass
+@command_args(EngineOptions)
 class PredictArgs:
+    """`bertforge predict`'s arguments: these, then the options of EngineOptions."""
+
     model: str = option(help="fine-tuned model directory (from `bertforge finetune`)")
     text: list[str] = option([], help="text(s) to predict on; for QA the question")
     text_pair: str | None = option(None, help="second text of a pair; for QA the context")
@@ -35,23 +37,19 @@ class PredictArgs:
                                           "{\"question\", \"context\"}; multiple choice: {\"context\", \"choices\"})")
     out: str | None = option(None, help="write JSONL predictions here instead of standard output")
     batch_size: int = option(64, help="sequences per forward pass", bound=at_least(1))
-    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    quantize: str | None = quantize_option()
-    precision: str = inference_precision_option()
-    backend: str = backend_option()
 
 
 def run_predict(args: PredictArgs) -> int:
     from bertforge.commands.inputs import read_input_records
     from bertforge.infer import predict_records
 
+    options = options_from(EngineOptions, args)
     if bool(args.text) == bool(args.input):
         raise BertforgeError("give either --text (one or more) or --input FILE.jsonl")
     check_output_file(args.out)
     records = read_input_records(args.input) if args.input else [
         {"text": t, "text_pair": args.text_pair} for t in args.text]
-    results = predict_records(args.model, records, batch_size=args.batch_size, device=args.device,
-                              quantize=args.quantize, precision=args.precision, backend=args.backend)
+    results = predict_records(args.model, records, options, batch_size=args.batch_size)
     emit_jsonl(results, args.out, "predictions")
     return 0
 
@@ -68,23 +66,27 @@ def _texts(texts: list[str], input_file: str | None) -> list[str]:
 
 @dataclass
 class FillMaskArgs:
+    """`bertforge fill-mask`'s arguments: EngineOptions' but --backend (the masked-LM head runs on bertforge's own
+    engine)."""
+
     model: str = option(help="model directory with an MLM head (from `bertforge pretrain`)")
     text: list[str] = option([], positional=True, help="text(s) with [MASK] where a word should be predicted")
     input: str | None = option(None, help="file with one text per line (or JSONL with a 'text' field)")
     top_k: int = option(5, help="predictions per [MASK]", bound=at_least(1))
     json: bool = option(False, help="print JSON lines instead of a table")
-    quantize: str | None = quantize_option()
-    precision: str = inference_precision_option()
-    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    quantize: str | None = same_as(EngineOptions, "quantize")
+    precision: str = same_as(EngineOptions, "precision")
+    device: str | None = same_as(EngineOptions, "device")
 
 
 def run_fill_mask(args: FillMaskArgs) -> int:
     from bertforge.infer import MaskFiller
 
+    options = options_from(EngineOptions, args)
     texts = _texts(args.text, args.input)
     if not texts:
         raise BertforgeError("give a text with [MASK], or --input FILE")
-    filler = MaskFiller(args.model, quantize=args.quantize, device=args.device, precision=args.precision)
+    filler = MaskFiller(args.model, options)
     results = filler.fill(texts, top_k=args.top_k)
     for text, masks in zip(texts, results, strict=True):
         if args.json:
@@ -97,8 +99,10 @@ def run_fill_mask(args: FillMaskArgs) -> int:
     return 0
 
 
-@dataclass
+@command_args(EngineOptions)
 class EmbedArgs:
+    """`bertforge embed`'s arguments: these, then the options of EngineOptions."""
+
     model: str = option(help="model directory (pretrained or fine-tuned)")
     text: list[str] = option([], help="text(s) to embed")
     input: str | None = option(None, help="file with one text per line (or JSONL with a 'text' field)")
@@ -106,10 +110,6 @@ class EmbedArgs:
     pooling: str = option("cls", help="cls: final [CLS] state; mean: mean of token states; pooler: BERT's pooler",
                           choices=["cls", "mean", "pooler"])
     normalize: bool = option(False, help="scale each vector to unit length")
-    quantize: str | None = quantize_option()
-    precision: str = inference_precision_option()
-    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    backend: str = backend_option()
 
 
 def run_embed(args: EmbedArgs) -> int:
@@ -117,14 +117,14 @@ def run_embed(args: EmbedArgs) -> int:
 
     from bertforge.infer import Encoder
 
+    options = options_from(EngineOptions, args)
     texts = _texts(args.text, args.input)
     if not texts:
         raise BertforgeError("give --text or --input FILE")
     if args.out and not args.out.endswith((".npy", ".jsonl")):
         raise BertforgeError(f"--out {args.out}: name the file .npy (an N x H array) or .jsonl")
     check_output_file(args.out)
-    encoder = Encoder(args.model, quantize=args.quantize, device=args.device, precision=args.precision,
-                      backend=args.backend)
+    encoder = Encoder(args.model, options)
     vectors = encoder.embed(texts, pooling=args.pooling, normalize=args.normalize)
     if args.out and args.out.endswith(".npy"):
         from bertforge.files import write_bytes

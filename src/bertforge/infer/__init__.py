@@ -10,8 +10,8 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
 - every Linear layer's weight laid out once for oneDNN's matrix kernels (`pack_linears`): the matrix products
   are most of the time on short texts, and torch's nn.Linear hands fp32 ones to MKL, which packs the weight
   anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight);
-- a narrower number format where the CPU multiplies it natively: `precision="bf16"` (the whole model in
-  bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers on oneDNN, the rest
+- a narrower number format where the CPU multiplies it natively: `EngineOptions(precision="bf16")` (the whole
+  model in bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers on oneDNN, the rest
   fp32: 8-bit weights with VNNI's int32 sums, 7-bit weights on AVX2, whose int16 pair sums would saturate;
   attention over short texts in bf16 where the CPU has it, which is faster there than fp32's fused kernel);
 - for int8 on an AVX512 CPU, bertforge's own kernels between the products (`bertforge.kernels`, built on first
@@ -21,8 +21,9 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
   (`bertforge.batching`): small products use a CPU's threads better side by side than split.
 
 The package by job: `engines` (Encoder, MaskFiller, Predictor), `transforms` (the model rewritten for the CPU:
-packed and int8 Linear layers, the fused int8 encoder), `packing` (the unpadded encoder), `checks` (the options
-checked together, and the device and dtype they give). Reading the command line's input files is the CLI's
+packed and int8 Linear layers, the fused int8 encoder), `packing` (the unpadded encoder), `checks` (the device and
+dtype an engine's options give on this machine). The options themselves, checked together, are one
+`bertforge.options.EngineOptions` (also importable from here). Reading the command line's input files is the CLI's
 (`bertforge.commands.inputs`).
 """
 
@@ -35,6 +36,7 @@ from bertforge.infer.transforms import (
     pack_linears,
     quantize_int8,
 )
+from bertforge.options import EngineOptions
 
-__all__ = ["INT8_BF16_ATTENTION_MAX_T", "Encoder", "FusedInt8Encoder", "Int8Linear", "MaskFiller", "PackedLinear",
-           "Predictor", "pack_linears", "predict_records", "quantize_int8"]
+__all__ = ["INT8_BF16_ATTENTION_MAX_T", "Encoder", "EngineOptions", "FusedInt8Encoder", "Int8Linear", "MaskFiller",
+           "PackedLinear", "Predictor", "pack_linears", "predict_records", "quantize_int8"]

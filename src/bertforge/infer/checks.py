@@ -1,5 +1,6 @@
-"""The options of an inference engine checked together, and what they give: the device a model runs on, its
-dtype, and how many batches run at once. Each refusal is one line naming the option to change."""
+"""What an inference engine's options (`bertforge.options.EngineOptions`, which checks them together) give on
+this machine: the device a model runs on, its dtype, and how many batches run at once. What only the machine can
+refuse (a device it lacks, a bf16 it would only emulate) is refused here, in one line naming the option to change."""
 
 from __future__ import annotations
 
@@ -7,21 +8,7 @@ import torch
 
 from bertforge.batching import cpu_streams
 from bertforge.device import pick_device, pick_precision
-from bertforge.errors import BertforgeError
-from bertforge.options import INFERENCE_PRECISIONS
-
-BACKENDS = ("torch", "onnx")
-
-
-def check_backend(backend: str, device: str | None, precision: str) -> None:
-    """`backend` is one of BACKENDS and goes with `device` and `precision`."""
-    if backend not in BACKENDS:
-        raise BertforgeError(f"--backend {backend!r}: use one of {', '.join(BACKENDS)}")
-    if backend == "onnx" and device not in (None, "cpu"):
-        raise BertforgeError("--backend onnx runs ONNX Runtime on the CPU: drop --device, or --backend for the GPU")
-    if backend == "onnx" and precision == "bf16":
-        raise BertforgeError("--backend onnx runs fp32 or int8 (--quantize int8): drop --precision bf16, or "
-                             "--backend onnx for bf16 on bertforge's own engine")
+from bertforge.options import EngineOptions
 
 
 def auto_streams(backend: str, device: torch.device, batches: int) -> int:
@@ -30,24 +17,11 @@ def auto_streams(backend: str, device: torch.device, batches: int) -> int:
     return 1 if backend == "onnx" else cpu_streams(device, batches)
 
 
-def check_quantize(quantize: str | None) -> None:
-    if quantize not in (None, "none", "int8"):
-        raise BertforgeError(f"--quantize {quantize!r}: only int8 is supported")
-
-
-def check_options(quantize: str | None, device: str | None, precision: str = "fp32") -> torch.device:
-    """The device inference runs on, once `quantize`, `device` and `precision` are known to go together."""
-    check_quantize(quantize)
-    if precision not in INFERENCE_PRECISIONS:
-        raise BertforgeError(f"--precision {precision!r}: use one of {', '.join(INFERENCE_PRECISIONS)}")
-    if quantize == "int8" and device not in (None, "cpu"):
-        raise BertforgeError("--quantize int8 runs on the CPU only: drop --device or --quantize")
-    if quantize == "int8" and precision == "bf16":
-        raise BertforgeError("--quantize int8 picks the number formats around its int8 products itself (fp32, and "
-                             "bf16 where that is faster and the CPU multiplies it natively): drop --precision bf16, "
-                             "or --quantize for bf16 alone")
-    where = torch.device("cpu") if quantize == "int8" else pick_device(device)
-    pick_precision(precision, where, auto_bf16_on_cpu=True)  # refuses a bf16 the device would only emulate
+def engine_device(options: EngineOptions) -> torch.device:
+    """The device bertforge's own engine runs on for `options`: the CPU for int8, else `options.device` (default:
+    CUDA when available); a device this machine lacks, or a bf16 the device would only emulate, is refused."""
+    where = torch.device("cpu") if options.quantize == "int8" else pick_device(options.device)
+    pick_precision(options.precision, where, auto_bf16_on_cpu=True)
     return where
 
 

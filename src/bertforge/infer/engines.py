@@ -1,6 +1,7 @@
 """The inference engines: `Encoder` (embeddings), `MaskFiller` (fill-mask) and `Predictor` (a fine-tuned task's
-predictions), each a model directory loaded once for many calls. Their options are checked in `checks`, their
-models made fast in `transforms`, their batches grouped and run in `bertforge.batching`."""
+predictions), each a model directory loaded once for many calls. Each takes its device, precision, quantization
+and backend as one `bertforge.options.EngineOptions` (which checks them together; what this machine gives for them:
+`checks`), its model made fast in `transforms`, its batches grouped and run in `bertforge.batching`."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from bertforge.config import BertConfig
 from bertforge.data.padding import pad_ids
 from bertforge.electra import generator_of, masked_lm_class
 from bertforge.errors import BertforgeError
-from bertforge.infer.checks import auto_streams, check_backend, check_options, check_quantize
+from bertforge.infer.checks import auto_streams, engine_device
 from bertforge.infer.transforms import prepare
 from bertforge.model_files import load_model
+from bertforge.options import EngineOptions
 from bertforge.ort import load_ort_model
 from bertforge.tasks.runner import TaskModel, load_encoder, load_task, load_task_model, run_model
 from bertforge.tokenizer import Tokenizer
@@ -63,26 +65,23 @@ class Encoder:
     """A model directory's encoder for embeddings: `Encoder("runs/mini").embed(["a text", ...])`.
 
     Any model directory works (pretrained or fine-tuned; heads are ignored). `pooling="pooler"` needs the
-    pooler weights (BERT pretrained with NSP has them, a masked-LM-only model does not). `precision`,
-    `quantize` and `backend` as for `Predictor` (with `backend="onnx"`, `path` may also be an encoder's
-    `bertforge export` directory).
+    pooler weights (BERT pretrained with NSP has them, a masked-LM-only model does not). `options` as for
+    `Predictor` (with backend onnx, `path` may also be an encoder's `bertforge export` directory).
     """
 
-    def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
-                 precision: str = "fp32", max_length: int = 512, backend: str = "torch"):
-        check_backend(backend, device, precision)
+    def __init__(self, path: str | Path, options: EngineOptions | None = None, *, max_length: int = 512):
+        options = options or EngineOptions()
+        where = None if options.backend == "onnx" else engine_device(options)
         self.tokenizer = Tokenizer.from_pretrained(path)
         config = BertConfig.from_json(path)
         self.tokenizer.check_compatible(config)
         self.max_length = min(max_length, config.max_position_embeddings)
         self.hidden_size = config.hidden_size
-        self.backend = backend
-        if backend == "onnx":
-            check_quantize(quantize)
-            self.model = load_ort_model(Path(path), quantize, encoder=True)
+        self.backend = options.backend
+        if where is None:
+            self.model = load_ort_model(Path(path), options.quantize, encoder=True)
             return
-        where = check_options(quantize, device, precision)
-        self.model = prepare(load_encoder(path), quantize, where, precision)
+        self.model = prepare(load_encoder(path), options, where)
 
     @classmethod
     def sharing(cls, model: nn.Module, tokenizer: Tokenizer, *, max_length: int = 512) -> Encoder:
@@ -135,13 +134,17 @@ class MaskFiller:
     """`MaskFiller("runs/mini").fill("the [MASK] of the union", top_k=5)`: the likeliest tokens per [MASK].
 
     The MLM head runs on the [MASK] positions only (not on every token), so its vocabulary-sized output
-    costs nothing for the rest of the text. `precision` and `quantize` as for `Predictor`. An ELECTRA run
-    directory's model (the discriminator) has no masked-LM head: its generator (`generator/`) fills the masks.
+    costs nothing for the rest of the text. `options` as for `Predictor`, on bertforge's own engine only (ONNX
+    Runtime runs encoders and task heads, not the masked-LM head). An ELECTRA run directory's model (the
+    discriminator) has no masked-LM head: its generator (`generator/`) fills the masks.
     """
 
-    def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
-                 precision: str = "fp32"):
-        where = check_options(quantize, device, precision)
+    def __init__(self, path: str | Path, options: EngineOptions | None = None):
+        options = options or EngineOptions()
+        if options.backend != "torch":
+            raise BertforgeError(f"fill-mask runs on bertforge's own engine, not backend {options.backend}: use "
+                                 "backend torch (ONNX Runtime runs encoders and task heads)")
+        where = engine_device(options)
         path = generator_of(path)
         model, fresh = load_model(masked_lm_class(BertConfig.from_json(path)), path, verbose=False)
         if any(k.startswith("cls.predictions.") for k in fresh):
@@ -150,7 +153,7 @@ class MaskFiller:
         self.tokenizer = Tokenizer.from_pretrained(path)
         self.tokenizer.check_compatible(model.config)
         self.max_length = model.config.max_position_embeddings
-        self.model = prepare(model.eval(), quantize, where, precision)
+        self.model = prepare(model.eval(), options, where)
 
     @torch.no_grad()
     @_cyclic_gc_paused
@@ -215,23 +218,23 @@ class Predictor:
     `Predictor("runs/sst2").predict([{"text": "a gorgeous, witty film"}])`. The task (and so the output) is
     read from the directory's task.json; see `predict`.
 
-    The same options as `Encoder` and `MaskFiller`: `precision` fp32 (the default), bf16 (about twice as
-    fast on CPUs with AVX512-BF16 or AMX) or auto (bf16 where the hardware has it); `quantize="int8"` (CPU)
-    makes the Linear layers int8 and keeps the rest fp32 (attention over short texts bf16 on CPUs with
-    AVX512-BF16 or AMX); bench/inference.py measures each against ONNX Runtime, with its accuracy.
-    `backend="onnx"` runs the model on ONNX Runtime instead (CPU, fp32 or int8; `path` an exported directory
-    or a fine-tuned one, exported on the way: `bertforge.ort`)."""
+    `options` (an `EngineOptions`; the default fp32 on bertforge's own engine), the same for `Encoder` and
+    `MaskFiller`: precision fp32, bf16 (about twice as fast on CPUs with AVX512-BF16 or AMX) or auto (bf16 where
+    the hardware has it); quantize int8 (CPU) makes the Linear layers int8 and keeps the rest fp32 (attention over
+    short texts bf16 on CPUs with AVX512-BF16 or AMX); bench/inference.py measures each against ONNX Runtime, with
+    its accuracy. Backend onnx runs the model on ONNX Runtime instead (CPU, fp32 or int8; `path` an exported
+    directory or a fine-tuned one, exported on the way: `bertforge.ort`):
+    `Predictor("runs/sst2", EngineOptions(quantize="int8"))`."""
 
-    def __init__(self, path: str | Path, *, quantize: str | None = None, device: str | None = None,
-                 precision: str = "fp32", backend: str = "torch"):
-        check_backend(backend, device, precision)
-        self.backend = backend
-        if backend == "onnx":
-            self.task_model = _load_ort_task_model(Path(path), quantize)
+    def __init__(self, path: str | Path, options: EngineOptions | None = None):
+        options = options or EngineOptions()
+        self.backend = options.backend
+        if options.backend == "onnx":
+            self.task_model = _load_ort_task_model(Path(path), options.quantize)
         else:
-            where = check_options(quantize, device, precision)
+            where = engine_device(options)
             self.task_model = load_task_model(path, device=str(where))
-            self.task_model.model = prepare(self.task_model.model, quantize, where, precision)
+            self.task_model.model = prepare(self.task_model.model, options, where)
         self.task = self.task_model.task
 
     @torch.no_grad()
@@ -295,19 +298,16 @@ def _results(task, examples: list, features: list, outputs: Any) -> list[dict]:
             if b else {"answer": "", "start": None, "end": None, "score": 0.0} for b in best]
 
 
-def predict_records(path: str | Path, records: Sequence[dict], *, batch_size: int = 64,
-                    device: str | None = None, quantize: str | None = None, precision: str = "fp32",
-                    backend: str = "torch") -> list[dict]:
-    """Predictions of a fine-tuned model directory for input records: `Predictor(path).predict(records)`."""
-    predictor = Predictor(path, quantize=quantize, device=device, precision=precision, backend=backend)
-    return predictor.predict(records, batch_size=batch_size)
+def predict_records(path: str | Path, records: Sequence[dict], options: EngineOptions | None = None, *,
+                    batch_size: int = 64) -> list[dict]:
+    """Predictions of a fine-tuned model directory for input records: `Predictor(path, options).predict(records)`."""
+    return Predictor(path, options).predict(records, batch_size=batch_size)
 
 
 def _load_ort_task_model(path: Path, quantize: str | None) -> TaskModel:
     """A fine-tuned directory, or its ONNX export, as a TaskModel whose model is an ONNX Runtime session."""
-    check_quantize(quantize)
     task, spec = load_task(path)
     tokenizer = Tokenizer.from_pretrained(path)
     tokenizer.check_compatible(BertConfig.from_json(path))
-    model = load_ort_model(path, quantize if quantize == "int8" else None)
+    model = load_ort_model(path, quantize)
     return TaskModel(task, model, tokenizer, int(spec.get("max_length", task.max_length)), spec)

@@ -21,6 +21,7 @@ from bertforge import cpu, kernels
 from bertforge.encoder import BertEncoder, BertLayer, BertSelfAttention
 from bertforge.infer.checks import inference_dtype
 from bertforge.infer.packing import pack_sequences
+from bertforge.options import EngineOptions
 
 
 @functools.cache
@@ -296,10 +297,11 @@ def quantize_int8(model: nn.Module) -> nn.Module:
                                 mapping={nn.Linear: DynamicLinear}, inplace=True)
 
 
-def prepare(model: nn.Module, quantize: str | None, device: torch.device, precision: str) -> nn.Module:
-    """The model in its inference form: on `device` in the dtype of `precision`, its Linear layers int8
-    (`quantize`, CPU) or, on the CPU, packed for oneDNN and its encoders run on real tokens only (`packing`)."""
-    model = model.to(device=device, dtype=inference_dtype(precision, device, quantize))
-    if quantize == "int8":
+def prepare(model: nn.Module, options: EngineOptions, device: torch.device) -> nn.Module:
+    """The model in its inference form for `options` on `device` (`checks.engine_device`): in the dtype of its
+    precision, its Linear layers int8 (quantize, CPU) or, on the CPU, packed for oneDNN and its encoders run on real
+    tokens only (`packing`)."""
+    model = model.to(device=device, dtype=inference_dtype(options.precision, device, options.quantize))
+    if options.quantize == "int8":
         return quantize_int8(model)
     return pack_sequences(pack_linears(model)) if device.type == "cpu" else model

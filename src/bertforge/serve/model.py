@@ -1,10 +1,11 @@
 """The engines one model directory is served with, and which endpoints they give: a fine-tuned directory (with
 task.json) `/predict` (`Predictor`), a pretrained one with its masked-LM head `/fill-mask` (`MaskFiller`), any
 one `/embed` (`Encoder`). They are the engines `bertforge predict`, `fill-mask` and `embed` run, with the same
-options, so the server answers what those commands print."""
+`EngineOptions`, so the server answers what those commands print."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.infer import Encoder, MaskFiller, Predictor
 from bertforge.model_files import model_dir
+from bertforge.options import EngineOptions
 from bertforge.tasks.runner import TASK_FILE
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")
@@ -38,32 +40,31 @@ class ServedModel:
     """A model directory loaded for serving. `run` is the batcher's runner: (key, items) -> a result per item."""
 
     path: Path
-    options: dict[str, Any]  # device, quantize, precision, backend
+    options: EngineOptions
     predictor: Predictor | None = None
     filler: MaskFiller | None = None
     encoder: Encoder | None = None
     missing: dict[str, str] = field(default_factory=dict)  # endpoint -> why this model does not serve it
 
     @classmethod
-    def load(cls, path: str | Path, *, device: str | None = None, quantize: str | None = None,
-             precision: str = "fp32", backend: str = "torch") -> ServedModel:
-        path = model_dir(path)
-        served = cls(path, {"device": device, "quantize": quantize, "precision": precision, "backend": backend})
+    def load(cls, path: str | Path, options: EngineOptions | None = None) -> ServedModel:
+        path, options = model_dir(path), options or EngineOptions()
+        served = cls(path, options)
         if (path / TASK_FILE).is_file():
-            served.predictor = Predictor(path, quantize=quantize, device=device, precision=precision, backend=backend)
+            served.predictor = Predictor(path, options)
             served.missing["/fill-mask"] = "a fine-tuned model has no masked-LM head"
         else:
             served.missing["/predict"] = f"a pretrained model has no task head (no {TASK_FILE})"
-            try:  # ONNX Runtime runs encoders and task heads; the masked-LM head runs on bertforge's engine
-                served.filler = MaskFiller(path, quantize=quantize, device=device,
-                                           precision="fp32" if backend == "onnx" else precision)
+            try:  # ONNX Runtime runs encoders and task heads; the masked-LM head runs on bertforge's engine, in fp32
+                served.filler = MaskFiller(path, options if options.backend == "torch" else
+                                           dataclasses.replace(options, backend="torch", precision="fp32"))
             except BertforgeError as e:
                 served.missing["/fill-mask"] = str(e)
-        if served.predictor is not None and backend == "torch":  # the task model's encoder, not a second copy
+        if served.predictor is not None and options.backend == "torch":  # the task model's encoder, not a second copy
             task_model = served.predictor.task_model
             served.encoder = Encoder.sharing(task_model.model.bert, task_model.tokenizer)
         else:
-            served.encoder = Encoder(path, quantize=quantize, device=device, precision=precision, backend=backend)
+            served.encoder = Encoder(path, options)
         return served
 
     @property
@@ -113,10 +114,10 @@ class ServedModel:
             "task": task.name if task is not None else None,
             "labels": list(task.labels) if task is not None and task.labels else None,
             "endpoints": self.endpoints,
-            "engine": self.options["backend"],
-            "precision": self.options["precision"],
-            "quantize": self.options["quantize"],
-            "device": self.options["device"] or "auto",
+            "engine": self.options.backend,
+            "precision": self.options.precision,
+            "quantize": self.options.quantize,
+            "device": self.options.device or "auto",
             "max_length": self.max_length,
             "hidden_size": config.hidden_size,
             "layers": config.num_hidden_layers,

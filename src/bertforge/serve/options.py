@@ -6,17 +6,19 @@ This module imports only the standard library and `bertforge.options`, so that `
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from bertforge.errors import BertforgeError
-from bertforge.options import Bound, at_least, backend_option, inference_precision_option, option, quantize_option
+from bertforge.options import Bound, EngineOptions, at_least, option, same_as
 
 PORT = Bound(lo=0, hi=65535, why="a TCP port (0: any free one, printed at start)")
 
 
 @dataclass
 class ServeOptions:
-    """What `bertforge serve` serves, where, and its batching and limits (`bertforge.serve.server.serve`)."""
+    """What `bertforge serve` serves, where, and its batching and limits (`bertforge.serve.server.serve`). Its
+    device, quantize, precision and backend are `EngineOptions`' (`engine()` gives them as one)."""
 
     model: str = option(help="model directory: a fine-tuned one serves POST /predict, a pretrained one with its "
                              "masked-LM head POST /fill-mask, any one POST /embed")
@@ -25,10 +27,10 @@ class ServeOptions:
     port: int = option(8080, help="TCP port (0: any free one, printed at start)", bound=PORT)
     api_key: str | None = option(None, help="require `Authorization: Bearer KEY` on every endpoint but /, "
                                             "/health and /ready")
-    device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    quantize: str | None = quantize_option()
-    precision: str = inference_precision_option()
-    backend: str = backend_option()
+    device: str | None = same_as(EngineOptions, "device")
+    quantize: str | None = same_as(EngineOptions, "quantize")
+    precision: str = same_as(EngineOptions, "precision")
+    backend: str = same_as(EngineOptions, "backend")
     max_batch_tokens: int = option(8192, help="tokens (estimated) of the requests run together in one engine call",
                                    bound=at_least(1))
     max_wait_ms: float = option(2.0, help="how long the engine waits for more requests to join a batch before "
@@ -41,6 +43,11 @@ class ServeOptions:
     access_log: bool = option(False, help="log every request on standard error")
 
     def __post_init__(self) -> None:
+        self.engine()  # what cannot run together refused as these are made, before the web stack loads
         if self.max_inputs > self.max_queue:
             raise BertforgeError(f"--max-inputs {self.max_inputs} is above --max-queue {self.max_queue}: a request "
                                  "that large could never be queued; raise --max-queue or lower --max-inputs")
+
+    def engine(self) -> EngineOptions:
+        """The options of the engines that serve the model (checked together as they are made)."""
+        return EngineOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EngineOptions)})

@@ -51,8 +51,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def make_server(options: ServeOptions) -> tuple[uvicorn.Server, socket.socket]:
     """The model loaded and the app built into a uvicorn server, and its bound socket (not yet serving)."""
-    served = ServedModel.load(options.model, device=options.device, quantize=options.quantize,
-                              precision=options.precision, backend=options.backend)
+    served = ServedModel.load(options.model, options.engine())
     sock = bind(options.host, options.port)
     config = uvicorn.Config(create_app(served, options), log_level="info" if options.access_log else "warning",
                             access_log=options.access_log, lifespan="on", server_header=False)
