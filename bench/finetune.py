@@ -7,8 +7,8 @@ clipping at 1.0, dropout on, the classifier head initialised right after `torch.
 Each side evaluates on dev after every epoch and reports dev and test accuracy of its best dev epoch
 (bertforge's `finetune` keeps the best dev model; the reference loop does the same by hand).
 
-- bertforge: `bertforge.train.finetune.finetune("csv", ...)`: tokenized once, batches grouped by length and
-  padded to their own longest sequence.
+- bertforge: `bertforge.finetune.run.finetune(FinetuneConfig(task="csv", ...))`: tokenized once, batches grouped
+  by length and padded to their own longest sequence.
 - reference: `transformers.BertForSequenceClassification.from_pretrained(dir, num_labels=2,
   attn_implementation="sdpa")` in a plain PyTorch loop, in its strongest ordinary setup: tokenized once
   without padding, each batch padded to its longest by `DataCollatorWithPadding` (dynamic padding), batches
@@ -44,7 +44,7 @@ import torch
 from measure import pin_device, ratio, spread, sync
 
 # Both imported from where they live today (src/ is being restructured; follow them if they move).
-from bertforge.train.finetune import FeatureBatches
+from bertforge.finetune.run import FeatureBatches
 from bertforge.train.memory import keep_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,9 +69,10 @@ def read_split(data: Path, split: str) -> tuple[list[str], list[str]]:
 
 
 def run_ours(data: Path, init: Path, args: argparse.Namespace, seed: int) -> dict:
+    from bertforge.finetune.config import FinetuneConfig
+    from bertforge.finetune.run import FinetuneOptions, finetune
     from bertforge.tasks.runner import evaluate_examples, load_task_model
     from bertforge.train import loop
-    from bertforge.train.finetune import FinetuneOptions, finetune
 
     device = torch.device(args.device)
     step_seconds = [0.0]
@@ -94,7 +95,8 @@ def run_ours(data: Path, init: Path, args: argparse.Namespace, seed: int) -> dic
                                       weight_decay=0.01, seed=seed, max_length=args.max_length,
                                       max_train_examples=args.max_train_examples, progress=False,
                                       device=args.device)
-            result = finetune("csv", data, init, out, options=options)
+            result = finetune(FinetuneConfig(task="csv", data_dir=str(data), init=str(init), out_dir=str(out),
+                                             options=options))
             tm = load_task_model(out, device=args.device)
             test, _ = evaluate_examples(tm, tm.task.read(data, "test"))
     finally:

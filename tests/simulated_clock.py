@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from bertforge.train import budget, loop
+from bertforge.pretrain import budget
+from bertforge.train import loop
 
 
 class SimulatedClock:

@@ -104,3 +104,29 @@ def file_digests(*paths: Path) -> dict[str, str]:
             if p.is_file() and p.name != ".lock":
                 found[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
     return found
+
+
+def pretrain_config(data, out, *, loop, model: str = "mini", data_options=None, electra=None, minutes=None,
+                    warmup_fraction=None, resume: bool = False, **fields):
+    """A `PretrainConfig` with everything as given (no recipe fills anything): `loop` and `data_options` as they
+    are, the other keywords by their field names in the config's sections (`init`, `dropout`, `bow_weight`,
+    `stack_fraction` ...; stacking's without its `stack_` prefix is not accepted: give `stack_fraction`)."""
+    import dataclasses
+
+    from bertforge.options import DataOptions, ElectraOptions
+    from bertforge.pretrain.config import BudgetSpec, ModelSpec, ObjectiveSpec, PretrainConfig, StackingSpec
+
+    def take(cls, prefix=""):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return {name: fields.pop(prefix + name) for name in list(names) if prefix + name in fields}
+
+    if fields.get("init") is not None:
+        fields["init"] = str(fields["init"])
+    model_spec = ModelSpec(name=str(model), **take(ModelSpec))
+    stacking = StackingSpec(**take(StackingSpec, "stack_"))
+    objective = ObjectiveSpec(**take(ObjectiveSpec), electra=electra or ElectraOptions())
+    if fields:
+        raise TypeError(f"pretrain_config: unknown fields {sorted(fields)}")
+    return PretrainConfig(data_dir=str(data), out_dir=str(out), loop=loop, data=data_options or DataOptions(),
+                          model=model_spec, objective=objective, stacking=stacking,
+                          budget=BudgetSpec(minutes=minutes, warmup_fraction=warmup_fraction), resume=resume)

@@ -151,7 +151,7 @@ def test_every_command_refuses_a_broken_input(broken, tmp_path, capsys, monkeypa
     def no_network(*args, **kwargs):
         pytest.fail("the demo fetched its data before refusing its --out")
 
-    monkeypatch.setattr("bertforge.demo_data.fetch_demo_data", no_network)
+    monkeypatch.setattr("bertforge.demo.data.fetch_demo_data", no_network)
     new = tmp_path / "new"
     argv = [a.replace("{new}", str(new)).format(**{k: str(v) for k, v in broken.items()}) for a in argv]
     inputs = [broken[k] for k in sorted(broken) if any(str(broken[k]) in a for a in argv)]

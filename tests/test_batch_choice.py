@@ -1,4 +1,4 @@
-"""The budget recipe's batch by the steps a time budget buys (bertforge.train.batch_choice), on a simulated clock:
+"""The budget recipe's batch by the steps a time budget buys (bertforge.pretrain.budget), on a simulated clock:
 each timed step takes 0.3 s, so 0.25 minutes buy 50 steps."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 from simulated_clock import simulated_clock
 
 from bertforge.cli import main
-from bertforge.train import batch_choice
-from bertforge.train import recipe as recipe_module
-from bertforge.train.loop import LoopOptions
-from bertforge.train.pretrain import pretrain
-from bertforge.train.recipe import BUDGET, LargerBatch, resolve
+from bertforge.pretrain import budget as batch_choice
+from bertforge.pretrain import recipe as recipe_module
+from bertforge.pretrain.config import LargerBatch
+from bertforge.pretrain.recipe import BUDGET
+from bertforge.pretrain.run import pretrain
 from bertforge.train.rundir import RUN_CONFIG
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
@@ -28,10 +28,10 @@ def _recipe(from_steps: int):
                                larger_batch=LargerBatch(from_steps=from_steps, **LARGER))
 
 
-def _run(prepared, out, recipe, **loop):
+def _run(prepared, out, recipe, **given):
     with simulated_clock(0.3):
-        pretrain(prepared, out, model="tiny", recipe=recipe, minutes=0.25, max_seq_len=16,
-                 loop={"progress": False, "eval_every": 0, **loop})
+        pretrain(recipe.config(str(prepared), str(out), {"model": "tiny", "minutes": 0.25, "max_seq_len": 16,
+                                                         "progress": False, "eval_every": 0, **given}))
     return json.loads((out / RUN_CONFIG).read_text())["loop"]
 
 
@@ -58,8 +58,9 @@ def test_a_given_batch_size_or_lr_keeps_the_run_off_the_larger_batch_without_tim
     assert loop["batch_size"] == given.get("batch_size", 2) and loop["lr"] == given.get("lr", BUDGET.lr)
 
 
-def _values():
-    return {**resolve(_recipe(1), {}, minutes=1.0), "batch_given": False}
+def _config(prepared, out, recipe, **given):
+    """The run's config as the recipe makes it with a budget of a minute (its larger batch not yet chosen)."""
+    return recipe.config(str(prepared), str(out), {"model": "tiny", "minutes": 1.0, "max_seq_len": 16, **given})
 
 
 def _never_forecast(*args, **kwargs):
@@ -72,10 +73,10 @@ def test_a_resumed_run_keeps_the_batch_it_started_with(prepared, tmp_path, monke
     (tmp_path / "half-depth").mkdir()
     (tmp_path / "half-depth" / RUN_CONFIG).write_text(json.dumps({"loop": {"lr": recorded_lr, "batch_size": 99}}))
     monkeypatch.setattr(batch_choice, "forecast_steps", _never_forecast)
-    loop = LoopOptions(steps=1000, batch_size=2, lr=BUDGET.lr)
-    chosen = batch_choice.budget_batch(_recipe(1), loop, _values(), minutes=1.0, model_config=None,
-                                       data_dir=prepared, max_seq_len=16, out_dir=tmp_path, resume=True)
-    assert chosen.batch_size == batch and chosen.steps == 1000
+    config = _config(prepared, tmp_path, _recipe(1), resume=True)
+    chosen = batch_choice.choose_batch(config, model_config=None)
+    assert chosen.loop.batch_size == batch and chosen.loop.steps == config.loop.steps
+    assert chosen.budget.larger_batch is None  # chosen once
 
 
 def test_the_forecast_times_the_run_as_asked_at_the_recipes_own_batch(prepared, tmp_path, monkeypatch):
@@ -86,12 +87,11 @@ def test_the_forecast_times_the_run_as_asked_at_the_recipes_own_batch(prepared, 
         return type("F", (), {"steps": 10})()
 
     monkeypatch.setattr(batch_choice, "forecast_steps", forecast)
-    values = {**_values(), "stack_fraction": 0.5}  # a --stack-fraction given wins over the recipe's
+    config = _config(prepared, tmp_path, _recipe(11), stack_fraction=0.5)  # given: wins over the recipe's
+    config = config.replace(model=dataclasses.replace(config.model, max_seq_len=None))
     vocab = json.loads((prepared / "manifest.json").read_text())["vocab_size"]
-    config = batch_choice.budget_batch(_recipe(11), LoopOptions(steps=5, batch_size=2, lr=BUDGET.lr), values,
-                                       minutes=1.0, data_dir=prepared, max_seq_len=None, out_dir=tmp_path,
-                                       resume=False, model_config=lambda v, n: type("C", (), {"vocab_size": v})())
-    assert config.batch_size == 2  # 10 steps, under 11
+    config = batch_choice.choose_batch(config, model_config=lambda name, v, n: type("C", (), {"vocab_size": v})())
+    assert config.loop.batch_size == 2  # 10 steps, under 11
     assert seen == {"batch": 2, "stack": 0.5, "seq_len": 64, "vocab": vocab}
 
 

@@ -18,8 +18,7 @@ from bertforge.cli import main
 from bertforge.config import BertConfig
 from bertforge.files import read_jsonl
 from bertforge.models import IGNORE_INDEX, BertForPreTraining, masked_lm, sampled_masked_lm
-from bertforge.train.candidates import CandidateSampler
-from bertforge.train.objective import PretrainingObjective
+from bertforge.pretrain.objectives import CandidateSampler, PretrainingObjective
 
 TINY = {"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 64, "max_position_embeddings": 64}

@@ -8,17 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import pretrain_config
 from torch._dynamo.utils import counters
 
 from bertforge.files import read_jsonl
+from bertforge.options import DataOptions
+from bertforge.pretrain.run import pretrain
 from bertforge.train.loop import LoopOptions
-from bertforge.train.pretrain import DataOptions, pretrain
 
 
 def _losses(prepared: Path, config: str, out: Path, *, compile: bool) -> list[float]:
     loop = LoopOptions(steps=6, batch_size=4, lr=1e-3, warmup_steps=2, log_every=1, progress=False, seed=3,
                       compile=compile, precision="fp32")
-    pretrain(prepared, out, model=config, loop=loop, data_options=DataOptions(eval_batches=0))
+    pretrain(pretrain_config(prepared, out, model=config, loop=loop, data_options=DataOptions(eval_batches=0)))
     return [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
 
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
-from bertforge.train.cooccurrence import (
+from bertforge.pretrain.cooccurrence import (
     SCALE,
     cooccurrence_embeddings,
     count_pairs,
@@ -148,7 +148,7 @@ def test_a_split_without_pairs_leaves_the_embeddings_random_and_says_so(capsys):
     from types import SimpleNamespace
 
     from bertforge.config import BertConfig
-    from bertforge.train.cooccurrence import init_from_cooccurrences
+    from bertforge.pretrain.cooccurrence import init_from_cooccurrences
 
     config = BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
                         intermediate_size=16, max_position_embeddings=16)
@@ -192,8 +192,8 @@ def test_resume_after_an_interruption_is_bitwise_equal(tmp_path, tiny_config_fil
 def test_an_unknown_embedding_init_is_refused_before_anything_runs(tmp_path):
     from support import prepared_dir
 
-    from bertforge.train.pretrain import pretrain
+    from bertforge.pretrain.recipe import recipe_config
 
     with pytest.raises(BertforgeError, match="unknown embedding_init 'svd'; choose random or cooccurrence"):
-        pretrain(prepared_dir(), tmp_path / "run", model="tiny", loop={"steps": 1}, embedding_init="svd")
+        recipe_config("bert", data=prepared_dir(), out=tmp_path / "run", model="tiny", steps=1, embedding_init="svd")
     assert not (tmp_path / "run").exists()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import pretrain_config
 
 import bertforge.cpu
 from bertforge import BertForPreTraining
@@ -245,9 +246,10 @@ def _worker(job: dict) -> None:
     checkpoint's RNG gathering all run through it, as they do with several GPUs."""
     import torch.distributed as dist
 
+    from bertforge.options import DataOptions
+    from bertforge.pretrain.run import pretrain
     from bertforge.train import distributed
     from bertforge.train.loop import LoopOptions
-    from bertforge.train.pretrain import DataOptions, pretrain
 
     nccl = job["backend"] == "nccl"
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if nccl else torch.device("cpu")
@@ -258,7 +260,8 @@ def _worker(job: dict) -> None:
     distributed.Dist.enabled = property(lambda self: dist.is_initialized())
     loop = LoopOptions(steps=4, batch_size=8, lr=1e-3, warmup_steps=1, eval_every=2, save_every=2, log_every=1,
                       progress=False, device=str(device))
-    pretrain(job["data"], job["out"], model=job["model"], loop=loop, data_options=DataOptions(eval_batches=2))
+    pretrain(pretrain_config(job["data"], job["out"], model=job["model"], loop=loop,
+                             data_options=DataOptions(eval_batches=2)))
 
 
 if __name__ == "__main__":

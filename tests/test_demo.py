@@ -11,10 +11,10 @@ import statistics
 import pytest
 from simulated_clock import simulated_clock
 
-from bertforge import demo as demo_module
-from bertforge import demo_imdb
-from bertforge.demo_data import DemoData
-from bertforge.demo_report import verdict
+from bertforge.demo import imdb as demo_imdb
+from bertforge.demo import run as demo_module
+from bertforge.demo.data import DemoData
+from bertforge.demo.report import verdict
 from bertforge.errors import BertforgeError
 from bertforge.train.memory import keep_freed_memory
 
@@ -40,7 +40,7 @@ def small_demo_data(tmp_path, shared_data, monkeypatch):
     labels = demo_imdb.read_reviews(rows, "fixture")
     demo_imdb.write_task(labels, demo_imdb.split_reviews(labels), tmp_path / "imdb")
     data = DemoData(reviews_file=reviews, sentiment_dir=task, imdb_dir=tmp_path / "imdb")
-    monkeypatch.setattr("bertforge.demo_data.fetch_demo_data", lambda cache, progress=True: data)
+    monkeypatch.setattr("bertforge.demo.data.fetch_demo_data", lambda cache, progress=True: data)
     return data
 
 

@@ -9,11 +9,11 @@ import pytest
 from simulated_clock import simulated_clock
 
 from bertforge.config import BertConfig
-from bertforge.demo_budget import MARGIN, PAYS_FROM_STEPS, parse_demo_minutes, plan_minutes
+from bertforge.demo.budget import MARGIN, PAYS_FROM_STEPS, parse_demo_minutes, plan_minutes
 from bertforge.errors import BertforgeError
-from bertforge.train.candidates import CandidateSampler
-from bertforge.train.forecast import Forecast, forecast_steps
-from bertforge.train.recipe import BERT, BUDGET
+from bertforge.pretrain.budget import Forecast, forecast_steps
+from bertforge.pretrain.objectives import CandidateSampler
+from bertforge.pretrain.recipe import BERT, BUDGET
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CONFIG = BertConfig.from_preset("tiny", vocab_size=300)
@@ -90,7 +90,7 @@ def test_the_demo_budget_is_minutes_or_auto():
 
 
 def test_a_started_demo_pretraining_keeps_its_recorded_budget_under_auto(tmp_path, monkeypatch):
-    from bertforge import demo
+    from bertforge.demo import run as demo
     from bertforge.options import DemoOptions
 
     monkeypatch.setattr(demo, "plan_minutes", lambda *a, **k: pytest.fail("timed a run that had its budget"))

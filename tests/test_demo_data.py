@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bertforge import demo_data, demo_imdb
+from bertforge.demo import data as demo_data
+from bertforge.demo import imdb as demo_imdb
 from bertforge.errors import BertforgeError
 
 

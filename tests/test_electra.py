@@ -28,7 +28,7 @@ from bertforge.encoder import BertModel
 from bertforge.files import read_jsonl
 from bertforge.models import BertForSequenceClassification
 from bertforge.options import ElectraOptions
-from bertforge.train.electra import ElectraObjective, build_electra, position_uniforms
+from bertforge.pretrain.electra import ElectraObjective, build_electra, position_uniforms
 
 TINY = {"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 64, "max_position_embeddings": 64}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,15 @@ import pytest
 import torch
 
 from bertforge import BertConfig, BertForPreTraining, Tokenizer
-from bertforge.cli import main
+from bertforge.cli import build_parser, main
+from bertforge.commands.arguments import build_args
+from bertforge.commands.finetune import finetune_config
+from bertforge.errors import BertforgeError
+from bertforge.finetune import run as ft
+from bertforge.finetune import sweep
+from bertforge.finetune.config import FinetuneConfig
+from bertforge.options import FinetuneOptions
 from bertforge.tasks.runner import load_task_model
-from bertforge.train import finetune as ft
-from bertforge.train import sweep
 from bertforge.train.rundir import RUN_CONFIG
 
 FILLER = ["the", "a", "film", "story", "plot", "actor", "scene", "city", "river", "house", "game", "book", "night",
@@ -33,6 +39,16 @@ GOOD, BAD = "great", "awful"
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=128)
 FAST = ["--batch-size", "8", "--epochs", "1", "--lr", "1e-3", "--max-length", "48"]
+FAST_OPTIONS = dict(batch_size=8, epochs=1.0, lr=1e-3, max_length=48, progress=False)  # FAST, for the library
+CUSTOM = {"text_column": "review", "label_column": "stars"}  # CUSTOM_OPTIONS, for the library
+
+
+def config(data: Path, init: Path, out: Path, task: str = "csv", task_options: dict | None = None,
+           **options) -> FinetuneConfig:
+    """A fast fine-tuning of `write_custom`'s data (or `task`'s), FAST_OPTIONS changed by `options`."""
+    return FinetuneConfig(task=task, data_dir=data, init=init, out_dir=out,
+                          task_options=dict(CUSTOM if task_options is None else task_options),
+                          options=FinetuneOptions(**{**FAST_OPTIONS, **options}))
 
 
 def sentence(rng: random.Random, n: int = 6, *extra: str) -> str:
@@ -548,8 +564,7 @@ def test_bad_input_fails_in_one_line_naming_file_and_line(name, init_dir, tmp_pa
 def csv_model(init_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("csv-model") / "run"
     data = write_custom("csv", out.parent / "data")
-    assert main(["finetune", "--task", "csv", "--data", str(data), "--init", str(init_dir), "--out", str(out),
-                 *FAST, *CUSTOM_OPTIONS]) == 0
+    ft.finetune(config(data, init_dir, out))
     return out
 
 
@@ -581,10 +596,8 @@ def _snapshot(d: Path) -> dict[str, bytes]:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
-def test_a_failed_run_leaves_the_output_as_it_was(csv_model, init_dir, tmp_path, capsys, monkeypatch):
+def test_a_failed_run_leaves_the_output_as_it_was(csv_model, init_dir, tmp_path, monkeypatch):
     data = write_custom("csv", tmp_path / "data")
-    args = ["finetune", "--task", "csv", "--data", data, "--init", init_dir, *FAST, *CUSTOM_OPTIONS,
-            "--batch-size", "4"]
     real = ft.TaskObjective.losses
     calls = []
 
@@ -594,14 +607,16 @@ def test_a_failed_run_leaves_the_output_as_it_was(csv_model, init_dir, tmp_path,
         return {k: v * float("nan") for k, v in losses.items()} if len(calls) == 3 else losses
 
     monkeypatch.setattr(ft.TaskObjective, "losses", diverging)
-    err = _one_line_error(capsys, *args, "--out", tmp_path / "new", during_training=True)
-    assert f"the loss became nan at step 3; {tmp_path / 'new'} was left as it was: lower --lr" in err
+    with pytest.raises(BertforgeError) as failed:
+        ft.finetune(config(data, init_dir, tmp_path / "new", batch_size=4))
+    assert f"the loss became nan at step 3; {tmp_path / 'new'} was left as it was: lower --lr" in str(failed.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # no model, no temporary directory
 
     # a finished run in --out stays whole (model, logs, metrics) when the run replacing it fails
     before = _snapshot(csv_model)
     calls.clear()
-    _one_line_error(capsys, *args, "--out", csv_model, during_training=True)
+    with pytest.raises(BertforgeError, match="the loss became nan"):
+        ft.finetune(config(data, init_dir, csv_model, batch_size=4))
     assert _snapshot(csv_model) == before
     assert sorted(p.name for p in csv_model.parent.iterdir() if p.name.startswith(".")) == []
 
@@ -630,13 +645,13 @@ def test_an_interrupted_run_leaves_out_as_it_was_exits_130_and_resumes(init_dir,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "run"]
 
 
-def test_checkpoints_every_save_minutes_of_training_keeping_the_last_keep_last(init_dir, tmp_path, capsys,
-                                                                               monkeypatch):
+def test_checkpoints_every_save_minutes_of_training_keeping_the_last_keep_last(init_dir, tmp_path, monkeypatch):
     import itertools
     import time
     from types import SimpleNamespace
 
-    from bertforge.train import loop, state
+    from bertforge.train import checkpoints as state
+    from bertforge.train import loop
 
     # a clock that moves 3 minutes each time the loop reads it: once after each step, once after each checkpoint
     minutes = itertools.count(0, 3)
@@ -651,10 +666,8 @@ def test_checkpoints_every_save_minutes_of_training_keeping_the_last_keep_last(i
 
     monkeypatch.setattr(loop, "save_checkpoint", recording)
     data = write_custom("csv", tmp_path / "data")
-    args = ["finetune", "--task", "csv", "--data", data, "--init", init_dir, "--out", tmp_path / "run", *FAST,
-            "--epochs", "4", *CUSTOM_OPTIONS]
-    code, _, err = _cli(capsys, *args, "--keep-last", "2")
-    assert code == 0, err
+    run = config(data, init_dir, tmp_path / "run", epochs=4)
+    ft.finetune(run.with_options(keep_last=2))
     steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"]
     assert steps >= 9
     # read at steps 1, 2, 3 (3, 6, 9 minutes): not yet; step 4 (12) saves and restarts the count at 15; step 8...
@@ -665,20 +678,18 @@ def test_checkpoints_every_save_minutes_of_training_keeping_the_last_keep_last(i
 
     # --save-minutes 0: only --save-every's steps and the end
     saved.clear()
-    code, _, err = _cli(capsys, *args, "--save-minutes", "0", "--save-every", "3")
-    assert code == 0, err
+    ft.finetune(run.with_options(save_minutes=0, save_every=3))
     assert [s for s, _ in saved] == [s for s in range(3, steps, 3)] + [steps]
     assert [kept for _, kept in saved][-1] == [steps]  # --keep-last 1 by default
 
 
-def test_out_that_is_not_a_run_directory_is_refused(init_dir, tmp_path, capsys):
+def test_out_that_is_not_a_run_directory_is_refused(init_dir, tmp_path):
     data = write_custom("csv", tmp_path / "data")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("precious")
     for out in (tmp_path / "mine", init_dir, data / "train.csv"):
-        err = _one_line_error(capsys, "finetune", "--task", "csv", "--data", data, "--init", init_dir, "--out",
-                              out, *FAST, *CUSTOM_OPTIONS)
-        assert f"--out {out} is" in err
+        with pytest.raises(BertforgeError, match=f"--out {re.escape(str(out))} is"):
+            ft.finetune(config(data, init_dir, out))
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
 
 
@@ -696,12 +707,10 @@ def test_grid_and_seeds_report_mean_std_and_keep_the_best(init_dir, tmp_path, ca
 
     monkeypatch.setattr(sweep, "PAPER_GRID", {"batch_size": (8,), "lr": (1e-3, 1e-5), "epochs": (1,)})
     data, out = write_glue("sst2", tmp_path / "data"), tmp_path / "grid"
-    code, stdout, err = _cli(capsys, "finetune", "--task", "sst2", "--data", data, "--init", init_dir, "--out",
-                             out, "--max-length", "32", "--grid", "--seeds", "2")
-    assert code == 0, err
-    assert stdout.count("± ") == 2 and "best settings: {'batch_size': 8, 'lr'" in stdout
-
-    report = json.loads((out / "metrics.json").read_text())
+    swept = FinetuneConfig(task="sst2", data_dir=data, init=init_dir, out_dir=out,
+                           options=FinetuneOptions(max_length=32, progress=False))
+    report = sweep.finetune_many(swept, grid=True, seeds=2)
+    assert report == json.loads((out / "metrics.json").read_text())
     assert [r["settings"] for r in report["all"]] == [{"batch_size": 8, "lr": 1e-3, "epochs": 1},
                                                       {"batch_size": 8, "lr": 1e-5, "epochs": 1}]
     for r in report["all"]:
@@ -725,8 +734,62 @@ def test_grid_and_seeds_report_mean_std_and_keep_the_best(init_dir, tmp_path, ca
     assert code == 0 and f"accuracy {report['metrics']['accuracy']:.2f}" in stdout
 
     # the same directory can take a new run (an earlier fine-tuning run is replaced, not refused)
-    assert _cli(capsys, "finetune", "--task", "sst2", "--data", data, "--init", init_dir, "--out", out,
-                "--max-length", "32", "--seeds", "2", *FAST[:2])[0] == 0
+    assert sweep.finetune_many(swept.with_options(batch_size=8), seeds=2)["best_settings"] == {}
+
+
+# --- the command line: flags mapped to one FinetuneConfig --------------------------------------------------------
+
+
+def _parsed(*argv) -> object:
+    ns = build_parser().parse_args([str(a) for a in argv])
+    return build_args(ns._command.args, ns)
+
+
+def test_the_command_line_maps_its_flags_to_one_config(tmp_path):
+    args = _parsed("finetune", "--task", "csv", "--data", tmp_path / "d", "--init", tmp_path / "i", "--out",
+                   tmp_path / "o", *CUSTOM_OPTIONS, "--lr", "1e-3", "--seed", "7", "--reinit-layers", "1", "--resume")
+    assert finetune_config(args) == FinetuneConfig(
+        task="csv", data_dir=str(tmp_path / "d"), init=str(tmp_path / "i"), out_dir=str(tmp_path / "o"),
+        task_options=CUSTOM, options=FinetuneOptions(lr=1e-3, seed=7, reinit_layers=1), resume=True)
+    plain = finetune_config(_parsed("finetune", "--task", "sst2", "--data", "d", "--init", "i", "--out", "o"))
+    assert plain == FinetuneConfig("sst2", "d", "i", "o") and plain.task_options == {} and not plain.resume
+
+
+def test_the_command_runs_the_config_and_a_sweep_with_its_grid_and_seeds(tmp_path, capsys, monkeypatch):
+    called = []
+    metrics = {"accuracy": 75.0}
+    monkeypatch.setattr(ft, "finetune", lambda c: called.append(c) or {"best_step": 3, "metrics": metrics})
+    monkeypatch.setattr(sweep, "finetune_many", lambda c, **kw: called.append((c, kw)) or {
+        "all": [{"settings": {}, "mean": metrics, "std": {"accuracy": 0.5}, "runs": [1, 2]}], "best_settings": {},
+        "metrics": metrics})
+    base = ["finetune", "--task", "sst2", "--data", "d", "--init", "i", "--out", "o", "--lr", "1e-3"]
+    assert main(base) == 0 and called == [finetune_config(_parsed(*base))]
+    assert "best dev (step 3): accuracy 75.00" in capsys.readouterr().out
+    assert main([*base, "--seeds", "2", "--grid"]) == 0
+    assert called[1] == (finetune_config(_parsed(*base)), {"grid": True, "seeds": 2})
+    assert "accuracy 75.00 ± 0.50 (over 2 seed(s))" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"task": ""}, "FinetuneConfig.task is empty"),
+    ({"out_dir": 3}, "FinetuneConfig.out_dir is 3: give a string or a Path"),
+    ({"options": {"lr": 1e-3}}, "FinetuneConfig.options is a dict: give a FinetuneOptions"),
+    ({"task_options": ["review"]}, "give a dict of option names"),
+    ({"options": FinetuneOptions(from_scratch=True, reinit_layers=1)}, "--reinit-layers 1 re-initialises"),
+])
+def test_a_config_is_checked_when_made(change, message):
+    good = dict(task="csv", data_dir="d", init="i", out_dir="o")
+    with pytest.raises(BertforgeError, match=re.escape(message)):
+        FinetuneConfig(**{**good, **change})
+    assert FinetuneConfig(**{**good, "data_dir": Path("d")}).data_dir == "d"  # a Path kept as its string
+
+
+def test_a_config_refused_on_the_command_line_is_one_error_line(init_dir, tmp_path, capsys):
+    data = write_custom("csv", tmp_path / "data")
+    err = _one_line_error(capsys, "finetune", "--task", "csv", "--data", data, "--init", init_dir, "--out",
+                          tmp_path / "run", *FAST, *CUSTOM_OPTIONS, "--from-scratch", "--reinit-layers", "1")
+    assert "--reinit-layers 1 re-initialises pretrained layers" in err and "drop one of them" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]
 
 
 # --- learning ----------------------------------------------------------------------------------------------
@@ -742,7 +805,7 @@ def test_a_tiny_model_learns_a_keyword_task(init_dir, tmp_path):
                                       for i in range(n)]
         _csv(d / f"{split}.csv", rows)
     options = ft.FinetuneOptions(lr=1e-3, batch_size=16, epochs=8, max_length=32, progress=False, seed=1)
-    result = ft.finetune("csv", d, init_dir, tmp_path / "run", options=options)
+    result = ft.finetune(FinetuneConfig("csv", d, init_dir, tmp_path / "run", options=options))
     assert result["metrics"]["accuracy"] >= 90, result["history"]  # chance: 50
     losses = [r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
               if r["split"] == "train"]
@@ -762,7 +825,7 @@ def test_a_tiny_model_learns_entities_with_character_spans(init_dir, tmp_path):
     (d / "train.txt").write_text(conll_text(rng, 120))
     (d / "valid.txt").write_text(conll_text(rng, 30))
     options = ft.FinetuneOptions(lr=2e-3, batch_size=16, epochs=8, max_length=32, progress=False)
-    result = ft.finetune("conll2003", d, init_dir, tmp_path / "run", options=options)
+    result = ft.finetune(FinetuneConfig("conll2003", d, init_dir, tmp_path / "run", options=options))
     assert result["metrics"]["f1"] >= 80, result["history"]
     from bertforge.infer import predict_records
 

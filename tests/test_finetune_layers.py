@@ -7,14 +7,14 @@ import json
 
 import pytest
 import torch
-from test_finetune import CUSTOM_OPTIONS, FAST, init_dir, write_custom  # noqa: F401 (init_dir: a fixture)
+from test_finetune import config, init_dir, write_custom  # noqa: F401 (init_dir: a fixture)
 
-from bertforge.cli import main
 from bertforge.config import BertConfig
+from bertforge.errors import BertforgeError
+from bertforge.finetune.run import _task_model, finetune
 from bertforge.models import BertForSequenceClassification
 from bertforge.options import FinetuneOptions
 from bertforge.train import distributed
-from bertforge.train.finetune import _task_model
 from bertforge.train.optim import build_optimizer, parameter_groups
 
 TINY = dict(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32,
@@ -73,12 +73,12 @@ def test_reinit_gives_the_top_layers_and_pooler_fresh_weights_and_keeps_the_rest
     assert std == pytest.approx(model.config.initializer_range, rel=0.2)
 
 
-def test_reinit_of_more_layers_than_the_model_has_is_refused_in_one_line(init_dir, tmp_path, capsys):  # noqa: F811
+def test_reinit_of_more_layers_than_the_model_has_is_refused_in_one_line(init_dir, tmp_path):  # noqa: F811
     data = write_custom("csv", tmp_path / "data")
     out = tmp_path / "run"
-    assert main(["finetune", "--task", "csv", "--data", str(data), "--init", str(init_dir), "--out", str(out),
-                 *FAST, *CUSTOM_OPTIONS, "--reinit-layers", "9"]) == 2
-    err = capsys.readouterr().err.strip()
+    with pytest.raises(BertforgeError) as refused:
+        finetune(config(data, init_dir, out, reinit_layers=9))
+    err = str(refused.value)
     assert len(err.splitlines()) == 1 and "--reinit-layers 9" in err and "at most" in err
     assert not out.exists()
 
@@ -86,8 +86,7 @@ def test_reinit_of_more_layers_than_the_model_has_is_refused_in_one_line(init_di
 def test_a_run_with_both_records_them_and_trains(init_dir, tmp_path):  # noqa: F811
     data = write_custom("csv", tmp_path / "data")
     out = tmp_path / "run"
-    assert main(["finetune", "--task", "csv", "--data", str(data), "--init", str(init_dir), "--out", str(out),
-                 *FAST, *CUSTOM_OPTIONS, "--reinit-layers", "1", "--layer-lr-decay", "0.8"]) == 0
+    finetune(config(data, init_dir, out, reinit_layers=1, layer_lr_decay=0.8))
     options = json.loads((out / "run_config.json").read_text())["options"]
     assert options["reinit_layers"] == 1 and options["layer_lr_decay"] == 0.8
     assert json.loads((out / "metrics.json").read_text())

@@ -19,7 +19,12 @@ import torch
 from forked import Forked, kill_at
 
 from bertforge.cli import main
-from bertforge.train import finetune as ft
+from bertforge.errors import BertforgeError
+from bertforge.finetune import run as ft
+from bertforge.finetune.config import FinetuneConfig
+from bertforge.finetune.sweep import finetune_many
+from bertforge.options import FinetuneOptions
+from bertforge.train.loop import TrainingInterrupted
 from bertforge.train.rundir import claim_run_dir
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -27,6 +32,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # every 10 minutes of training, would write none in these runs before the last step)
 ARGS = ["--task", "csv", "--label-column", "label", "--batch-size", "4", "--epochs", "3", "--lr", "1e-3",
         "--max-length", "16", "--eval-batch-size", "4", "--save-every", "6"]
+OPTIONS = FinetuneOptions(batch_size=4, epochs=3.0, lr=1e-3, max_length=16, eval_batch_size=4, save_every=6)  # ARGS'
 
 
 # A torchrun rank: `bertforge` with `kill_at` applied.
@@ -93,13 +99,16 @@ def _finetune(capsys, args: list, code: int = 0) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory, mlm_dir) -> dict:
-    """The data, the init model, and the uninterrupted run every resumed one must equal."""
+    """The data, the init model, and the uninterrupted run every resumed one must equal: made through the library,
+    while the runs it is compared with go through the command line (ARGS and OPTIONS are one run)."""
     root = tmp_path_factory.mktemp("ft-resume")
     data = _write_data(root / "data")
     base = ["--data", data, "--init", mlm_dir, *ARGS]
+    config = FinetuneConfig(task="csv", data_dir=data, init=mlm_dir, out_dir=root / "full",
+                            task_options={"label_column": "label"}, options=OPTIONS)
     with _one_thread():  # before the autouse fixture, which is per test
-        assert main(["finetune", *[str(a) for a in base], "--out", str(root / "full")]) == 0
-    return {"base": base, "full": root / "full", "data": data, "init": mlm_dir}
+        ft.finetune(config)
+    return {"base": base, "full": root / "full", "data": data, "init": mlm_dir, "config": config}
 
 
 def _files(run: Path) -> dict[str, bytes]:
@@ -113,8 +122,8 @@ def _files(run: Path) -> dict[str, bytes]:
     ("bertforge.train.loop:train_step:8", [], "(step 6)"),  # at an epoch boundary: after its evaluation and checkpoint
     ("bertforge.train.loop:Trainer._evaluate:2", [], "(step 6)"),  # during the second epoch's dev evaluation
     ("torch:save:2", [], "(step 6)"),  # while writing the second checkpoint
-    ("bertforge.train.finetune:read_jsonl:1", [], ""),  # after the last checkpoint, before the run's end
-    ("bertforge.train.finetune:plot_metrics:1", [], ""),  # while putting the finished run in place
+    ("bertforge.finetune.run:read_jsonl:1", [], ""),  # after the last checkpoint, before the run's end
+    ("bertforge.finetune.run:plot_metrics:1", [], ""),  # while putting the finished run in place
 ], ids=["in-epoch", "epoch-boundary", "dev-evaluation", "writing-checkpoint", "after-training", "at-the-end"])
 def test_a_killed_run_resumes_to_the_uninterrupted_result(task, tmp_path, capsys, kill, options, resumed_from):
     out = tmp_path / "run"
@@ -169,22 +178,29 @@ def interrupted(task, tmp_path, capsys, monkeypatch) -> Path:
     return tmp_path / "run"
 
 
-@pytest.mark.slow  # the module's uninterrupted run (`task`) is a process of its own
-def test_resume_refuses_what_changed_in_one_line(task, interrupted, tmp_path, capsys):
-    out, base = interrupted, task["base"]
-    for changed, expected in ((["--lr", "2e-3"], "--lr 0.001 -> 0.002"), (["--seed", "1"], "--seed 42 -> 1"),
-                              (["--batch-size", "8"], "--batch-size 4 -> 8"),
-                              (["--label-column", "same_label"], '--label-column "label" -> "same_label"')):
-        err = _one_error(capsys, *base, *changed, "--out", out, "--resume")
+@pytest.mark.slow  # the module's uninterrupted run (`task`)
+def test_resume_refuses_what_changed_in_one_line(task, interrupted, tmp_path):
+    resumed = task["config"].replace(out_dir=interrupted, resume=True)
+
+    def refusal(config: FinetuneConfig) -> str:
+        with pytest.raises(BertforgeError) as refused:
+            ft.finetune(config)
+        assert len(str(refused.value).splitlines()) == 1
+        return str(refused.value)
+
+    for changed, expected in (({"lr": 2e-3}, "--lr 0.001 -> 0.002"), ({"seed": 1}, "--seed 42 -> 1"),
+                              ({"batch_size": 8}, "--batch-size 4 -> 8")):
+        err = refusal(resumed.with_options(**changed))
         assert expected in err and "--resume cannot change" in err, err
+    err = refusal(resumed.replace(task_options={"label_column": "same_label"}))
+    assert '--label-column "label" -> "same_label"' in err and "--resume cannot change" in err, err
     other_init = tmp_path / "init2"
     shutil.copytree(task["init"], other_init)
-    assert "--init" in _one_error(capsys, *[other_init if a == task["init"] else a for a in base], "--out", out,
-                                  "--resume")
+    assert "--init" in refusal(resumed.replace(init=other_init))
     data = tmp_path / "data2"
     shutil.copytree(task["data"], data)
     (data / "train.csv").write_text((data / "train.csv").read_text().replace("good", "bad", 1))
-    err = _one_error(capsys, *[data if a == task["data"] else a for a in base], "--out", out, "--resume")
+    err = refusal(resumed.replace(data_dir=data))
     assert f"the data: {data} is not the data the run was started on" in err, err
 
 
@@ -201,11 +217,10 @@ def test_an_interrupted_run_is_kept_and_its_directory_held_by_one_process(task, 
     assert _files(out) == _files(task["full"])
 
 
-@pytest.mark.slow  # the module's uninterrupted run (`task`) is a process of its own
+@pytest.mark.slow  # the module's uninterrupted run (`task`)
 def test_a_seed_sweep_interrupted_in_its_second_run_resumes_to_the_same_summary(task, tmp_path, capsys,
                                                                                  monkeypatch):
-    args = ["finetune", *[str(a) for a in task["base"]], "--seeds", "3"]
-    assert main([*args, "--out", str(tmp_path / "full")]) == 0
+    finetune_many(task["config"].replace(out_dir=tmp_path / "full"), seeds=3)
     real, calls = ft.TaskObjective.losses, []
 
     def interrupting(self, model, batch):
@@ -216,10 +231,12 @@ def test_a_seed_sweep_interrupted_in_its_second_run_resumes_to_the_same_summary(
 
     monkeypatch.setattr(ft.TaskObjective, "losses", interrupting)
     out = tmp_path / "swept"
-    assert main([*args, "--out", str(out)]) == 130
+    swept = task["config"].replace(out_dir=out)
+    with pytest.raises(TrainingInterrupted):
+        finetune_many(swept, seeds=3)
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["run-seed42", "run-seed43.partial"]
     capsys.readouterr()
-    assert main([*args, "--out", str(out), "--resume"]) == 0
+    finetune_many(swept.replace(resume=True), seeds=3)
     printed = capsys.readouterr().out
     assert f"{out / 'runs' / 'run-seed42'} is finished" in printed and "resumed from" in printed
     assert len(calls) == 18 * 3 + 3 - 3  # the first run was not trained again; the second went on from step 3

@@ -194,7 +194,7 @@ def test_predict_embed_and_fill_hold_off_the_cyclic_gc_and_restore_it(clf_dir, m
 
 @pytest.mark.slow  # a fine-tuning run
 def test_predict_after_a_real_finetune(tmp_path, mlm_dir, capsys):
-    from bertforge.train.finetune import FinetuneOptions, finetune
+    from bertforge.finetune.run import FinetuneOptions, finetune
 
     data = tmp_path / "data"
     data.mkdir()

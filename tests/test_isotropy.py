@@ -8,10 +8,12 @@ import math
 
 import pytest
 import torch
+from support import pretrain_config
 
 from bertforge.files import read_jsonl
-from bertforge.train.isotropy import band_key, directory_isotropy, initial_isotropy, isotropy
-from bertforge.train.pretrain import DataOptions, LoopOptions, pretrain
+from bertforge.options import DataOptions, LoopOptions
+from bertforge.pretrain.isotropy import band_key, directory_isotropy, initial_isotropy, isotropy
+from bertforge.pretrain.run import pretrain
 
 
 def test_identical_rows_have_cosine_one_and_a_mean_unit_vector_of_norm_one():
@@ -64,9 +66,8 @@ def test_pretraining_logs_the_isotropy_at_each_evaluation(prepared, tmp_path):
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps({"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2,
                                   "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}))
-    pretrain(prepared, out, model=str(config), loop=LoopOptions(steps=6, batch_size=8, lr=1e-3, warmup_steps=1,
-                                                                eval_every=3, progress=False, seed=3),
-             data_options=DataOptions(eval_batches=1))
+    loop = LoopOptions(steps=6, batch_size=8, lr=1e-3, warmup_steps=1, eval_every=3, progress=False, seed=3)
+    pretrain(pretrain_config(prepared, out, model=str(config), loop=loop, data_options=DataOptions(eval_batches=1)))
     evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "eval"]
     assert [r["step"] for r in evals] == [3, 6]
     train = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]

@@ -16,7 +16,7 @@ import torch
 import bertforge.cpu
 from bertforge.cli import build_parser
 from bertforge.commands.arguments import build_args, options_from
-from bertforge.commands.train import pretrain_kwargs
+from bertforge.commands.train import pretrain_config
 from bertforge.errors import BertforgeError
 from bertforge.options import PRECISIONS, DataOptions, DemoOptions, FinetuneOptions, LoopOptions
 from bertforge.train.loop import resolve_precision
@@ -52,8 +52,8 @@ def resolved(argv: list[str]):
 def library_options(command: str, args) -> dict[type, object]:
     """The option class instances the command would run its entry point with."""
     if command == "pretrain":
-        kwargs = pretrain_kwargs(args)
-        return {LoopOptions: kwargs["loop"], DataOptions: kwargs["data_options"]}
+        config = pretrain_config(args)
+        return {LoopOptions: config.loop, DataOptions: config.data}
     if command == "finetune":
         return {FinetuneOptions: options_from(FinetuneOptions, args)}
     return {DemoOptions: args}
@@ -85,12 +85,12 @@ def test_the_command_line_wins_over_the_config_file_which_wins_over_the_recipe(t
     args = resolved([*base, "--steps", "10000", "--no-nsp", "--optimizer", "adamw", "--workers", "0"])
     assert (args.recipe, args.steps, args.lr, args.nsp, args.optimizer, args.workers) == (
         "budget", 10000, 5e-4, False, "adamw", 0)
-    kwargs = pretrain_kwargs(args)
-    loop, data = kwargs["loop"], kwargs["data_options"]
+    config = pretrain_config(args)
+    loop, data = config.loop, config.data
     assert (loop.steps, loop.lr, loop.optimizer, loop.batch_size, loop.betas) == (10000, 5e-4, "adamw", 16, (0.9, 0.98))
     assert (data.nsp, data.masked_lm_prob, data.num_workers) == (False, 0.2, 0)
-    assert kwargs["pre_layer_norm"] is True and kwargs["dropout"] == 0.0  # the file's recipe, budget
-    assert kwargs["embedding_init"] == "cooccurrence"
+    assert config.model.pre_layer_norm is True and config.model.dropout == 0.0  # the file's recipe, budget
+    assert config.model.embedding_init == "cooccurrence"
     # Without the flags the file's values hold.
     args = resolved(base)
     assert (args.steps, args.nsp, args.optimizer, args.workers) == (200, True, "lamb", 2)
@@ -98,7 +98,7 @@ def test_the_command_line_wins_over_the_config_file_which_wins_over_the_recipe(t
 
 def test_a_pair_given_as_one_value_is_refused_in_one_line():
     with pytest.raises(BertforgeError, match=r"^--betas 0.9: give 2 values, e.g. 0.9 0.999$"):
-        pretrain_kwargs(resolved(["pretrain", "--data", "d", "--out", "o", "--betas", "0.9"]))
+        pretrain_config(resolved(["pretrain", "--data", "d", "--out", "o", "--betas", "0.9"]))
 
 
 def test_precision_names_are_the_ones_the_loop_resolves(monkeypatch):

@@ -21,13 +21,14 @@ from bertforge.encoder import BertModel
 from bertforge.errors import BertforgeError
 from bertforge.files import read_jsonl
 from bertforge.models import BertForPreTraining
+from bertforge.pretrain.budget import BudgetPlan, Deadline, plan_steps
+from bertforge.pretrain.config import parse_minutes
+from bertforge.pretrain.recipe import BUDGET, recipe_config
 from bertforge.train import distributed
-from bertforge.train.budget import BudgetPlan, Deadline, parse_minutes, plan_steps
+from bertforge.train.checkpoints import checkpoints
 from bertforge.train.loop import LoopOptions
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
-from bertforge.train.recipe import BUDGET
 from bertforge.train.rundir import RUN_CONFIG
-from bertforge.train.state import checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
 
@@ -296,7 +297,7 @@ def test_bag_of_words_loss_is_the_cross_entropy_against_each_sequences_word_dist
 
 
 def test_bag_of_words_labels_restore_masked_tokens_and_leave_out_special_tokens_and_padding():
-    from bertforge.train.objective import PretrainingObjective
+    from bertforge.pretrain.objectives import PretrainingObjective
 
     is_special = np.zeros(20, bool)
     is_special[[0, 1, 2, 3, 4]] = True
@@ -330,28 +331,51 @@ def test_bag_of_words_reads_cls_whether_or_not_the_last_layer_runs_at_the_masked
 
 
 def test_a_recipe_fills_what_is_not_given_and_a_given_option_wins():
-    from bertforge.train.recipe import STEPS_UNTIL_PLANNED, resolve
+    from bertforge.pretrain.recipe import STEPS_UNTIL_PLANNED
 
     given = {"steps": 500, "lr": 5e-4, "nsp": None, "pre_ln": False}
-    values = resolve("budget", given, minutes=None)
-    assert (values["lr"], values["pre_ln"]) == (5e-4, False)  # given, even when false
-    assert (values["nsp"], values["batch_size"], values["mask_prob"], values["betas"]) == (False, 16, 0.4, (0.9, 0.98))
-    assert values["embedding_init"] == "cooccurrence"
-    assert resolve("bert", given, minutes=None)["embedding_init"] == "random"
-    assert (values["steps"], values["warmup_steps"], values["warmup_fraction"]) == (500, 30, None)  # 6% of 500
-    budgeted = resolve("budget", given, minutes=10)
-    assert (budgeted["steps"], budgeted["warmup_fraction"]) == (STEPS_UNTIL_PLANNED, 0.06)  # laid over the plan
-    assert resolve("budget", {**given, "warmup_steps": 7}, minutes=10)["warmup_fraction"] is None
+    c = recipe_config("budget", data="d", out="o", **given)
+    assert (c.loop.lr, c.model.pre_layer_norm) == (5e-4, False)  # given, even when false
+    assert (c.data.nsp, c.loop.batch_size, c.data.masked_lm_prob, c.loop.betas) == (False, 16, 0.4, (0.9, 0.98))
+    assert c.model.embedding_init == "cooccurrence" and c.stacking.fraction == 0.6 and c.objective.bow_weight == 0.1
+    assert recipe_config("bert", data="d", out="o", **given).model.embedding_init == "random"
+    assert (c.loop.steps, c.loop.warmup_steps, c.budget.warmup_fraction) == (500, 30, None)  # 6% of 500
+    assert c.budget.larger_batch is None  # a budget of steps keeps the recipe's batch
+    budgeted = recipe_config("budget", data="d", out="o", minutes=10, **given)
+    assert (budgeted.loop.steps, budgeted.budget.warmup_fraction) == (STEPS_UNTIL_PLANNED, 0.06)  # laid over the plan
+    assert budgeted.budget.larger_batch is None  # the lr was given
+    assert recipe_config("budget", data="d", out="o", minutes=10).budget.larger_batch == BUDGET.larger_batch
+    assert recipe_config("budget", data="d", out="o", minutes=10, warmup_steps=7).budget.warmup_fraction is None
     with pytest.raises(BertforgeError, match="unknown recipe 'fast'"):
-        resolve("fast", given, minutes=None)
+        recipe_config("fast", data="d", out="o", **given)
+
+
+def test_a_recipe_leaves_out_what_a_run_cannot_have_and_refuses_it_given():
+    """--init: no stacking or co-occurrence embeddings (there is no new model); ELECTRA: no NSP, stacking, bag of
+    words or sampled softmax; each refused when given."""
+    c = recipe_config("budget", data="d", out="o", steps=10, init="m")
+    assert (c.stacking.fraction, c.model.embedding_init, c.budget.larger_batch) == (0.0, "random", None)
+    e = recipe_config("budget", data="d", out="o", minutes=5, objective="electra")
+    assert (e.data.nsp, e.stacking.fraction, e.objective.bow_weight, e.objective.mlm_candidates) == (False, 0, 0, 0)
+    assert e.budget.larger_batch is None
+    for given, message in (({"init": "m", "stack_fraction": 0.5}, "with --init there is none to build"),
+                           ({"init": "m", "embedding_init": "cooccurrence"}, "drop one of them"),
+                           ({"objective": "electra", "bow_weight": 0.1}, "--bow-weight is not available"),
+                           ({"objective": "electra", "nsp": True}, "--nsp is not available"),
+                           ({"objective": "electra", "init": "m"}, "--init is not available"),
+                           ({"batchsize": 8}, "unknown pretraining option 'batchsize'; did you mean 'batch_size'"),
+                           ({"minutes": float("inf")}, "at most a year"), ({"minutes": 1e9}, "at most a year"),
+                           ({"betas": (0.9,)}, "give 2 values")):
+        with pytest.raises(BertforgeError, match=message):
+            recipe_config("budget", data="d", out="o", steps=10, **given)
 
 
 def test_the_library_applies_a_recipe_with_the_options_given_winning(prepared, tmp_path):
-    from bertforge.train.pretrain import pretrain
+    from bertforge.pretrain.run import pretrain
 
     out = tmp_path / "run"
-    pretrain(prepared, out, model="tiny", recipe="budget", loop={"steps": 3, "batch_size": 2, "progress": False},
-             data_options={"eval_batches": 0}, max_seq_len=16, stack_fraction=0, dropout=0.05)
+    pretrain(recipe_config("budget", data=prepared, out=out, model="tiny", steps=3, batch_size=2, progress=False,
+                           eval_batches=0, max_seq_len=16, stack_fraction=0, dropout=0.05))
     config = json.loads((out / RUN_CONFIG).read_text())
     assert config["recipe"]["name"] == "budget" and config["stack"] is None
     assert (config["loop"]["lr"], config["loop"]["betas"], config["loop"]["batch_size"]) == (BUDGET.lr, [0.9, 0.98], 2)
@@ -359,14 +383,14 @@ def test_the_library_applies_a_recipe_with_the_options_given_winning(prepared, t
     assert (config["data_options"]["nsp"], config["data_options"]["masked_lm_prob"]) == (False, 0.4)
     assert config["data_options"]["eval_batches"] == 0 and config["dropout"] == 0.05  # given: they win
     assert config["model"]["pre_layer_norm"] is True and config["bow_weight"] == 0.1
-    with pytest.raises(BertforgeError, match="the loop's steps, or a time budget"):
-        pretrain(prepared, tmp_path / "none", model="tiny", recipe="budget")
+    with pytest.raises(BertforgeError, match="the run's length: steps, or a time budget"):
+        pretrain(recipe_config("budget", data=prepared, out=tmp_path / "none", model="tiny"))
 
 
 def test_the_options_name_every_recipe_and_no_other():
     """options.py names the recipes without importing train/ (it sits below it): the names must stay the
     recipes', or `--recipe` would offer one that does not exist or hide one that does."""
     from bertforge.options import RECIPE_NAMES
-    from bertforge.train.recipe import RECIPES
+    from bertforge.pretrain.recipe import RECIPES
 
     assert tuple(RECIPES) == RECIPE_NAMES

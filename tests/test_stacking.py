@@ -16,8 +16,8 @@ from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.files import read_jsonl
 from bertforge.models import BertForPreTraining
+from bertforge.pretrain.stacking import half_depth, stack_layers
 from bertforge.train.rundir import RUN_CONFIG
-from bertforge.train.stacking import half_depth, stack_layers
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
 

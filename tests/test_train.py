@@ -13,15 +13,17 @@ import pytest
 import torch
 from forked import Forked
 from safetensors.torch import load_file
+from support import pretrain_config
 
 import bertforge.cpu
 from bertforge import BertForPreTraining
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
 from bertforge.files import read_jsonl
+from bertforge.options import DataOptions
+from bertforge.pretrain.run import pretrain
 from bertforge.train.loop import LoopOptions, resolve_precision
 from bertforge.train.optim import parameter_groups, warmup_linear_decay
-from bertforge.train.pretrain import DataOptions, pretrain
 from bertforge.train.rundir import RUN_CONFIG
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
@@ -52,8 +54,9 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_tiny_pretraining_loss_falls_and_model_loads_here_and_in_transformers(prepared, tmp_path):
     out = tmp_path / "run"
-    result = pretrain(prepared, out, model="tiny", loop=loop(steps=30, batch_size=16, lr=2e-3, eval_every=15),
-                      data_options=DataOptions(eval_batches=4))
+    result = pretrain(pretrain_config(prepared, out, model="tiny",
+                                      loop=loop(steps=30, batch_size=16, lr=2e-3, eval_every=15),
+                                      data_options=DataOptions(eval_batches=4)))
     train = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     first = sum(r["loss"] for r in train[:5]) / 5
     last = sum(r["loss"] for r in train[-5:]) / 5
@@ -75,10 +78,10 @@ def test_tiny_pretraining_loss_falls_and_model_loads_here_and_in_transformers(pr
 @pytest.mark.slow  # several seconds: full pretraining runs or a server process
 def test_gradient_accumulation_takes_the_same_step(prepared, tmp_path):
     cfg = tiny_model_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    pretrain(prepared, tmp_path / "whole", model=cfg, loop=loop(steps=3),
-             data_options=DataOptions(eval_batches=0))
-    pretrain(prepared, tmp_path / "parts", model=cfg, loop=loop(steps=3, micro_batch_size=2),
-             data_options=DataOptions(eval_batches=0))
+    pretrain(pretrain_config(prepared, tmp_path / "whole", model=cfg, loop=loop(steps=3),
+                             data_options=DataOptions(eval_batches=0)))
+    pretrain(pretrain_config(prepared, tmp_path / "parts", model=cfg, loop=loop(steps=3, micro_batch_size=2),
+                             data_options=DataOptions(eval_batches=0)))
     a, b = weights(tmp_path / "whole"), weights(tmp_path / "parts")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=2e-6, rtol=1e-5, msg=k)
@@ -100,9 +103,9 @@ def test_a_pretraining_run_equals_a_plain_reference_loop(prepared, tmp_path):
     torch.manual_seed(5)
     BertForPreTraining(config).save_pretrained(tmp_path / "init")
     steps, warmup, lr = 12, 3, 3e-3
-    pretrain(prepared, tmp_path / "ours", init=tmp_path / "init",
-             loop=loop(steps=steps, warmup_steps=warmup, lr=lr, clip_grad_norm=0.5),
-             data_options=DataOptions(eval_batches=0))
+    pretrain(pretrain_config(prepared, tmp_path / "ours", init=tmp_path / "init",
+                             loop=loop(steps=steps, warmup_steps=warmup, lr=lr, clip_grad_norm=0.5),
+                             data_options=DataOptions(eval_batches=0)))
 
     ref = transformers.BertForPreTraining.from_pretrained(tmp_path / "init").train()
     decay = [p for n, p in ref.named_parameters() if "LayerNorm" not in n and not n.endswith("bias")]
@@ -139,8 +142,8 @@ def test_bf16_autocast_trains_fp32_weights_close_to_an_fp32_run(prepared, tmp_pa
     cfg = tiny_model_config(tmp_path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     runs = {}
     for precision in ("fp32", "bf16"):
-        pretrain(prepared, tmp_path / precision, model=cfg, loop=loop(steps=20, precision=precision),
-                 data_options=DataOptions(eval_batches=0))
+        pretrain(pretrain_config(prepared, tmp_path / precision, model=cfg, loop=loop(steps=20, precision=precision),
+                                 data_options=DataOptions(eval_batches=0)))
         runs[precision] = [r["loss"] for r in read_jsonl(tmp_path / precision / "metrics.jsonl")
                            if r["split"] == "train"]
     assert json.loads((tmp_path / "bf16" / RUN_CONFIG).read_text())["loop"]["precision"] == "bf16"
@@ -177,25 +180,26 @@ def test_schedule_and_weight_decay_groups():
 
 def test_lamb_trains(prepared, tmp_path):
     out = tmp_path / "lamb"
-    pretrain(prepared, out, model=tiny_model_config(tmp_path), loop=loop(steps=12, optimizer="lamb", lr=5e-3),
-             data_options=DataOptions(eval_batches=0))
+    pretrain(pretrain_config(prepared, out, model=tiny_model_config(tmp_path),
+                             loop=loop(steps=12, optimizer="lamb", lr=5e-3), data_options=DataOptions(eval_batches=0)))
     losses = [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     assert sum(losses[-3:]) < sum(losses[:3])
 
 
 def test_bad_configurations_fail_before_training(prepared, tmp_path):
     with pytest.raises(BertforgeError, match="not divisible by micro-batch size 3"):
-        pretrain(prepared, tmp_path / "a", model="tiny", loop=loop(batch_size=8, micro_batch_size=3))
+        pretrain(pretrain_config(prepared, tmp_path / "a", model="tiny", loop=loop(batch_size=8, micro_batch_size=3)))
     with pytest.raises(BertforgeError, match="exceeds the model's max_position_embeddings 32"):
-        pretrain(prepared, tmp_path / "b", model=tiny_model_config(tmp_path, max_position_embeddings=32),
-                 loop=loop())
+        pretrain(pretrain_config(prepared, tmp_path / "b",
+                                 model=tiny_model_config(tmp_path, max_position_embeddings=32), loop=loop()))
     with pytest.raises(BertforgeError, match="vocab_size 3000 but the data's tokenizer has 2000"):
-        pretrain(prepared, tmp_path / "c", model=tiny_model_config(tmp_path, vocab_size=3000), loop=loop())
+        pretrain(pretrain_config(prepared, tmp_path / "c", model=tiny_model_config(tmp_path, vocab_size=3000),
+                                 loop=loop()))
     assert not (tmp_path / "a" / "metrics.jsonl").exists()
 
 
 def test_nan_loss_stops_and_keeps_the_last_checkpoint(prepared, tmp_path, monkeypatch):
-    from bertforge.train import pretrain as pretrain_module
+    from bertforge.pretrain import run as pretrain_module
 
     out = tmp_path / "run"
     calls = {"n": 0}
@@ -210,8 +214,8 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(prepared, tmp_path, monkey
 
     monkeypatch.setattr(pretrain_module.PretrainingObjective, "losses", poisoned)
     with pytest.raises(BertforgeError, match=r"loss became nan at step 6; the last good checkpoint is .*step-4"):
-        pretrain(prepared, out, model=tiny_model_config(tmp_path), loop=loop(steps=10, save_every=2),
-                 data_options=DataOptions(eval_batches=0))
+        pretrain(pretrain_config(prepared, out, model=tiny_model_config(tmp_path), loop=loop(steps=10, save_every=2),
+                                 data_options=DataOptions(eval_batches=0)))
     kept = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert kept == ["step-2", "step-4"]
     BertForPreTraining.from_pretrained(out / "checkpoints" / "step-4")  # intact
@@ -286,8 +290,8 @@ def test_a_val_split_of_one_document_reports_no_nsp_accuracy(prepared, tmp_path,
     else:
         pytest.fail("no seed put exactly one document in val")
     assert "the val split has a single document" in capsys.readouterr().out
-    result = pretrain(out, tmp_path / "run", model=tiny_model_config(tmp_path), loop=loop(steps=2, warmup_steps=1),
-                      data_options=DataOptions(eval_batches=2))
+    result = pretrain(pretrain_config(out, tmp_path / "run", model=tiny_model_config(tmp_path),
+                                      loop=loop(steps=2, warmup_steps=1), data_options=DataOptions(eval_batches=2)))
     assert without_isotropy(result.final_metrics) == {"mlm_accuracy", "mlm_loss", "mlm_perplexity"}
     assert "NSP accuracy is not reported" in capsys.readouterr().out
 

@@ -16,6 +16,7 @@ library: building the command line must not import torch, or every
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass
 from typing import Any
@@ -31,7 +32,7 @@ EMBEDDING_INITS = ("random", "cooccurrence")  # pretrain --embedding-init (train
 @dataclass(frozen=True)
 class Bound:
     """The values a numeric option may take: `lo` and `hi` (None: unbounded), each included unless `*_open`;
-    `why` is added to the refusal."""
+    `why` is added to the refusal. No bound admits nan or an infinity, whatever its ends."""
 
     lo: float | None = None
     hi: float | None = None
@@ -40,31 +41,59 @@ class Bound:
     why: str = ""
 
     def describe(self) -> str:
+        lo, hi = _shown(self.lo), _shown(self.hi)
         if self.hi is None:
-            return f"above {self.lo}" if self.lo_open else f"at least {self.lo}"
+            return f"above {lo}" if self.lo_open else f"at least {lo}"
         if self.lo is None:
-            return f"below {self.hi}" if self.hi_open else f"at most {self.hi}"
-        return f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
+            return f"below {hi}" if self.hi_open else f"at most {hi}"
+        return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
 
     def because(self, why: str) -> Bound:
         return dataclasses.replace(self, why=why)
 
     def admits(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):  # nan compares False, inf passes a missing end
+            return False
         above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
         below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
         return above and below
 
 
-def at_least(n: int, why: str = "") -> Bound:
-    return Bound(lo=n, why=why)
+def _shown(n: float | None) -> str:
+    """A bound's end as a user types it: 1_048_576 for 2**20 (int() and float() read the underscores)."""
+    return f"{n:_}" if isinstance(n, int) and abs(n) >= 10**6 else str(n)
 
 
-POSITIVE = Bound(lo=0, lo_open=True)  # a learning rate, a number of epochs, minutes
+def at_least(n: int, why: str = "", *, at_most: float | None = None) -> Bound:
+    return Bound(lo=n, hi=at_most, why=why)
+
+
+# Every numeric option has an upper end too, generous: far past any real run, so that a value above it is a typo (an
+# extra zero, seconds for minutes, 1e30) refused in one line, not a run planned for centuries or a terabyte allocation.
+MAX_STEPS = 10**9  # optimizer steps, and what is counted in them (warmup, intervals): years at any speed
+MAX_BATCH = 2**20  # sequences in one batch or forward pass
+MAX_SEQ_LEN = 2**16  # tokens in a sequence (BERT: 512); attention over more fits no device
+MAX_MINUTES = 366 * 24 * 60  # a year, as pretrain --minutes (`bertforge.pretrain.config.MAX_MINUTES`)
+
 PROBABILITY = Bound(lo=0, hi=1, lo_open=True, hi_open=True)  # a share that must leave some of both sides
 FRACTION = Bound(lo=0, hi=1, hi_open=True)  # a share that may be zero but not all (dropout, warmup, held out)
 SHARE = Bound(lo=0, hi=1, lo_open=True)  # a share of something that may be all of it but not none
-MIN_SEQ_LEN = at_least(8)  # the least `prepare` makes instances for
+MIN_SEQ_LEN = at_least(8, "8: the least `prepare` makes instances for; attention over more than 2**16 tokens fits no "
+                          "device", at_most=MAX_SEQ_LEN)  # a sequence length
 SEED = Bound(lo=0, hi=2**32 - 1, why="a seed is a 32-bit number")
+LEARNING_RATE = Bound(lo=0, hi=10, lo_open=True, why="a learning rate above 10 diverges")
+BATCH = at_least(1, "more than 2**20 sequences at once fit no device", at_most=MAX_BATCH)
+EPOCHS = Bound(lo=0, hi=10**4, lo_open=True, why="more than 10,000 epochs is a typo")
+MINUTES = at_least(0, "0: off; a year at most", at_most=MAX_MINUTES)
+KEPT_CHECKPOINTS = at_least(1, "the last checkpoint is what --resume needs; a million at most", at_most=10**6)
+EXAMPLES = at_least(1, "more than 10**12 examples is more than any data set holds", at_most=10**12)
+VOCAB_SIZE = at_least(6, "the 5 special tokens and at least one piece; 2**22 at most, ten times the largest "
+                         "vocabulary in use", at_most=2**22)
+
+
+def step_count(lo: int) -> Bound:
+    """A number of optimizer steps or an interval counted in them, from `lo` up to MAX_STEPS."""
+    return at_least(lo, "more than 10**9 steps is years of training at any speed: a typo", at_most=MAX_STEPS)
 
 # The number formats a model runs in, for training (`LoopOptions.precision`) and inference (`EngineOptions.precision`)
 # alike: fp32; bf16 (refused where the device would only emulate it); auto, bf16 where the device multiplies it
@@ -89,6 +118,12 @@ def redeclare(metadata: Mapping[str, Any], default: Any) -> Any:
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda d=default: list(d), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def cli_name(f: dataclasses.Field) -> str:
+    """The name of an option class's field on the command line, in `--config` files and in a recipe's options:
+    `mask_prob` for `masked_lm_prob`, declared with flag="mask-prob"."""
+    return (f.metadata.get("flag") or f.name).replace("-", "_")
 
 
 def default_of(f: dataclasses.Field) -> Any:
@@ -171,27 +206,28 @@ class LoopOptions:
 
     `bertforge.train.loop.Trainer` runs pretraining and every fine-tuning task with them."""
 
-    steps: int = option(help="optimizer steps in the whole run", bound=at_least(1))
+    steps: int = option(help="optimizer steps in the whole run", bound=step_count(1))
     batch_size: int = option(help="global batch size: sequences per optimizer step, over all processes",
-                             bound=at_least(1))
+                             bound=BATCH)
     micro_batch_size: int | None = option(None, help="sequences per forward pass per process; gradients are "
                                           "accumulated up to --batch-size (default: batch size / processes)",
-                                          bound=at_least(1))
-    lr: float = option(1e-4, help="peak learning rate", bound=POSITIVE)
-    warmup_steps: int = option(10000, help="linear warmup steps, then linear decay to zero", bound=at_least(0))
-    weight_decay: float = option(0.01, help="AdamW weight decay, not on biases and LayerNorm", bound=at_least(0))
+                                          bound=BATCH)
+    lr: float = option(1e-4, help="peak learning rate", bound=LEARNING_RATE)
+    warmup_steps: int = option(10000, help="linear warmup steps, then linear decay to zero", bound=step_count(0))
+    weight_decay: float = option(0.01, help="AdamW weight decay, not on biases and LayerNorm",
+                                 bound=Bound(lo=0, hi=100, why="AdamW shrinks the weights by lr x this each step"))
     betas: tuple[float, float] = option((0.9, 0.999), metavar="B", help="Adam's beta1 beta2", bound=FRACTION)
     optimizer: str = option("adamw", choices=["adamw", "lamb"], help="adamw, or lamb for large batches")
-    clip_grad_norm: float = option(1.0, help="clip the gradients' norm to this (0: no clipping)", bound=at_least(0))
-    log_every: int = option(10, help="write a metrics.jsonl line every K steps", bound=at_least(1))
+    clip_grad_norm: float = option(1.0, help="clip the gradients' norm to this (0: no clipping)",
+                                   bound=at_least(0, "0: no clipping", at_most=10**6))
+    log_every: int = option(10, help="write a metrics.jsonl line every K steps", bound=step_count(1))
     eval_every: int = option(0, help="evaluate on the validation split every K steps (0: at the end only)",
-                             bound=at_least(0))
+                             bound=step_count(0))
     save_every: int = option(0, help="checkpoint every K steps (0: at the end only; also on Ctrl-C/SIGTERM)",
-                             bound=at_least(0))
+                             bound=step_count(0))
     save_minutes: float = option(0.0, help="also checkpoint when this many minutes of training have passed since "
-                                 "the last checkpoint (0: off)", bound=at_least(0))
-    keep_last: int = option(3, help="checkpoints to keep",
-                            bound=at_least(1, "the last checkpoint is what --resume needs"))
+                                 "the last checkpoint (0: off)", bound=MINUTES)
+    keep_last: int = option(3, help="checkpoints to keep", bound=KEPT_CHECKPOINTS)
     seed: int = seed_option(0, help="seed of the training's randomness (dropout; pretrain: initialisation too)")
     compile: bool = option(False, help="torch.compile the encoder (dynamic shapes: one graph for every batch)")
     device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -223,7 +259,7 @@ class LoopOptions:
 class DataOptions:
     """How pretraining makes instances from the prepared shards (defaults: the paper's).
 
-    `bertforge.train.pretrain.pretrain` takes them."""
+    `bertforge.pretrain.run.pretrain` takes them."""
 
     short_seq_prob: float = option(0.1, help="share of instances with a random shorter target length",
                                    bound=Bound(lo=0, hi=1))
@@ -231,24 +267,28 @@ class DataOptions:
                                    bound=PROBABILITY.because("a masking rate that masks nothing or everything "
                                                              "teaches nothing"))
     max_predictions_per_seq: int | None = option(None, help="masked positions per sequence at most (default: the "
-                                                 "paper's 20 at length 128, 80 at 512)", bound=at_least(1))
+                                                 "paper's 20 at length 128, 80 at 512)",
+                                                 bound=at_least(1, "a sequence's positions", at_most=MAX_SEQ_LEN))
     nsp: bool = option(True, help="next-sentence prediction; --no-nsp makes single-segment instances that fill the "
                                   "sequence")
     whole_word_mask: bool = option(False, help="mask all WordPieces of a word together")
     dupe_factor: int | None = option(None, help="static masking with this many mask copies (default: dynamic "
-                                     "masking, new masks every epoch)", bound=at_least(1))
+                                     "masking, new masks every epoch)",
+                                     bound=at_least(1, "each a copy of the data (the paper: 10)", at_most=1000))
     seed: int = seed_option(12345, help="seed of the data order and masks")
     eval_batches: int = option(20, help="validation batches of the micro-batch size per evaluation and process "
-                                        "(0: no evaluation)", bound=at_least(0))
+                                        "(0: no evaluation)",
+                               bound=at_least(0, "a million batches an evaluation at most", at_most=10**6))
     num_workers: int = option(0, flag="workers", help="data loader worker processes (0: load in the training "
-                                                      "process)", bound=at_least(0))
+                                                      "process)",
+                              bound=at_least(0, "more processes than any machine has cores", at_most=1024))
 
 
 @dataclass
 class ElectraOptions:
     """ELECTRA's generator and loss (`pretrain --objective electra`; Clark et al. 2020).
 
-    `bertforge.train.pretrain.pretrain` takes them."""
+    `bertforge.pretrain.run.pretrain` takes them."""
 
     generator_width: float = option(0.25, help="electra: the generator's hidden size as a share of the model's (the "
                                     "paper's best: 1/4 to 1/2); it reads the shared embeddings through a projection",
@@ -256,39 +296,41 @@ class ElectraOptions:
     generator_layers: float = option(1.0, help="electra: the generator's layers as a share of the model's",
                                      bound=SHARE)
     discriminator_weight: float = option(50.0, help="electra: loss = generator MLM loss + this x the discriminator's "
-                                         "replaced-token loss (the paper's lambda)", bound=POSITIVE)
+                                         "replaced-token loss (the paper's lambda)",
+                                         bound=Bound(lo=0, hi=10**4, lo_open=True, why="above 10,000 is a typo"))
 
 
 @dataclass
 class FinetuneOptions:
     """How fine-tuning trains (defaults: the paper's).
 
-    `bertforge.train.finetune.finetune` and the sweeps of `bertforge.train.sweep` take them."""
+    `bertforge.finetune.run.finetune` and the sweeps of `bertforge.finetune.sweep` take them."""
 
-    lr: float = option(3e-5, help="peak learning rate (the paper: 5e-5, 3e-5 or 2e-5)", bound=POSITIVE)
-    batch_size: int = option(32, help="batch size (the paper: 16 or 32)", bound=at_least(1))
-    epochs: float = option(3.0, help="epochs (the paper: 2 to 4)", bound=POSITIVE)
+    lr: float = option(3e-5, help="peak learning rate (the paper: 5e-5, 3e-5 or 2e-5)", bound=LEARNING_RATE)
+    batch_size: int = option(32, help="batch size (the paper: 16 or 32)", bound=BATCH)
+    epochs: float = option(3.0, help="epochs (the paper: 2 to 4)", bound=EPOCHS)
     warmup_ratio: float = option(0.1, help="fraction of steps with linear warmup", bound=FRACTION)
     weight_decay: float = same_as(LoopOptions, "weight_decay")
     seed: int = seed_option(42)
     max_length: int | None = option(None, help="sequence length (default: 128; SQuAD 384)",
-                                    bound=at_least(5, "[CLS] A [SEP] B [SEP] needs 5"))
+                                    bound=at_least(5, "[CLS] A [SEP] B [SEP] needs 5", at_most=MAX_SEQ_LEN))
     micro_batch_size: int | None = same_as(LoopOptions, "micro_batch_size")
     from_scratch: bool = option(False, help="random weights with --init's architecture and tokenizer (a baseline)")
     layer_lr_decay: float = option(1.0, help="layer-wise learning rates: the heads at --lr, each encoder layer below "
                                    "the top this factor lower than the one above it, the embeddings lowest (ELECTRA "
                                    "fine-tunes with 0.8); 1: one rate", bound=SHARE)
     reinit_layers: int = option(0, help="re-initialise the pooler and the top N encoder layers before fine-tuning "
-                                "(their pretrained weights may fit pretraining more than the task)", bound=at_least(0))
-    max_train_examples: int | None = option(None, help="use only the first N training examples", bound=at_least(1))
-    eval_batch_size: int = option(64, help="sequences per forward pass when evaluating on dev", bound=at_least(1))
+                                "(their pretrained weights may fit pretraining more than the task)",
+                                bound=at_least(0, "more layers than any BERT has (large: 24)", at_most=1000))
+    max_train_examples: int | None = option(None, help="use only the first N training examples", bound=EXAMPLES)
+    eval_batch_size: int = option(64, help="sequences per forward pass when evaluating on dev", bound=BATCH)
     save_every: int | None = option(None, help="also write a checkpoint to --resume from every N steps (one is "
                                     "written every --save-minutes, at the end, and on SIGTERM/SIGINT)",
-                                    bound=at_least(1))
+                                    bound=step_count(1))
     save_minutes: float = option(10.0, help="write a checkpoint to --resume from when this many minutes of training "
-                                 "have passed since the last one (0: only --save-every's)", bound=at_least(0))
+                                 "have passed since the last one (0: only --save-every's)", bound=MINUTES)
     keep_last: int = option(1, help="trainer checkpoints kept in <out>.partial/ while training (the best model "
-                            "on dev is kept apart)", bound=at_least(1, "the last checkpoint is what --resume needs"))
+                            "on dev is kept apart)", bound=KEPT_CHECKPOINTS)
     device: str | None = same_as(LoopOptions, "device")
     progress: bool = same_as(LoopOptions, "progress")
     compile: bool = same_as(LoopOptions, "compile")
@@ -297,7 +339,7 @@ class FinetuneOptions:
 
 @dataclass
 class DemoOptions:
-    """What the demo does: the whole journey on the demo data (`bertforge.demo.run_demo`)."""
+    """What the demo does: the whole journey on the demo data (`bertforge.demo.run.run_demo`)."""
 
     out: str = option("runs/demo", help="output directory (a re-run reuses finished stages)")
     cache: str | None = option(None, help="where fetched demo data is cached (default: ~/.cache/bertforge)")
@@ -310,24 +352,23 @@ class DemoOptions:
                         "measured better)")
     recipe: str = option("budget", choices=list(RECIPE_NAMES),
                          help="pretraining recipe (see bertforge pretrain --help)")
-    vocab_size: int = option(8000, help="WordPiece vocabulary size",
-                             bound=at_least(6, "the 5 special tokens and at least one piece"))
-    batch_size: int | None = option(None, help="pretraining batch size (default: the recipe's)", bound=at_least(1))
-    # Epochs and each side's learning rate as measured best for the model and budget (bertforge.demo.finetune_plan).
+    vocab_size: int = option(8000, help="WordPiece vocabulary size", bound=VOCAB_SIZE)
+    batch_size: int | None = option(None, help="pretraining batch size (default: the recipe's)", bound=BATCH)
+    # Epochs and each side's learning rate as measured best for the model and budget (bertforge.demo.run.finetune_plan).
     finetune_epochs: float | None = option(
         None, help="fine-tuning epochs on both tasks (default: on Rotten Tomatoes the number measured best for the "
-                   "model and budget, 2, or 4 for tiny pretrained for 30 minutes or more; on IMDB 4)", bound=POSITIVE)
+                   "model and budget, 2, or 4 for tiny pretrained for 30 minutes or more; on IMDB 4)", bound=EPOCHS)
     finetune_lr_pretrained: float | None = option(
         None, help="Rotten Tomatoes fine-tuning lr from the pretrained model (default: the one measured best for the "
-                   "model and budget: 1e-3 for tiny, 3e-4 for tiny from 30 minutes on and for mini)", bound=POSITIVE)
+                   "model and budget: 1e-3 for tiny, 3e-4 for tiny from 30 minutes on and for mini)",
+        bound=LEARNING_RATE)
     finetune_lr_scratch: float | None = option(
         None, help="Rotten Tomatoes fine-tuning lr from random weights (default: the one measured best for them, the "
                    "same as from the pretrained model)",
-        bound=POSITIVE)
+        bound=LEARNING_RATE)
     finetune_seeds: int = option(5, help="fine-tuning runs per side (pretrained, random weights), one seed each",
-                                 bound=at_least(1))
-    finetune_examples: int | None = option(None, help="fine-tune on only the first N training reviews",
-                                           bound=at_least(1))
+                                 bound=at_least(1, "each a fine-tuning run", at_most=1000))
+    finetune_examples: int | None = option(None, help="fine-tune on only the first N training reviews", bound=EXAMPLES)
     seed: int = seed_option(12345)
     progress: bool = same_as(LoopOptions, "progress")
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from bertforge.errors import BertforgeError
 from bertforge.files import read_json_object
-from bertforge.options import Bound, default_of, redeclare
+from bertforge.options import Bound, cli_name, default_of, redeclare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +55,6 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
 
 def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def cli_name(f: dataclasses.Field) -> str:
-    """The name of an option class's field on the command line and in `--config` files: `mask_prob` for
-    `masked_lm_prob`, declared with flag="mask-prob"."""
-    return (f.metadata.get("flag") or f.name).replace("-", "_")
 
 
 def command_args(*sources: type, defaults: Mapping[str, Any] | None = None,
@@ -126,12 +120,13 @@ def options_from(cls: type, args: Any) -> Any:
 _KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
-def _number_problem(value: float, bound: Bound | None) -> str | None:
-    """Why `value` is refused (None: it is not): not finite, or outside `bound`."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"must be a finite number, not {value}"
+def _number_problem(value: float, bound: Bound | None, shown: str | None = None) -> str | None:
+    """Why `value` (given as `shown`) is refused (None: it is not): not finite, or outside `bound`."""
+    shown = str(value) if shown is None else shown
+    if isinstance(value, float) and not math.isfinite(value):  # nan, inf, -inf, and 1e400, which floats to inf
+        return f"must be a finite number, not {shown}"
     if bound is not None and not bound.admits(value):
-        return f"must be {bound.describe()}, not {value}" + (f" ({bound.why})" if bound.why else "")
+        return f"must be {bound.describe()}, not {shown}" + (f" ({bound.why})" if bound.why else "")
     return None
 
 
@@ -145,7 +140,7 @@ def _command_line_type(tp: type, bound: Bound | None) -> Callable[[str], Any]:
             value = tp(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {_KINDS[tp]}, not {text!r}") from None
-        problem = _number_problem(value, bound)
+        problem = _number_problem(value, bound, text.strip())
         if problem:
             raise argparse.ArgumentTypeError(problem)
         return value
@@ -173,8 +168,12 @@ def _json_value(tp: Any, value: Any, meta: typing.Mapping) -> Any:
     if meta.get("choices") and value not in meta["choices"]:
         raise ValueError(f"must be one of {', '.join(meta['choices'])}, not {json.dumps(value)}")
     if tp in (int, float):
-        value = tp(value)
-        problem = _number_problem(value, meta.get("bound"))
+        shown = json.dumps(value)  # NaN, Infinity: Python's json reads them, and 1e400 as Infinity
+        try:
+            value = tp(value)
+        except OverflowError:  # an integer too large for a float
+            value = math.inf
+        problem = _number_problem(value, meta.get("bound"), shown)
         if problem:
             raise ValueError(problem)
     return value

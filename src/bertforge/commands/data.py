@@ -19,7 +19,7 @@ class PrepareArgs:
     max_seq_len: int = option(128, help="sequence length the instances will be made for (BERT: 128, then 512)",
                               bound=MIN_SEQ_LEN)
     workers: int | None = option(None, help="worker processes (default: every core this process may use)",
-                                 bound=at_least(1))
+                                 bound=at_least(1, "more processes than any machine has cores", at_most=1024))
     val_fraction: float = option(0.01, help="fraction of documents held out for validation", bound=FRACTION)
     seed: int = seed_option(12345, help="random seed of the validation split")
     format: str = option("auto", choices=["auto", "doc", "lines"],
@@ -71,11 +71,13 @@ def run_join(args: JoinArgs) -> int:
 class InspectArgs:
     data: str = option(help="prepared data directory", positional=True)
     split: str = option("train", choices=["train", "val"], help="which split's instances to show")
-    num: int = option(3, help="how many instances to decode", bound=at_least(1))
+    num: int = option(3, help="how many instances to decode",
+                      bound=at_least(1, "a million printed instances at most", at_most=10**6))
     max_seq_len: int | None = option(None, help="instance length (default: the manifest's)", bound=MIN_SEQ_LEN)
     whole_word_mask: bool = option(False, help="show whole-word masking")
     seed: int = seed_option(12345, help="random seed of the instances and masks")
-    epoch: int = option(0, help="epoch whose instances to show", bound=at_least(0))
+    epoch: int = option(0, help="epoch whose instances to show",
+                        bound=at_least(0, "more than 10**9 epochs is a typo", at_most=10**9))
 
 
 def run_inspect(args: InspectArgs) -> int:

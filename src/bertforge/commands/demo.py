@@ -1,4 +1,4 @@
-"""`bertforge demo`: the whole journey on the demo data from PyPI (see `bertforge.demo`)."""
+"""`bertforge demo`: the whole journey on the demo data from PyPI (see `bertforge.demo.run`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from bertforge.options import DemoOptions
 
 
 def run(options: DemoOptions) -> int:
-    from bertforge.demo import run_demo
-    from bertforge.demo_budget import parse_demo_minutes
+    from bertforge.demo.budget import parse_demo_minutes
+    from bertforge.demo.run import run_demo
 
     parse_demo_minutes(options.minutes)  # a bad budget is refused before any data is fetched
     run_demo(options)

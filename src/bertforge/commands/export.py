@@ -23,7 +23,8 @@ class ExportArgs:
     out: str = option(help="a .onnx file, or a directory for model.onnx plus the config and tokenizer files")
     format: str = option("onnx", help="export format", choices=["onnx"])
     opset: int = option(17, help="ONNX opset version",
-                         bound=at_least(17, "LayerNormalization is an ONNX operator from opset 17"))
+                         bound=at_least(17, "LayerNormalization is an ONNX operator from opset 17; the newest opsets "
+                                            "are in the twenties", at_most=100))
 
 
 def run_export(args: ExportArgs) -> int:

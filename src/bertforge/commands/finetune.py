@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from bertforge.commands.arguments import Command, check_output_file, command_args, options_from
+from bertforge.finetune.config import FinetuneConfig
 from bertforge.options import FinetuneOptions, at_least, option
 
 
@@ -33,7 +34,7 @@ class FinetuneArgs:
                                     "the best on dev")
     resume: bool = option(False, help="continue an interrupted run from its last checkpoint (in <out>.partial/)")
     seeds: int = option(1, help="repeat with this many seeds and report mean and standard deviation",
-                        bound=at_least(1))
+                        bound=at_least(1, "each a fine-tuning run", at_most=1000))
     text_column: str | None = option(None, help="csv/jsonl: column with the text (default: text)")
     text_pair_column: str | None = option(None, help="csv/jsonl: column with the second text of a pair")
     label_column: str | None = option(None, help="csv/jsonl: column with the label (default: label)")
@@ -73,22 +74,27 @@ def resume_command(args: FinetuneArgs) -> str:
     return shlex.join([*words, "--resume"])
 
 
-def _finetune(args: FinetuneArgs) -> int:
-    from bertforge.train.finetune import finetune
-    from bertforge.train.sweep import finetune_many
+def finetune_config(args: FinetuneArgs) -> FinetuneConfig:
+    """The run the command line asks for: its flags mapped to a FinetuneConfig, nothing more."""
+    return FinetuneConfig(task=args.task, data_dir=args.data, init=args.init, out_dir=args.out,
+                          task_options=task_options(args), options=options_from(FinetuneOptions, args),
+                          resume=args.resume)
 
-    opts = options_from(FinetuneOptions, args)
+
+def _finetune(args: FinetuneArgs) -> int:
+    from bertforge.finetune.run import finetune
+    from bertforge.finetune.sweep import finetune_many
+
+    config = finetune_config(args)
     if args.grid or args.seeds > 1:
-        report = finetune_many(args.task, args.data, args.init, args.out, task_options=task_options(args),
-                               options=opts, grid=args.grid, seeds=args.seeds, resume=args.resume)
+        report = finetune_many(config, grid=args.grid, seeds=args.seeds)
         for run in report["all"]:
             mean = ", ".join(f"{k} {v:.2f} ± {run['std'][k]:.2f}" for k, v in run["mean"].items())
             print(f"{run['settings'] or 'runs'}: {mean} (over {len(run['runs'])} seed(s))")
         print(f"best settings: {report['best_settings'] or 'default'}")
         _print_metrics("best dev", report["metrics"])
     else:
-        result = finetune(args.task, args.data, args.init, args.out, task_options=task_options(args), options=opts,
-                          resume=args.resume)
+        result = finetune(config)
         _print_metrics(f"best dev (step {result['best_step']})", result["metrics"])
     print(f"model saved to {args.out}")
     return 0
@@ -101,7 +107,8 @@ class EvaluateArgs:
     split: str = option("dev", help="split to evaluate: dev, test (MNLI also dev_mismatched); a split without "
                                     "labels (GLUE's test files) gets predictions only")
     out: str | None = option(None, help="write metrics, example ids and predictions to this JSON file")
-    batch_size: int = option(64, help="sequences per forward pass", bound=at_least(1))
+    batch_size: int = option(64, help="sequences per forward pass",
+                             bound=at_least(1, "more than 2**20 sequences at once fit no device", at_most=2**20))
     device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
 
 

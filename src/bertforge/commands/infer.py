@@ -36,7 +36,8 @@ class PredictArgs:
     input: str | None = option(None, help="JSONL file of inputs: {\"text\", \"text_pair\"} per line (QA: "
                                           "{\"question\", \"context\"}; multiple choice: {\"context\", \"choices\"})")
     out: str | None = option(None, help="write JSONL predictions here instead of standard output")
-    batch_size: int = option(64, help="sequences per forward pass", bound=at_least(1))
+    batch_size: int = option(64, help="sequences per forward pass",
+                             bound=at_least(1, "more than 2**20 sequences at once fit no device", at_most=2**20))
 
 
 def run_predict(args: PredictArgs) -> int:
@@ -72,7 +73,8 @@ class FillMaskArgs:
     model: str = option(help="model directory with an MLM head (from `bertforge pretrain`)")
     text: list[str] = option([], positional=True, help="text(s) with [MASK] where a word should be predicted")
     input: str | None = option(None, help="file with one text per line (or JSONL with a 'text' field)")
-    top_k: int = option(5, help="predictions per [MASK]", bound=at_least(1))
+    top_k: int = option(5, help="predictions per [MASK]",
+                        bound=at_least(1, "more words than any vocabulary has", at_most=2**22))
     json: bool = option(False, help="print JSON lines instead of a table")
     quantize: str | None = same_as(EngineOptions, "quantize")
     precision: str = same_as(EngineOptions, "precision")

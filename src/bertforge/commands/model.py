@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bertforge.commands.arguments import Command
-from bertforge.options import at_least, option
+from bertforge.options import option, step_count
 
 
 @dataclass
@@ -54,7 +54,7 @@ def model_info(args: ModelInfoArgs) -> None:
 @dataclass
 class SmokeArgs:
     model: str = option("mini", help="a preset or config.json")
-    steps: int = option(20, help="training steps on random tokens", bound=at_least(1))
+    steps: int = option(20, help="training steps on random tokens", bound=step_count(1))
     out: str | None = option(None, help="directory to save the final model into (default: a temporary directory)")
 
 

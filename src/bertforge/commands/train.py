@@ -18,8 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from bertforge.commands.arguments import Command, command_args, options_from
-from bertforge.errors import BertforgeError
+from bertforge.commands.arguments import Command, command_args
 from bertforge.options import (
     EMBEDDING_INITS,
     FRACTION,
@@ -33,7 +32,7 @@ from bertforge.options import (
     option,
     seed_option,
 )
-from bertforge.train.recipe import RECIPE_OPTIONS, RECIPES, get_recipe, resolve
+from bertforge.pretrain.recipe import RECIPE_OPTIONS, RECIPES
 
 
 def recipe_note(field: str) -> str:
@@ -92,11 +91,13 @@ class PretrainArgs:
                                            "--mask-prob, the full-depth stage's)", bound=PROBABILITY)
     bow_weight: float | None = option(None, help="weight of a bag-of-words loss on [CLS]: it predicts the words of "
                                       "its sequence, so [CLS] learns to read the whole sequence, which nothing "
-                                      "else teaches it without NSP; 0: off", bound=at_least(0))
+                                      "else teaches it without NSP; 0: off",
+                                      bound=at_least(0, "above 10,000 is a typo", at_most=10**4))
     mlm_candidates: int | None = option(None, help="score the masked-LM against each position's word and this many "
                                         "words drawn by corpus frequency (a sampled softmax) instead of the whole "
                                         "vocabulary: a cheaper step where the vocabulary projection dominates (small "
-                                        "models, CPUs without bf16); 0: the whole vocabulary", bound=at_least(0))
+                                        "models, CPUs without bf16); 0: the whole vocabulary",
+                                        bound=at_least(0, "more words than any vocabulary has", at_most=2**22))
     embedding_init: str | None = option(None, choices=EMBEDDING_INITS,
                                         help="a new model's word embeddings: random, or cooccurrence: from the "
                                              "training split's word co-occurrences (PPMI and an SVD, seconds), so "
@@ -107,46 +108,22 @@ class PretrainArgs:
                                 "the command line wins over it")
 
 
-def pretrain_kwargs(args: PretrainArgs) -> dict:
-    """The keyword arguments of `bertforge.train.pretrain.pretrain` for these options, the recipe's values
-    filling those not given (None, see `bertforge.train.recipe.resolve`); refuses impossible values."""
-    from bertforge.train.budget import parse_minutes
+def pretrain_config(args: PretrainArgs):
+    """The `PretrainConfig` these arguments ask for: the options given (not None) over `--recipe`'s values
+    (`bertforge.pretrain.recipe_config`), which refuses impossible combinations."""
+    from bertforge.pretrain.recipe import recipe_config
 
-    if args.objective == "electra":  # the recipe's NSP, stacking, bag-of-words loss and sampled softmax off;
-        off = {"nsp": False, "stack_fraction": 0.0, "bow_weight": 0.0, "mlm_candidates": 0}  # `pretrain` refuses given
-        args = dataclasses.replace(args, **{name: value for name, value in off.items() if getattr(args, name) is None})
-    if args.stack_fraction and args.init:
-        raise BertforgeError("--stack-fraction builds a new model in two stages; with --init there is none to "
-                             "build: drop one of them")
-    if args.embedding_init == "cooccurrence" and args.init:
-        raise BertforgeError("--embedding-init cooccurrence starts a new model's word embeddings; --init starts "
-                             "from a trained model's: drop one of them")
-    minutes = parse_minutes(args.minutes) if args.minutes is not None else None
-    given = {name: getattr(args, name) for name in (*RECIPE_OPTIONS, "steps")}
-    resolved = resolve(args.recipe, given, minutes=minutes)
-    warmup_fraction = resolved.pop("warmup_fraction")
-    args = dataclasses.replace(args, **resolved)
-    loop = options_from(LoopOptions, args)
-    if minutes is not None and get_recipe(args.recipe).larger_batch and given["batch_size"] is None \
-            and given["lr"] is None:  # left to the recipe: `pretrain` may take its larger batch for the budget
-        loop = {k: v for k, v in dataclasses.asdict(loop).items() if k not in ("batch_size", "lr")}
-    return dict(data_dir=args.data, out_dir=args.out, model=args.model, loop=loop,
-                data_options=options_from(DataOptions, args), init=args.init, resume=args.resume,
-                max_seq_len=args.max_seq_len, dropout=args.dropout, pre_layer_norm=args.pre_ln, minutes=minutes,
-                tie_embeddings=args.tie_embeddings,
-                warmup_fraction=warmup_fraction, recipe=get_recipe(args.recipe), stack_fraction=args.stack_fraction,
-                stack_length_fraction=args.stack_length_fraction, stack_mask_prob=args.stack_mask_prob,
-                bow_weight=args.bow_weight,
-                mlm_candidates=args.mlm_candidates, embedding_init=args.embedding_init, objective=args.objective,
-                electra=options_from(ElectraOptions, args))
+    given = {name: value for name, value in dataclasses.asdict(args).items() if name not in ("recipe", "data", "out",
+                                                                                          "config")}
+    return recipe_config(args.recipe, data=args.data, out=args.out, **given)
 
 
 def run_pretrain(args: PretrainArgs) -> int:
+    from bertforge.pretrain.run import pretrain
     from bertforge.train.loop import TrainingInterrupted
-    from bertforge.train.pretrain import pretrain
 
     try:
-        result = pretrain(**pretrain_kwargs(args))
+        result = pretrain(pretrain_config(args))
     except TrainingInterrupted as e:
         print(str(e))
         return 130

@@ -9,7 +9,7 @@ from pathlib import Path
 from bertforge.commands.arguments import Command
 from bertforge.commands.data import PrepareArgs
 from bertforge.errors import BertforgeError
-from bertforge.options import at_least, option, same_as
+from bertforge.options import VOCAB_SIZE, at_least, option, same_as
 
 DESCRIPTION = """Learn a BERT WordPiece vocabulary from a corpus and measure how well it covers it.
 
@@ -33,12 +33,13 @@ class VocabTrainArgs:
     out: str = option(help="output directory")
     vocab_size: int = option(30522, help="number of tokens, special tokens included; at least the special tokens, "
                                          "the characters kept and their ## forms",
-                             bound=at_least(6, "the 5 special tokens and at least one piece"))
+                             bound=VOCAB_SIZE)
     cased: bool = option(False, help="keep case and accents (default: lowercase and strip accents, 'uncased')")
     min_frequency: int = option(2, help="merge only pieces that occur together at least this often",
-                                bound=at_least(1))
+                                bound=at_least(1, "more than any corpus holds", at_most=10**12))
     limit_alphabet: int = option(1000, help="keep at most this many distinct characters (the most frequent); "
-                                            "rarer ones become [UNK]", bound=at_least(1))
+                                            "rarer ones become [UNK]",
+                                bound=at_least(1, "Unicode has 1_114_112 code points", at_most=0x110000))
     text_field: str = same_as(PrepareArgs, "text_field")
     progress: bool = option(True, help="show progress bars")
 

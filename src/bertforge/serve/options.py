@@ -32,14 +32,18 @@ class ServeOptions:
     precision: str = same_as(EngineOptions, "precision")
     backend: str = same_as(EngineOptions, "backend")
     max_batch_tokens: int = option(8192, help="tokens (estimated) of the requests run together in one engine call",
-                                   bound=at_least(1))
+                                   bound=at_least(1, "more than 2**24 tokens at once fit no device", at_most=2**24))
     max_wait_ms: float = option(2.0, help="how long the engine waits for more requests to join a batch before "
-                                          "running it", bound=at_least(0))
+                                          "running it",
+                                 bound=at_least(0, "a minute at most: longer is past any client's timeout",
+                                                at_most=60_000))
     max_queue: int = option(1024, help="inputs waiting at most; past it requests are refused at once with 503 "
-                                       "and Retry-After", bound=at_least(1))
-    max_inputs: int = option(256, help="inputs in one request at most (more: 413)", bound=at_least(1))
+                                       "and Retry-After",
+                               bound=at_least(1, "2**24 waiting inputs at most", at_most=2**24))
+    max_inputs: int = option(256, help="inputs in one request at most (more: 413)",
+                              bound=at_least(1, "2**20 inputs a request at most", at_most=2**20))
     max_body_bytes: int = option(1_000_000, help="request body size at most, in bytes (more: 413)",
-                                 bound=at_least(64))
+                                 bound=at_least(64, "2 GiB at most", at_most=2**31))
     access_log: bool = option(False, help="log every request on standard error")
 
     def __post_init__(self) -> None:

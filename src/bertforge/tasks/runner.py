@@ -3,7 +3,7 @@
 `embed` and `export`.
 
 A fine-tuned model directory holds the model (config.json with the label map, model.safetensors), the
-tokenizer and `task.json` (task name, options, labels, sequence length); `bertforge.train.finetune` writes it.
+tokenizer and `task.json` (task name, options, labels, sequence length); `bertforge.finetune.run` writes it.
 """
 
 from __future__ import annotations

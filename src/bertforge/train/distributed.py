@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from bertforge.device import pick_device
+from bertforge.errors import BertforgeError
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,21 @@ def all_reduce_sum(values: Sequence[float], d: Dist) -> list[float]:
 def any_rank(flag: bool, d: Dist) -> bool:
     """True on every rank if it is True on any rank (used to stop all ranks together)."""
     return any_ranks([flag], d)[0]
+
+
+def main_decides(check: Callable[[], Any], d: Dist, elsewhere: str) -> Any:
+    """Run `check` on the main process alone (claiming a directory, reading what it holds) and stop every rank if it
+    raised a BertforgeError there: the main process raises it, the others an error saying `elsewhere` (where to look).
+    Returns what `check` returned on the main process, None on the others."""
+    refusal, result = None, None
+    if d.is_main:
+        try:
+            result = check()
+        except BertforgeError as e:
+            refusal = e
+    if any_rank(refusal is not None, d):
+        raise refusal or BertforgeError(elsewhere)
+    return result
 
 
 def any_ranks(flags: Sequence[bool], d: Dist) -> list[bool]:

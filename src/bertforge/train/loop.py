@@ -34,8 +34,8 @@ from bertforge.model_files import unwrap
 from bertforge.options import PRECISIONS, LoopOptions
 from bertforge.progress import MetricsLog, progress_reporter
 from bertforge.train import distributed
+from bertforge.train.checkpoints import CHECKPOINTS_DIR, METRICS_FILE, checkpoints, load_checkpoint, save_checkpoint
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
-from bertforge.train.state import CHECKPOINTS_DIR, METRICS_FILE, checkpoints, load_checkpoint, save_checkpoint
 
 # LoopOptions is imported from here by callers that build a loop (it is declared in options.py with the others)
 __all__ = ["LoopOptions", "Objective", "Trainer", "TrainResult", "TrainingInterrupted", "autocast", "resolve_precision",
@@ -175,7 +175,7 @@ class Trainer:
         self.micro, self.accum = config.accumulation(self.dist.world_size)
         self.precision = resolve_precision(config.precision, self.dist.device)
 
-    # -- checkpoints (bertforge.train.state) ------------------------------------------------------------------
+    # -- checkpoints (bertforge.train.checkpoints) ------------------------------------------------------------------
     def _save_checkpoint(self, step: int, position: dict) -> None:
         plan = {"total_steps": self.total_steps}
         if self.deadline is not None:

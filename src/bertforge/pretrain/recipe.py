@@ -9,21 +9,23 @@ Budget", "Should You Mask 15%"); which of those changes earn their place on this
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from bertforge.errors import BertforgeError
-
-
-@dataclass(frozen=True)
-class LargerBatch:
-    """A time budget that buys at least `from_steps` steps at the recipe's batch trains at `batch_size` and `lr`
-    (batch_choice.py); a budget of steps, or a batch size or lr given, keeps the recipe's."""
-
-    from_steps: int
-    batch_size: int
-    lr: float
+from bertforge.options import DataOptions, ElectraOptions, LoopOptions, cli_name
+from bertforge.pretrain.config import (
+    BudgetSpec,
+    LargerBatch,
+    ModelSpec,
+    ObjectiveSpec,
+    PretrainConfig,
+    StackingSpec,
+    parse_minutes,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,11 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def config(self, data: str, out: str, given: Mapping[str, Any]) -> PretrainConfig:
+        """The run's whole configuration: the options `given` (by command-line name), this recipe's values for the
+        rest (`recipe_config`)."""
+        return _config(self, data, out, given)
 
 
 BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), weight_decay=0.01, batch_size=256,
@@ -107,16 +114,89 @@ def default_warmup(recipe: Recipe, steps: int) -> int:
     return min(max(1, round(recipe.warmup_fraction * steps)), steps - 1)
 
 
-def resolve(recipe: str | Recipe, given: Mapping[str, Any], *, minutes: float | None) -> dict[str, Any]:
-    """The value of every recipe option (`RECIPE_OPTIONS`, by command-line name) for a run of `recipe`: the one
-    `given` holds, else the recipe's (a missing or None option is not given). Also `steps`: with a time budget
-    (`minutes`) `STEPS_UNTIL_PLANNED`, else the given one; and `warmup_fraction`: with a budget and no warmup_steps
-    given, the recipe's share (the warmup is laid over the planned steps), else None."""
-    recipe = get_recipe(recipe)
-    values = {name: given[name] if given.get(name) is not None else getattr(recipe, field)
-              for name, field in RECIPE_OPTIONS.items()}
-    steps = given.get("steps") if minutes is None else STEPS_UNTIL_PLANNED
-    if given.get("warmup_steps") is None:
-        values["warmup_steps"] = default_warmup(recipe, steps) if steps is not None else None
-    budgeted = minutes is not None and given.get("warmup_steps") is None
-    return {**values, "steps": steps, "warmup_fraction": recipe.warmup_fraction if budgeted else None}
+def recipe_config(recipe: str | Recipe = "bert", /, *, data: str, out: str, **options: Any) -> PretrainConfig:
+    """The whole configuration of a pretraining run of `recipe` on prepared `data` into `out`: the `options` given
+    (by their command-line names: `minutes=30`, `batch_size=32`, `mask_prob=0.4`, `model="tiny"`; None: not given),
+    the recipe's values for the rest. For example `pretrain(recipe_config("budget", data="data/", out="runs/tiny",
+    model="tiny", minutes=30))`. Refuses an unknown option and what `PretrainConfig` refuses."""
+    return get_recipe(recipe).config(data, out, {k: v for k, v in options.items() if v is not None})
+
+
+def _config(recipe: Recipe, data: str, out: str, given: Mapping[str, Any]) -> PretrainConfig:
+    _check_names(given)
+    pick = _Picker(recipe, given)
+    electra = pick.given("objective") == "electra"
+    init = pick.given("init")
+    minutes = parse_minutes(given["minutes"]) if "minutes" in given else None
+    steps = STEPS_UNTIL_PLANNED if minutes is not None else given.get("steps")
+    if steps is None:
+        raise BertforgeError("pretrain needs the run's length: steps, or a time budget (minutes)")
+    warmup = given.get("warmup_steps", default_warmup(recipe, steps))
+    fresh = init is None and not electra  # what only a new masked-LM model has
+    betas = tuple(pick("betas"))
+    if len(betas) != 2:
+        raise BertforgeError(f"--betas {' '.join(map(str, betas))}: give 2 values, e.g. 0.9 0.999")
+    loop = _fields(LoopOptions, given, steps=steps, warmup_steps=warmup, batch_size=pick("batch_size"),
+                   lr=pick("lr"), betas=betas, weight_decay=pick("weight_decay"))
+    model = ModelSpec(name=given.get("model", "mini"), init=init, max_seq_len=given.get("max_seq_len"),
+                      dropout=pick("dropout"), pre_layer_norm=pick("pre_ln"),
+                      tie_embeddings=pick("tie_embeddings", unless=electra, otherwise=True),
+                      embedding_init=pick("embedding_init", unless=init is not None, otherwise="random"))
+    objective = ObjectiveSpec(kind=given.get("objective", "mlm"),
+                              bow_weight=pick("bow_weight", unless=electra, otherwise=0.0),
+                              mlm_candidates=pick("mlm_candidates", unless=electra, otherwise=0),
+                              electra=_fields(ElectraOptions, given))
+    stacking = StackingSpec(fraction=pick("stack_fraction", unless=not fresh, otherwise=0.0),
+                            length_fraction=pick("stack_length_fraction"), mask_prob=pick("stack_mask_prob"))
+    larger = recipe.larger_batch if minutes is not None and fresh and not {"batch_size", "lr"} & set(given) else None
+    budget = BudgetSpec(minutes=minutes, larger_batch=larger,
+                        warmup_fraction=recipe.warmup_fraction if minutes is not None and "warmup_steps" not in given
+                        else None)
+    data_options = _fields(DataOptions, given, masked_lm_prob=pick("mask_prob"),
+                           nsp=pick("nsp", unless=electra, otherwise=False))
+    return PretrainConfig(data_dir=str(data), out_dir=str(out), loop=loop, data=data_options, model=model,
+                          objective=objective, stacking=stacking, budget=budget, recipe=recipe.name,
+                          resume=bool(given.get("resume", False)))
+
+
+class _Picker:
+    """An option's value: the one given, else (where `unless` holds) `otherwise`, else the recipe's."""
+
+    def __init__(self, recipe: Recipe, given: Mapping[str, Any]):
+        self.recipe, self._given = recipe, given
+
+    def given(self, name: str) -> Any:
+        return self._given.get(name)
+
+    def __call__(self, name: str, *, unless: bool = False, otherwise: Any = None) -> Any:
+        if name in self._given:
+            return self._given[name]
+        return otherwise if unless else getattr(self.recipe, RECIPE_OPTIONS[name])
+
+
+def _fields(cls: type, given: Mapping[str, Any], **values: Any) -> Any:
+    """An option class from the options given under its fields' command-line names, and `values` by field."""
+    taken = {f.name: given[cli_name(f)] for f in dataclasses.fields(cls) if cli_name(f) in given}
+    return cls(**{**taken, **values})
+
+
+# the options of a pretraining run that are not fields of LoopOptions, DataOptions or ElectraOptions
+RUN_OPTIONS = ("model", "init", "max_seq_len", "dropout", "pre_ln", "tie_embeddings", "embedding_init", "objective",
+               "bow_weight", "mlm_candidates", "stack_fraction", "stack_length_fraction", "stack_mask_prob", "minutes",
+               "resume")
+
+
+def option_names() -> tuple[str, ...]:
+    """Every option `recipe_config` takes, by command-line name."""
+    names = [cli_name(f) for cls in (LoopOptions, DataOptions, ElectraOptions) for f in dataclasses.fields(cls)]
+    return tuple(dict.fromkeys([*names, *RUN_OPTIONS]))
+
+
+def _check_names(given: Mapping[str, Any]) -> None:
+    known = option_names()
+    for name in given:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; the options: {', '.join(sorted(known))}"
+            raise BertforgeError(f"unknown pretraining option {name!r}{hint}")
+

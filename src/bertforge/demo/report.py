@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bertforge.train.isotropy import BANDS, band_key
+from bertforge.pretrain.isotropy import BANDS, band_key
 
 # Val MLM accuracy below which a budget run is still on the masked-LM's early plateau, where the model guesses
 # frequent words whatever the context: 12-14% on State of the Union addresses and movie snippets, rising past 16% as
@@ -153,10 +153,10 @@ TF-IDF weights of each snippet's words and word pairs, trained on the same label
 short sentiment snippets it does about as well as a small BERT fine-tuned from random weights, so a pretrained
 model has to learn more than which words occur to beat it.
 
-The untuned task is the IMDB reviews' own labels (`bertforge.demo_imdb`; half positive), reviews cut to
+The untuned task is the IMDB reviews' own labels (`bertforge.demo.imdb`; half positive), reviews cut to
 their first 128 tokens, its dev and test reviews never pretrained on. No setting of ours was chosen on it: each
 side tries the same learning rates and keeps the one its own dev split prefers. The word-vector rows measure how far
-the pretrained embeddings have collapsed toward one direction (`bertforge.train.isotropy`), a random
+the pretrained embeddings have collapsed toward one direction (`bertforge.pretrain.isotropy`), a random
 initialisation's figure in brackets.
 
 ## Vocabulary

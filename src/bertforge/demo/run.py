@@ -20,31 +20,32 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from bertforge import cpu, demo_data
+from bertforge import cpu
 from bertforge.baseline import bag_of_words
 from bertforge.config import BertConfig
 from bertforge.corpus import expand_inputs, read_sentences
 from bertforge.data.prepare import prepare
-from bertforge.demo_budget import parse_demo_minutes, plan_minutes
-from bertforge.demo_report import report, table
+from bertforge.demo import data as demo_data
+from bertforge.demo.budget import parse_demo_minutes, plan_minutes
+from bertforge.demo.report import report, table
 from bertforge.errors import BertforgeError
 from bertforge.files import cache_dir, read_jsonl, write_json, write_text
+from bertforge.finetune.compare import Run, Side, SideResult, compare_sides, score_run
+from bertforge.finetune.config import FinetuneConfig
+from bertforge.finetune.run import FinetuneOptions
 from bertforge.infer import MaskFiller
 from bertforge.options import DemoOptions
+from bertforge.pretrain.isotropy import directory_isotropy, initial_isotropy
+from bertforge.pretrain.recipe import get_recipe, recipe_config
+from bertforge.pretrain.run import pretrain, resolve_model_config
+from bertforge.pretrain.stacking import HALF_DEPTH_DIR
 from bertforge.tokenizer import Tokenizer, corpus_summary
-from bertforge.train.finetune import FinetuneOptions
-from bertforge.train.isotropy import directory_isotropy, initial_isotropy
-from bertforge.train.pretrain import pretrain, resolve_model_config
-from bertforge.train.recipe import get_recipe
-from bertforge.train.resume import changes, read_run_config
-from bertforge.train.stacking import HALF_DEPTH_DIR
-from bertforge.train.state import METRICS_FILE
-from bertforge.train.sweep import finetune_scored
+from bertforge.train.checkpoints import METRICS_FILE
+from bertforge.train.rundir import changes, read_run_config
 
 FILL_MASK_EXAMPLES = [
     "this is one of the best [MASK] i have ever seen.",
@@ -129,10 +130,9 @@ def run_demo(o: DemoOptions) -> dict:
     else:
         # An interrupted run resumes from its checkpoint and keeps its plan (budget_plan.json); one killed before
         # its first checkpoint starts again at step 0 (a run directory is refused without --resume).
-        pretrain(data_dir, pre_dir, model=o.model, recipe=o.recipe, minutes=o.minutes, resume=pre_dir.is_dir(),
-                 loop=dict(batch_size=o.batch_size, eval_every=250, save_every=250, log_every=10, seed=o.seed,
-                           precision=demo_precision(), progress=o.progress),
-                 data_options=dict(seed=o.seed))
+        pretrain(recipe_config(o.recipe, data=str(data_dir), out=str(pre_dir), model=o.model, minutes=o.minutes,
+                               resume=pre_dir.is_dir(), batch_size=o.batch_size, eval_every=250, save_every=250,
+                               log_every=10, seed=o.seed, precision=demo_precision(), progress=o.progress))
     pre_metrics = _last_eval(pre_dir / METRICS_FILE)
     results = _finetune_sides(o, out, data.sentiment_dir, pre_dir)
     untuned = _untuned_sides(o, out, data.imdb_dir, pre_dir)
@@ -219,57 +219,73 @@ def _prepared(o: DemoOptions, data_dir: Path, corpus: list[str], tokenizer: Toke
 
 def _finetune_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> dict[str, Any]:
     """Rotten Tomatoes from the pretrained model and from random weights, `o.finetune_seeds` runs each, at each
-    side's planned (or given) learning rate."""
-    results = {}
+    side's planned (or given) learning rate: `compare_sides` with a grid of one lr a side."""
     epochs, lr_pretrained, lr_scratch = finetune_plan(o.model, o.minutes)
     epochs = o.finetune_epochs or epochs
-    for name, scratch, lr in (("pretrained", False, o.finetune_lr_pretrained or lr_pretrained),
-                              ("scratch", True, o.finetune_lr_scratch or lr_scratch)):
-        _say(f"5/6 fine-tune on Rotten Tomatoes from {'random' if scratch else name} weights (lr {lr:g}, "
-             f"{_epochs(epochs)}, {o.finetune_seeds} seeds)")
-        runs = _seeds(o, task_dir, pre_dir, out / f"finetune-{name}", scratch, lr, epochs, range(o.finetune_seeds))
-        results[name] = _side(lr, epochs, runs)
-    return results
+    lrs = {"pretrained": o.finetune_lr_pretrained or lr_pretrained, "scratch": o.finetune_lr_scratch or lr_scratch}
+    headers = {name: f"5/6 fine-tune on Rotten Tomatoes from {_WEIGHTS[name]} weights (lr {lrs[name]:g}, "
+                     f"{_epochs(epochs)}, {o.finetune_seeds} seeds)" for name in lrs}
+    sides = [Side(name, name == "scratch", lambda lr, k, name=name: out / f"finetune-{name}" / f"seed{k}",
+                  lrs=(lrs[name],)) for name in ("pretrained", "scratch")]
+    both = compare_sides(_template(o, task_dir, pre_dir, epochs), sides, seeds=o.finetune_seeds,
+                         select_seeds=o.finetune_seeds, runner=_Runner(headers))
+    return {name: _side(side, epochs) for name, side in both.sides.items()}
 
 
 def _untuned_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> dict[str, Any]:
     """The untuned task from the pretrained model and from random weights: each side the same grid of learning
-    rates (UNTUNED_LRS) on the first seeds, its best by mean dev accuracy on the rest."""
+    rates (UNTUNED_LRS) on the first seeds, its best by mean dev accuracy on the rest (`compare_sides`)."""
     epochs = o.finetune_epochs or UNTUNED_EPOCHS
     select = min(UNTUNED_SELECT_SEEDS, o.finetune_seeds)
-    results = {}
-    for name, scratch in (("pretrained", False), ("scratch", True)):
-        _say(f"5/6 fine-tune on {UNTUNED_TITLE} (untuned) from {'random' if scratch else name} weights (lr "
-             f"{' or '.join(f'{lr:g}' for lr in UNTUNED_LRS)}, chosen on dev over {select} seed(s); "
-             f"{_epochs(epochs)}, {o.finetune_seeds} seeds)")
-        roots = {lr: out / f"finetune-imdb-{name}-lr{lr:g}" for lr in UNTUNED_LRS}
-        grid = {lr: _seeds(o, task_dir, pre_dir, roots[lr], scratch, lr, epochs, range(select)) for lr in UNTUNED_LRS}
-        grid_dev = {lr: statistics.mean(r["dev"] for r in runs) for lr, runs in grid.items()}
-        best = max(UNTUNED_LRS, key=grid_dev.__getitem__)  # the first of equals
-        runs = grid[best] + _seeds(o, task_dir, pre_dir, roots[best], scratch, best, epochs,
-                                   range(select, o.finetune_seeds))
-        results[name] = {**_side(best, epochs, runs), "grid_dev": {f"{lr:g}": d for lr, d in grid_dev.items()}}
-    return results
+    headers = {name: f"5/6 fine-tune on {UNTUNED_TITLE} (untuned) from {_WEIGHTS[name]} weights (lr "
+                     f"{' or '.join(f'{lr:g}' for lr in UNTUNED_LRS)}, chosen on dev over {select} seed(s); "
+                     f"{_epochs(epochs)}, {o.finetune_seeds} seeds)" for name in _WEIGHTS}
+    sides = [Side(name, name == "scratch", lambda lr, k, name=name: out / f"finetune-imdb-{name}-lr{lr:g}" / f"seed{k}")
+             for name in ("pretrained", "scratch")]
+    both = compare_sides(_template(o, task_dir, pre_dir, epochs), sides, lrs=UNTUNED_LRS, seeds=o.finetune_seeds,
+                         select_seeds=select, runner=_Runner(headers))
+    return {name: {**_side(side, epochs), "grid_dev": {f"{lr:g}": d for lr, d in side.grid_dev.items()}}
+            for name, side in both.sides.items()}
 
 
-def _seeds(o: DemoOptions, task_dir: Path, pre_dir: Path, root: Path, scratch: bool, lr: float, epochs: float,
-           seeds: range) -> list[dict]:
-    """One fine-tuning a seed (`o.seed + k` into root/seed{k}), each scored on dev and test."""
-    runs = []
-    for k in seeds:
-        opts = FinetuneOptions(lr=lr, batch_size=32, epochs=epochs, seed=o.seed + k, from_scratch=scratch,
-                               max_train_examples=o.finetune_examples, progress=o.progress)
-        run_dir = root / f"seed{k}"
-        _check_reused_finetuning(run_dir, opts)
-        scores = finetune_scored("csv", task_dir, pre_dir, run_dir, options=opts)
-        runs.append({"seed": o.seed + k, "dev": scores["dev"]["accuracy"], "test": scores["test"]["accuracy"]})
-        print(f"seed {o.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}")
-    return runs
+def _template(o: DemoOptions, task_dir: Path, pre_dir: Path, epochs: float) -> FinetuneConfig:
+    """The demo's fine-tuning, less each run's lr, seed, side and directory (`compare_sides` sets them)."""
+    return FinetuneConfig(task="csv", data_dir=str(task_dir), init=str(pre_dir), out_dir=str(pre_dir.parent),
+                          options=FinetuneOptions(batch_size=32, epochs=epochs, seed=o.seed,
+                                                  max_train_examples=o.finetune_examples, progress=o.progress))
 
 
-def _side(lr: float, epochs: float, runs: list[dict]) -> dict[str, Any]:
-    return {"lr": lr, "epochs": epochs, "runs": runs, **{f"{split}_{stat}": f([r[split] for r in runs])
-                                                        for split in ("dev", "test") for stat, f in _STATS.items()}}
+_WEIGHTS = {"pretrained": "pretrained", "scratch": "random"}
+
+
+class _Runner:
+    """One fine-tuning after another, each scored on dev and test, a finished one of other settings refused; a
+    side's header before its first run, a line when it goes on with its remaining seeds at its chosen lr."""
+
+    def __init__(self, headers: dict[str, str]):
+        self.headers, self.side = headers, None
+
+    def __call__(self, runs: list[Run]) -> list[dict]:
+        records = []
+        for run in runs:
+            if run.side != self.side:
+                if run.side in self.headers:
+                    _say(self.headers.pop(run.side))
+                else:
+                    print(f"{_WEIGHTS[run.side]} weights, the remaining seeds at lr {run.lr:g}:", flush=True)
+                self.side = run.side
+            _check_reused_finetuning(Path(run.config.out_dir), run.config.options)
+            r = score_run(run)
+            records.append({"seed": r["seed"], "dev": r["dev"], "test": r["test"]})
+            print(f"seed {r['seed']} (lr {run.lr:g}): dev {r['dev']:.2f}, "
+                  f"test {r['test']:.2f}", flush=True)
+        return records
+
+
+def _side(side: SideResult, epochs: float) -> dict[str, Any]:
+    """A side as the summary records it."""
+    stats = {f"{split}_{stat}": side.stats[f"{split}_{stat}"] for split in ("dev", "test") for stat in ("mean", "std")}
+    return {"lr": side.lr, "epochs": epochs, "runs": side.runs, **stats}
 
 
 def _isotropy(pre_dir: Path) -> dict[str, dict[str, float]]:
@@ -338,9 +354,6 @@ def _last_eval(metrics_path: Path) -> dict:
     if not evals:
         raise BertforgeError(f"{metrics_path} has no evaluation: remove {metrics_path.parent} and run the demo again")
     return {k: v for k, v in evals[-1].items() if k != "time" and k != "split"}
-
-
-_STATS = {"mean": statistics.mean, "std": lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
 
 def _epochs(n: float) -> str:

@@ -1,5 +1,5 @@
 """Sweeps of fine-tuning runs: the paper's grid (batch size x learning rate x epochs) and several seeds, and
-one run scored on the test split. Each run is `bertforge.train.finetune.finetune`."""
+one run scored on the test split. Each run is `bertforge.finetune.run.finetune`."""
 
 from __future__ import annotations
 
@@ -12,34 +12,32 @@ from pathlib import Path
 
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_path, write_json
+from bertforge.finetune.config import FinetuneConfig
+from bertforge.finetune.run import FinetuneOptions, check_out_dir, finetune, partial_dir
 from bertforge.tasks.runner import evaluate_examples, load_task_model
-from bertforge.train.finetune import FinetuneOptions, check_out_dir, finetune, partial_dir
-from bertforge.train.resume import check_resume
-from bertforge.train.rundir import RUN_CONFIG, write_run_config
+from bertforge.train.rundir import RUN_CONFIG, check_resume, write_run_config
 
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 
 
-def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
-                  task_options: dict | None = None, options: FinetuneOptions | None = None, grid: bool = False,
-                  seeds: int = 1, resume: bool = False) -> dict:
+def finetune_many(config: FinetuneConfig, *, grid: bool = False, seeds: int = 1) -> dict:
     """The paper's grid (batch x lr x epochs, best mean dev score) and/or several seeds (mean and sample
-    standard deviation reported). Each run goes to `out/runs/<settings>-seed<N>/`; the best run of the best
-    settings is copied to `out` with a `metrics.json` holding every run's scores. Only that run keeps its
-    weights (the others keep their metrics and predictions), so a grid costs the disk of one model. `resume`: runs
-    that finished are read back, not run again, and the interrupted one continues from its checkpoint."""
+    standard deviation reported) of the run `config`: seed N is `config.options.seed + N`. Each run goes to
+    `out_dir/runs/<settings>-seed<N>/`; the best run of the best settings is copied to `out_dir` with a
+    `metrics.json` holding every run's scores. Only that run keeps its weights (the others keep their metrics and
+    predictions), so a grid costs the disk of one model. `config.resume`: runs that finished are read back, not run
+    again, and the interrupted one continues from its checkpoint."""
     if seeds < 1:
         raise BertforgeError(f"--seeds {seeds} must be at least 1")
-    base = options or FinetuneOptions()
-    out = Path(out)
+    base, out = config.options, Path(config.out_dir)
     check_out_dir(out)
     combos = [dict(batch_size=b, lr=lr, epochs=e) for b in PAPER_GRID["batch_size"] for lr in PAPER_GRID["lr"]
               for e in PAPER_GRID["epochs"]] if grid else [{}]
-    config = dict(command="finetune", task=task_name, task_options=task_options or {}, data=str(data),
-                  init=str(init), options=dataclasses.asdict(base), grid=combos if grid else None, seeds=seeds)
-    _check_resume(out, config, resume)
+    record = dict(command="finetune", task=config.task, task_options=config.task_options, data=config.data_dir,
+                  init=config.init, options=dataclasses.asdict(base), grid=combos if grid else None, seeds=seeds)
+    _check_resume(out, record, config.resume)
     out.mkdir(parents=True, exist_ok=True)
-    write_run_config(out, **config)
+    write_run_config(out, **record)
     runs: list[dict] = []
     best: dict | None = None
     for combo in combos:
@@ -48,7 +46,7 @@ def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str |
             opts = FinetuneOptions(**{**base.__dict__, **combo, "seed": base.seed + s})
             name = "-".join(f"{k}{v}" for k, v in combo.items()) or "run"
             run_dir = out / "runs" / f"{name}-seed{opts.seed}"
-            result = _run(task_name, data, init, run_dir, task_options, opts, resume)
+            result = _run(config.replace(out_dir=str(run_dir), options=opts))
             per_seed.append({"dir": str(run_dir), "seed": opts.seed, **combo, "metrics": result["metrics"]})
         main = result["main_metric"]
         keys = list(per_seed[0]["metrics"])
@@ -69,7 +67,7 @@ def finetune_many(task_name: str, data: str | Path, init: str | Path, out: str |
         if f.is_file() and f.name not in ("metrics.json", RUN_CONFIG):  # ours describe the grid
             with atomic_path(out / f.name) as tmp:
                 shutil.copyfile(f, tmp)
-    report = {"task": task_name, "main_metric": main, "best_settings": best["settings"], "best": best,
+    report = {"task": config.task, "main_metric": main, "best_settings": best["settings"], "best": best,
               "all": runs, "metrics": best["best_run"]["metrics"]}
     write_json(out / "metrics.json", report)  # last: its presence marks a finished run
     return report
@@ -87,30 +85,28 @@ def _check_resume(out: Path, config: dict, resume: bool) -> None:
                              f"with --resume, or delete {out} to start again")
 
 
-def _run(task_name: str, data: str | Path, init: str | Path, run_dir: Path, task_options: dict | None,
-         opts: FinetuneOptions, resume: bool) -> dict:
+def _run(config: FinetuneConfig) -> dict:
+    run_dir = Path(config.out_dir)
     done = run_dir / "metrics.json"
-    if resume and done.is_file() and not partial_dir(run_dir).exists():
+    if config.resume and done.is_file() and not partial_dir(run_dir).exists():
         print(f"--resume: {run_dir} is finished; reading its metrics", flush=True)
         return json.loads(done.read_text())
-    return finetune(task_name, data, init, run_dir, task_options=task_options, options=opts, resume=resume)
+    return finetune(config)
 
 
-def finetune_scored(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
-                    options: FinetuneOptions, task_options: dict | None = None) -> dict:
+def finetune_scored(config: FinetuneConfig) -> dict:
     """`finetune`, then the kept (best dev) model scored on the test split when it has labels. Returns
-    {"dev": dev metrics, "test": test metrics or None, "seconds": wall time}; a finished `out` is read back,
-    not trained again, and an interrupted one continues from its checkpoint (`finetune`'s `resume`)."""
-    out = Path(out)
+    {"dev": dev metrics, "test": test metrics or None, "seconds": wall time}; a finished `out_dir` is read back,
+    not trained again, and an interrupted one continues from its checkpoint (whatever `config.resume` says)."""
+    out = Path(config.out_dir)
     record_file = out / "scores.json"
     if record_file.is_file():
         return json.loads(record_file.read_text())
     start = time.perf_counter()  # a resumed run's seconds are the resumed part's
-    result = finetune(task_name, data, init, out, task_options=task_options, options=options,
-                      resume=partial_dir(out).is_dir())
-    tm = load_task_model(out, device=options.device)
+    result = finetune(config.replace(resume=partial_dir(out).is_dir()))
+    tm = load_task_model(out, device=config.options.device)
     try:
-        test = tm.task.read(data, "test")
+        test = tm.task.read(config.data_dir, "test")
     except BertforgeError:  # no test split
         test = []
     test_metrics = evaluate_examples(tm, test)[0] if test else {}

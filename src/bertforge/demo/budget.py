@@ -1,5 +1,5 @@
 """The demo's budget against what this CPU can do: before pretraining, a few timed steps say how many steps the
-minutes buy here (`bertforge.train.forecast`), and the demo says whether they reach the steps at which pretraining
+minutes buy here (`bertforge.pretrain.budget`), and the demo says whether they reach the steps at which pretraining
 paid in our runs, with the budget that would; `--minutes auto` takes that budget.
 
 Why steps, not minutes: the budget recipe (batch 16, its sampled softmax, word embeddings from co-occurrences)
@@ -15,9 +15,9 @@ import math
 
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
-from bertforge.train.budget import parse_minutes
-from bertforge.train.forecast import Forecast, forecast_steps
-from bertforge.train.recipe import Recipe
+from bertforge.pretrain.budget import Forecast, forecast_steps
+from bertforge.pretrain.config import parse_minutes
+from bertforge.pretrain.recipe import Recipe
 
 DEFAULT_MINUTES = 10.0
 # The fewest steps of the budget recipe at which the demo's pretrained model scored above random weights on both

@@ -21,16 +21,26 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from bertforge.config import BertConfig
+from bertforge.data.shards import read_manifest
 from bertforge.errors import BertforgeError
 from bertforge.files import write_json
+from bertforge.models import IGNORE_INDEX, BertForPreTraining
 from bertforge.options import LoopOptions
+from bertforge.pretrain.config import BudgetSpec, PretrainConfig
+from bertforge.pretrain.objectives import CandidateSampler, PretrainingObjective
+from bertforge.pretrain.recipe import Recipe, get_recipe
+from bertforge.pretrain.stacking import HALF_DEPTH_DIR, half_depth, short_length, short_stage
 from bertforge.train import distributed, loop
 from bertforge.train.loop import Objective, autocast, resolve_precision
 from bertforge.train.optim import build_optimizer
+from bertforge.train.rundir import read_run_config
 
 PLAN_FILE = "budget_plan.json"
 MIN_STEPS = 10  # the fewest steps a budget must leave (plan_steps)
@@ -60,21 +70,6 @@ class BudgetPlan:
         return (f"budget {self.minutes:g} min: {self.steps:,} steps at {self.seconds_per_step:.3f} s/step "
                 f"(one evaluation {self.eval_seconds:.1f} s; {self.spent_before_training:.0f} s spent on setup "
                 f"and timing{over})")
-
-
-def parse_minutes(text: str | float) -> float:
-    """`30`, `30m`, `1.5h`, `90s` -> minutes; refuses anything else or a non-positive budget."""
-    s = str(text).strip().lower()
-    scale = {"s": 1 / 60, "m": 1.0, "h": 60.0}
-    factor = scale.get(s[-1:])
-    number = s[:-1] if factor is not None else s
-    try:
-        minutes = float(number) * (factor or 1.0)
-    except ValueError:
-        raise BertforgeError(f"--minutes {text!r} is not a duration: use minutes (30) or 90s, 30m, 1.5h") from None
-    if not minutes > 0:
-        raise BertforgeError(f"--minutes {text!r} must be a positive duration")
-    return minutes
 
 
 def time_steps(model: nn.Module, batches: Iterator[dict], objective: Objective, config: LoopOptions, *, accum: int,
@@ -196,23 +191,36 @@ def deadline_for(plan: BudgetPlan, origin: float) -> Deadline:
     return Deadline(plan.minutes, origin=origin, reserve=plan.eval_seconds, every=max(1, plan.steps // REPLANS))
 
 
-def plan_run(config: LoopOptions, *, minutes: float, warmup_fraction: float | None, out_dir: Path, resume: bool,
-             started: float, dist: distributed.Dist, model: nn.Module, batches: Iterator[dict],
-             objective: Objective, accum: int, evaluate: Callable[[nn.Module], dict] | None,
-             continuing: bool = False) -> tuple[BudgetPlan, LoopOptions]:
-    """The plan of a run with a budget of `minutes` (the one `out_dir` recorded when resumed, else timed now on
-    copies of `model`), and the loop `config` with the planned steps and a warmup of `warmup_fraction` of them
-    (None: `config.warmup_steps`). Every process gets the same. `continuing`: see `plan_steps`."""
-    plan = load_plan(out_dir) if resume else None
+@dataclass(frozen=True)
+class Timing:
+    """Where a budgeted run's clock stands: its directory (a resumed run's plan is read from it), the `now()`
+    reading when the command started, its processes, and whether it continues a first stage (`plan_steps`)."""
+
+    out_dir: Path
+    resume: bool
+    started: float
+    dist: distributed.Dist
+    continuing: bool = False
+
+
+def plan_run(config: LoopOptions, spec: BudgetSpec, timing: Timing, *, model: nn.Module, batches: Iterator[dict],
+             objective: Objective, accum: int,
+             evaluate: Callable[[nn.Module], dict] | None) -> tuple[BudgetPlan, LoopOptions]:
+    """The plan of a run with the budget `spec` (the one its directory recorded when resumed, else timed now on
+    copies of `model`), and the loop `config` with the planned steps and a warmup of the budget's warmup fraction of
+    them (None: `config.warmup_steps`). Every process gets the same."""
+    dist, minutes = timing.dist, spec.minutes
+    plan = load_plan(timing.out_dir) if timing.resume else None
     if plan is None:
         seconds = agree(time_steps(model, batches, objective, config, accum=accum, device=dist.device), dist)
         eval_seconds = agree(_time_evaluation(model, evaluate, config, dist.device), dist)
-        spent = agree(now() - started, dist)
-        steps = plan_steps(minutes, seconds, eval_seconds, config.eval_every, spent, continuing=continuing)
+        spent = agree(now() - timing.started, dist)
+        steps = plan_steps(minutes, seconds, eval_seconds, config.eval_every, spent, continuing=timing.continuing)
         over = steps_that_fit(minutes, seconds, eval_seconds, config.eval_every, spent) < MIN_STEPS
         plan = BudgetPlan(minutes=minutes, seconds_per_step=seconds, eval_seconds=eval_seconds, steps=steps,
                           spent_before_training=spent, over_budget=over)
-    warmup = config.warmup_steps if warmup_fraction is None else round(warmup_fraction * plan.steps)
+    fraction = spec.warmup_fraction
+    warmup = config.warmup_steps if fraction is None else round(fraction * plan.steps)
     config = dataclasses.replace(config, steps=plan.steps, warmup_steps=min(warmup, plan.steps - 1))
     if dist.is_main:
         print(plan.describe(), flush=True)
@@ -227,3 +235,106 @@ def _time_evaluation(model: nn.Module, evaluate: Callable[[nn.Module], dict] | N
     probe = copy.deepcopy(model).to(device).eval()
     with torch.no_grad(), autocast(device, resolve_precision(config.precision, device)):
         return time_call(lambda: evaluate(probe))
+
+
+SPECIAL_IDS = 5  # [PAD] [UNK] [CLS] [SEP] [MASK]: not drawn as words
+
+
+@dataclass(frozen=True)
+class Forecast:
+    minutes: float
+    seconds_per_step: tuple[float, ...]  # each stage's (half depth then full depth, or the one stage)
+    steps: int  # all stages together
+
+    def minutes_for(self, steps: int) -> float:
+        """The budget that would buy `steps`, at this forecast's mix of stages."""
+        return self.minutes * steps / max(self.steps, 1)
+
+
+def _batches(config: BertConfig, batch_size: int, seq_len: int, mask_prob: float, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        ids = torch.randint(SPECIAL_IDS, config.vocab_size, (batch_size, seq_len), generator=g)
+        masked = torch.rand(batch_size, seq_len, generator=g) < mask_prob
+        masked[:, 0] = False  # [CLS]
+        masked[0, 1] = True  # at least one prediction
+        yield {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids),
+               "mlm_labels": ids.masked_fill(~masked, IGNORE_INDEX), "nsp_labels": torch.zeros(batch_size).long()}
+
+
+def _seconds_per_step(config: BertConfig, recipe: Recipe, loop: LoopOptions, seq_len: int, mask_prob: float,
+                      device: torch.device) -> float:
+    is_special = np.zeros(config.vocab_size, dtype=bool)
+    is_special[:SPECIAL_IDS] = True
+    # a sampled softmax draws from Zipf-like frequencies (exponent 1.1): 1,024 draws give about 550 different words
+    # of 8,000, as the demo's corpus does (530)
+    sampler = CandidateSampler(1e7 / np.arange(1, config.vocab_size + 1) ** 1.1, recipe.mlm_candidates, is_special,
+                               seed=0) if recipe.mlm_candidates else None
+    objective = PretrainingObjective(nsp=recipe.nsp, bow_weight=recipe.bow_weight, is_special=is_special,
+                                     candidates=sampler)
+    rng = torch.get_rng_state()
+    model = BertForPreTraining(config)
+    model.set_dropout(recipe.dropout if recipe.dropout is not None else config.hidden_dropout_prob)
+    torch.set_rng_state(rng)
+    batches = _batches(config, loop.batch_size, seq_len, mask_prob, 0)
+    return time_steps(model, batches, objective, loop, accum=1, device=device)
+
+
+def forecast_steps(config: BertConfig, recipe: Recipe, minutes: float, *, seq_len: int, precision: str,
+                   device: torch.device | None = None) -> Forecast:
+    """The optimizer steps a run of `recipe` for `minutes` reaches here on `device` (None: the CPU), stacked as the
+    recipe stacks (the half-depth stage on shorter sequences, as many more of them a batch), from timed steps of each
+    stage. Setup and evaluations are left out, so it is an upper bound by a few percent."""
+    loop = LoopOptions(steps=1, batch_size=recipe.batch_size, lr=recipe.lr, betas=recipe.betas,
+                       weight_decay=recipe.weight_decay, warmup_steps=0, precision=precision)
+    stages = [(config, loop, seq_len, recipe.mask_prob, 1.0)]
+    if recipe.stack_fraction:  # the stages as `stacking.stages` makes them
+        short = short_length(seq_len, recipe.stack_length_fraction)
+        first_mask = recipe.stack_mask_prob if recipe.stack_mask_prob is not None else recipe.mask_prob
+        stages = [(half_depth(config), short_stage(loop, seq_len, short), short, first_mask, recipe.stack_fraction),
+                  (config, loop, seq_len, recipe.mask_prob, 1.0 - recipe.stack_fraction)]
+    device = device or torch.device("cpu")
+    seconds = tuple(_seconds_per_step(c, recipe, stage_loop, length, mask, device)
+                    for c, stage_loop, length, mask, _ in stages)
+    steps = sum(int(share * minutes * 60 / s) for (*_, share), s in zip(stages, seconds, strict=True))
+    return Forecast(minutes=minutes, seconds_per_step=seconds, steps=steps)
+
+
+def forecast_recipe(c: PretrainConfig) -> Recipe:
+    """The recipe a forecast times for the run `c`: its recipe with the run's batch, optimizer, masking, NSP,
+    dropout, stacking, bag of words and sampled softmax."""
+    return dataclasses.replace(
+        get_recipe(c.recipe or "bert"), batch_size=c.loop.batch_size, lr=c.loop.lr, betas=c.loop.betas,
+        weight_decay=c.loop.weight_decay, mask_prob=c.data.masked_lm_prob, nsp=c.data.nsp, dropout=c.model.dropout,
+        stack_fraction=c.stacking.fraction, stack_length_fraction=c.stacking.length_fraction,
+        stack_mask_prob=c.stacking.mask_prob, bow_weight=c.objective.bow_weight,
+        mlm_candidates=c.objective.mlm_candidates)
+
+
+def choose_batch(c: PretrainConfig, *, model_config: Callable[[str, int, int], Any]) -> PretrainConfig:
+    """The run `c` at its budget's larger batch and lr when its minutes buy at least `larger_batch.from_steps` steps
+    at its batch here, else at its own; either way with the choice made (`budget.larger_batch` None). A resumed run
+    keeps the batch it was started with (its recorded lr tells which), and every process of a torchrun run takes the
+    larger batch if any of them would. `model_config(name, vocab_size, seq_len)`: the model's config for the data."""
+    larger, minutes = c.budget.larger_batch, c.budget.minutes
+    decided = c.replace(budget=dataclasses.replace(c.budget, larger_batch=None))
+    bigger = decided.replace(loop=dataclasses.replace(c.loop, batch_size=larger.batch_size, lr=larger.lr))
+    out_dir = Path(c.out_dir)
+    if c.resume:
+        recorded = read_run_config(out_dir) or read_run_config(out_dir / HALF_DEPTH_DIR)
+        if recorded is not None:
+            return bigger if recorded["loop"]["lr"] == larger.lr else decided
+    d = distributed.setup(c.loop.device)
+    manifest = read_manifest(c.data_dir)
+    seq_len = int(c.model.max_seq_len or manifest["max_seq_len"])
+    probe = forecast_recipe(c)
+    started = now()
+    config = model_config(c.model.name, int(manifest["vocab_size"]), seq_len)
+    steps = forecast_steps(config, probe, minutes, seq_len=seq_len, precision=c.loop.precision, device=d.device).steps
+    take = distributed.any_rank(steps >= larger.from_steps, d)
+    if d.is_main:
+        verdict = (f"at least {larger.from_steps:,}: batch {larger.batch_size} at lr {larger.lr:g}" if take else
+                   f"under {larger.from_steps:,}: batch {c.loop.batch_size} at lr {c.loop.lr:g}")
+        print(f"{minutes:g} minutes buy about {steps:,} steps of the {probe.name} recipe's batch here (timed in "
+              f"{now() - started:.1f} s), {verdict}", flush=True)
+    return bigger if take else decided

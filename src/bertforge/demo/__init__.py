@@ -1,0 +1,1 @@
+"""The demo: the library's steps end to end on public data fetched from PyPI (`bertforge demo`)."""
