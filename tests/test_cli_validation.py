@@ -163,7 +163,9 @@ IMPOSSIBLE = [("pretrain", "--batch-size", "0"), ("pretrain", "--log-every", "0"
               ("pretrain", "--bow-weight", "-0.1"), ("pretrain", "--generator-width", "0"),
               ("pretrain", "--generator-layers", "1.5"), ("pretrain", "--discriminator-weight", "0"),
               ("pretrain", "--mlm-candidates", "-1"), ("finetune", "--layer-lr-decay", "0"),
-              ("finetune", "--layer-lr-decay", "1.2"), ("finetune", "--reinit-layers", "-1")]
+              ("finetune", "--layer-lr-decay", "1.2"), ("finetune", "--reinit-layers", "-1"),
+              ("pretrain", "--steps", "1000000001"), ("pretrain", "--lr", "11"), ("pretrain", "--lr", "1e400"),
+              ("finetune", "--epochs", "1e30"), ("serve", "--max-wait-ms", "-inf"), ("serve", "--port", "65536")]
 
 
 @pytest.fixture
@@ -276,7 +278,9 @@ def pretrain_args(config: Path, *given: str):
     ({"batch_size": "32"}, ["--batch-size", "must be an integer", '"32"']),
     ({"lr": "1e-3"}, ["--lr", "must be a number"]),
     ({"steps": True}, ["--steps", "must be an integer, not true"]),
-    ({"keep_last": 0}, ["--keep-last", "at least 1, not 0"]),
+    ({"keep_last": 0}, ["--keep-last", "in [1, 1_000_000], not 0"]),
+    ({"steps": 10**9 + 1}, ["--steps", "in [1, 1_000_000_000], not 1000000001"]),
+    ({"lr": float("inf")}, ["--lr", "finite", "Infinity"]),
     ({"mask_prob": 1.5}, ["--mask-prob", "in (0, 1), not 1.5"]),
     ({"lr": float("nan")}, ["--lr", "finite"]),
     ({"betas": [0.9, 1.0]}, ["--betas", "in [0, 1), not 1.0"]),
