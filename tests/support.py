@@ -64,11 +64,11 @@ def write_lines_corpus(path: Path, docs: list[list[str]]) -> Path:
 @functools.cache
 def tokenizer_dir() -> Path:
     """A tokenizer (vocab 400, so many words are split into ## pieces) trained on a synthetic corpus."""
-    from bertforge.tokenizer import Tokenizer
+    from bertforge.tokenizer import Tokenizer, VocabOptions
 
     root = Path(tempfile.mkdtemp(prefix="bertforge-test-data-"))
     corpus = write_lines_corpus(root / "train.txt", make_documents(60, seed=99))
-    tok = Tokenizer.train([corpus], vocab_size=400, min_frequency=1, show_progress=False)
+    tok = Tokenizer.train([corpus], VocabOptions(vocab_size=400, min_frequency=1), show_progress=False)
     tok.save_pretrained(root / "tok")
     return root / "tok"
 
@@ -82,12 +82,12 @@ def tokenizer():
 @functools.cache
 def prepared_dir(n_docs: int = 80, max_seq_len: int = 64, val_fraction: float = 0.1) -> Path:
     """Prepared data of a synthetic doc-per-file corpus (made once per session and argument set)."""
-    from bertforge.data.prepare import prepare
+    from bertforge.data.prepare import PrepareOptions, prepare
 
     root = Path(tempfile.mkdtemp(prefix="bertforge-test-prepared-"))
     corpus = write_doc_corpus(root / "corpus", make_documents(n_docs, seed=1))
-    prepare([str(corpus)], str(tokenizer_dir()), root / "data", max_seq_len=max_seq_len, workers=1,
-            val_fraction=val_fraction, progress=False)
+    prepare([str(corpus)], str(tokenizer_dir()), root / "data",
+            PrepareOptions(max_seq_len=max_seq_len, val_fraction=val_fraction), workers=1, progress=False)
     return root / "data"
 
 

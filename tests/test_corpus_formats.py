@@ -21,9 +21,9 @@ from support import make_documents, tokenizer_dir
 
 from bertforge.cli import main
 from bertforge.corpus import END, ReadStats, expand_inputs, plan_units, read_unit
-from bertforge.data.prepare import prepare
+from bertforge.data.prepare import PrepareOptions, prepare
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import Tokenizer
+from bertforge.tokenizer import Tokenizer, VocabOptions
 
 COMPRESS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,
             ".zst": lambda b: zstandard.ZstdCompressor().compress(b)}
@@ -194,10 +194,11 @@ def test_parquet_zst_and_jsonl_prepare_byte_identical_and_learn_the_same_vocab(t
     outputs, vocabs = {}, {}
     for name in ("c.jsonl", "c.jsonl.zst", "c.parquet"):
         out = tmp_path / f"out-{name}"
-        m = prepare([str(tmp_path / name)], tokenizer_dir(), out, max_seq_len=64, workers=2, val_fraction=0.1,
-                    progress=False)
+        m = prepare([str(tmp_path / name)], tokenizer_dir(), out, PrepareOptions(max_seq_len=64, val_fraction=0.1),
+                    workers=2, progress=False)
         outputs[name] = (_shards(out), m["counts"], m["splits"])
-        vocabs[name] = Tokenizer.train(tmp_path / name, vocab_size=300, min_frequency=1, show_progress=False).vocab
+        vocabs[name] = Tokenizer.train(tmp_path / name, VocabOptions(vocab_size=300, min_frequency=1),
+                                       show_progress=False).vocab
     assert outputs["c.jsonl"][1]["train"]["documents"] + outputs["c.jsonl"][1]["val"]["documents"] == 80
     assert outputs["c.jsonl.zst"] == outputs["c.jsonl"] and outputs["c.parquet"] == outputs["c.jsonl"]
     assert vocabs["c.jsonl.zst"] == vocabs["c.jsonl"] and vocabs["c.parquet"] == vocabs["c.jsonl"]

@@ -3,6 +3,7 @@ N = 1, 2, 3, and the join refuses parts of another run in one line each."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -14,13 +15,13 @@ from support import make_documents, tokenizer_dir, write_doc_corpus, write_lines
 from bertforge.cli import main
 from bertforge.data.join import join
 from bertforge.data.parts import parse_part, part_range
-from bertforge.data.prepare import prepare
+from bertforge.data.prepare import PrepareOptions, prepare
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import Tokenizer
+from bertforge.tokenizer import Tokenizer, VocabOptions
 
 # small shards and units, so parts cut files and the join crosses shard boundaries
-SMALL = {"max_seq_len": 64, "val_fraction": 0.2, "shard_tokens": 3000, "chunk_bytes": 4000, "progress": False,
-         "workers": 1}
+SMALL = PrepareOptions(max_seq_len=64, val_fraction=0.2, shard_tokens=3000, chunk_bytes=4000)
+QUIET = {"workers": 1, "progress": False}
 
 
 def _digests(directory) -> dict[str, str]:
@@ -42,7 +43,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def whole(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("whole") / "data"
-    prepare([str(corpus)], tokenizer_dir(), out, **SMALL)
+    prepare([str(corpus)], tokenizer_dir(), out, SMALL, **QUIET)
     return out
 
 
@@ -50,7 +51,7 @@ def _parts(corpus, root, n: int, **kw) -> list:
     outs = []
     for i in range(1, n + 1):
         outs.append(root / f"part-{i}")
-        prepare([str(corpus)], tokenizer_dir(), outs[-1], part=(i, n), **{**SMALL, **kw})
+        prepare([str(corpus)], tokenizer_dir(), outs[-1], dataclasses.replace(SMALL, **kw), part=(i, n), **QUIET)
     return outs
 
 
@@ -83,10 +84,11 @@ def test_join_refuses_parts_of_another_run_in_one_line_each(corpus, tmp_path, ca
     other_len = _parts(corpus, tmp_path / "len", 3, max_seq_len=48)
     other_seed = _parts(corpus, tmp_path / "seed", 3, seed=7)
     other_tok = tmp_path / "tok"
-    Tokenizer.train(corpus / "docs", vocab_size=300, min_frequency=1, show_progress=False).save_pretrained(other_tok)
-    prepare([str(corpus)], other_tok, tmp_path / "other-tok-3", part=(3, 3), **SMALL)
+    Tokenizer.train(corpus / "docs", VocabOptions(vocab_size=300, min_frequency=1),
+                    show_progress=False).save_pretrained(other_tok)
+    prepare([str(corpus)], other_tok, tmp_path / "other-tok-3", SMALL, part=(3, 3), **QUIET)
     plain = tmp_path / "plain"
-    prepare([str(corpus / "docs")], tokenizer_dir(), plain, **SMALL)
+    prepare([str(corpus / "docs")], tokenizer_dir(), plain, SMALL, **QUIET)
     cases = {"is missing": [parts[0], parts[2]], "is given twice": [*parts, parts[1]],
              "all made with the same N": [parts[0], parts[1], other_n[1]],
              "one --max-seq-len": [parts[0], parts[1], other_len[2]],

@@ -14,6 +14,7 @@ from support import prepared_dir, tokenizer
 from bertforge.data.loader import PretrainingData, collate
 from bertforge.data.padding import pad_ids, pad_rows
 from bertforge.errors import BertforgeError
+from bertforge.options import DataOptions
 from bertforge.tasks import collate as collate_features
 
 
@@ -65,9 +66,9 @@ def test_batch_conventions(data_dir):
 
 
 def test_deterministic_in_seed_and_epoch(data_dir):
-    a = take(PretrainingData(data_dir, seed=3).batches(4), 5)
-    b = take(PretrainingData(data_dir, seed=3).batches(4), 5)
-    c = take(PretrainingData(data_dir, seed=4).batches(4), 5)
+    a = take(PretrainingData(data_dir, options=DataOptions(seed=3)).batches(4), 5)
+    b = take(PretrainingData(data_dir, options=DataOptions(seed=3)).batches(4), 5)
+    c = take(PretrainingData(data_dir, options=DataOptions(seed=4)).batches(4), 5)
     assert_batches_equal(a, b)
     assert not torch.equal(a[0]["input_ids"], c[0]["input_ids"])
 
@@ -94,7 +95,7 @@ def test_epochs_use_fresh_pairs_and_masks_and_static_masking_repeats(data_dir):
     e0 = take(dyn.batches(4, epoch_start=0), 2)
     e1 = take(dyn.batches(4, epoch_start=1), 2)
     assert not torch.equal(e0[0]["input_ids"], e1[0]["input_ids"])
-    static = PretrainingData(data_dir, dupe_factor=2)
+    static = PretrainingData(data_dir, options=DataOptions(dupe_factor=2))
     s0, s2 = take(static.batches(4, epoch_start=0), 2), take(static.batches(4, epoch_start=2), 2)
     s1 = take(static.batches(4, epoch_start=1), 2)
     assert_batches_equal(s0, s2)
@@ -138,7 +139,7 @@ def test_dataloader_workers_give_the_same_batches(data_dir):
 
 def test_whole_word_masking_option(data_dir):
     tok = tokenizer()
-    data = PretrainingData(data_dir, whole_word_mask=True)
+    data = PretrainingData(data_dir, options=DataOptions(whole_word_mask=True))
     for batch in take(data.batches(16), 5):
         for ids, labels in zip(batch["input_ids"], batch["mlm_labels"], strict=True):
             picked = (labels != -100).numpy()
@@ -183,7 +184,7 @@ def test_pretraining_and_task_batches_are_padded_by_one_helper():
 
 @pytest.mark.parametrize("whole_word_mask", [False, True])
 def test_a_batch_is_its_instances_masked_one_by_one(data_dir, whole_word_mask):
-    data = PretrainingData(data_dir, "train", whole_word_mask=whole_word_mask, masked_lm_prob=0.4)
+    data = PretrainingData(data_dir, "train", DataOptions(whole_word_mask=whole_word_mask, masked_lm_prob=0.4))
     batch = next(data.batches(16))
     rows = [data.mask(inst, 0, i) for i, inst in enumerate(itertools.islice(data.epoch_instances(0), 16))]
     assert_batches_equal([batch], [{**collate(rows, data.pad_id), "instance": batch["instance"]}])

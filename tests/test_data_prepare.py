@@ -20,7 +20,7 @@ from support import (
 )
 
 from bertforge.cli import main
-from bertforge.data.prepare import prepare
+from bertforge.data.prepare import PrepareOptions, prepare
 from bertforge.data.shards import open_split, read_manifest
 from bertforge.errors import BertforgeError
 
@@ -47,8 +47,8 @@ def digest(directory: Path) -> dict[str, str]:
 def test_shards_hold_the_corpus_tokens_sentences_and_documents(tmp_path):
     docs = make_documents(40, seed=2)
     corpus = write_doc_corpus(tmp_path / "corpus", docs)
-    m = prepare([str(corpus)], str(tokenizer_dir()), tmp_path / "data", max_seq_len=32, workers=2,
-                val_fraction=0.2, shard_tokens=2000, progress=False)
+    m = prepare([str(corpus)], str(tokenizer_dir()), tmp_path / "data",
+                PrepareOptions(max_seq_len=32, val_fraction=0.2, shard_tokens=2000), workers=2, progress=False)
     got = shard_documents(tmp_path / "data", "train") + shard_documents(tmp_path / "data", "val")
     assert Counter(got) == Counter(expected_documents(docs))
     assert m["counts"]["train"]["documents"] + m["counts"]["val"]["documents"] == 40
@@ -70,22 +70,23 @@ def test_same_inputs_and_seed_give_byte_identical_output_for_any_worker_count(tm
     runs = []
     for i, workers in enumerate((1, 2, 2)):
         out = tmp_path / f"out{i}"
-        prepare([str(tmp_path / "c")], str(tokenizer_dir()), out, workers=workers, val_fraction=0.2,
-                shard_tokens=3000, chunk_bytes=lines.stat().st_size // 5, progress=False)
+        prepare([str(tmp_path / "c")], str(tokenizer_dir()), out,
+                PrepareOptions(val_fraction=0.2, shard_tokens=3000, chunk_bytes=lines.stat().st_size // 5),
+                workers=workers, progress=False)
         runs.append(digest(out))
     assert runs[0] == runs[1] == runs[2]
     assert len(runs[0]) > 10
     out = tmp_path / "other-seed"
-    prepare([str(tmp_path / "c")], str(tokenizer_dir()), out, workers=1, val_fraction=0.2, seed=7,
-            shard_tokens=3000, progress=False)
+    prepare([str(tmp_path / "c")], str(tokenizer_dir()), out,
+            PrepareOptions(val_fraction=0.2, seed=7, shard_tokens=3000), workers=1, progress=False)
     assert digest(out)["manifest.json"] != runs[0]["manifest.json"]
 
 
 def test_validation_split_is_by_document_at_the_requested_rate(tmp_path):
     docs = make_documents(600, seed=4, min_sents=1, max_sents=3)
     corpus = write_lines_corpus(tmp_path / "c.txt", docs)
-    m = prepare([str(corpus)], str(tokenizer_dir()), tmp_path / "data", workers=1, val_fraction=0.25,
-                progress=False)
+    m = prepare([str(corpus)], str(tokenizer_dir()), tmp_path / "data", PrepareOptions(val_fraction=0.25),
+                workers=1, progress=False)
     n_val = m["counts"]["val"]["documents"]
     assert n_val + m["counts"]["train"]["documents"] == 600
     assert abs(n_val / 600 - 0.25) < binomial_bound(600, 0.25)
@@ -100,7 +101,7 @@ def test_bad_input_is_summarised_and_the_rest_prepared(tmp_path):
     (tmp_path / "c" / "latin1.txt").write_bytes("The caf\xe9 was open. It was [MASK] late.".encode("latin-1"))
     (tmp_path / "c" / "blank.txt").write_text("\n \n")
     m = prepare([str(tmp_path / "c"), str(tmp_path / "c" / "good.txt")], str(tokenizer_dir()), tmp_path / "data",
-                workers=1, val_fraction=0.0, progress=False)
+                PrepareOptions(val_fraction=0.0), workers=1, progress=False)
     reading = m["reading"]
     assert reading["skipped_files"] == {"binary file": 1, "duplicate path": 1}  # good.txt is read once
     assert reading["counts"]["invalid_utf8_bytes_replaced"] == 1
@@ -116,13 +117,13 @@ def test_bad_input_is_summarised_and_the_rest_prepared(tmp_path):
 
 
 def test_refuses_to_mix_tokenizers(tmp_path):
-    from bertforge.tokenizer import Tokenizer
+    from bertforge.tokenizer import Tokenizer, VocabOptions
 
     corpus = write_doc_corpus(tmp_path / "corpus", make_documents(5, seed=5))
     out = tmp_path / "data"
     prepare([str(corpus)], str(tokenizer_dir()), out, workers=1, progress=False)
     before = digest(out)
-    other = Tokenizer.train([corpus], vocab_size=150, min_frequency=1, show_progress=False)
+    other = Tokenizer.train([corpus], VocabOptions(vocab_size=150, min_frequency=1), show_progress=False)
     with pytest.raises(BertforgeError, match="different tokenizer"):
         prepare([str(corpus)], other, out, workers=1, progress=False)
     assert digest(out) == before  # untouched

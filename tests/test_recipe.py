@@ -21,6 +21,7 @@ from bertforge.encoder import BertModel
 from bertforge.errors import BertforgeError
 from bertforge.files import read_jsonl
 from bertforge.models import BertForPreTraining
+from bertforge.options import DataOptions
 from bertforge.pretrain.budget import BudgetPlan, Deadline, plan_steps
 from bertforge.pretrain.config import parse_minutes
 from bertforge.pretrain.recipe import BUDGET, recipe_config
@@ -60,7 +61,7 @@ def test_the_masking_cap_is_the_papers():
 
 
 def test_no_nsp_batches_are_single_segments_masked_at_the_given_rate(prepared):
-    data = PretrainingData(prepared, "train", nsp=False, masked_lm_prob=0.4, short_seq_prob=0.0)
+    data = PretrainingData(prepared, "train", DataOptions(nsp=False, masked_lm_prob=0.4, short_seq_prob=0.0))
     batch = next(data.batches(64))
     ids, labels, types = batch["input_ids"], batch["mlm_labels"], batch["token_type_ids"]
     assert int(types.sum()) == 0 and int(batch["nsp_labels"].sum()) == 0

@@ -7,6 +7,7 @@ import pytest
 from bertforge import Tokenizer
 from bertforge.errors import BertforgeError
 from bertforge.tasks import IGNORE_INDEX, collate, get_task
+from bertforge.tokenizer import VocabOptions
 
 # the original IOB1 files (eng.train) start like this
 IOB1 = """-DOCSTART- -X- O O
@@ -176,7 +177,7 @@ def test_entities_from_raw_text(tok):
 
 def test_first_sub_token_labels_with_a_tiny_cased_vocab(tmp_path):
     (tmp_path / "corpus.txt").write_text(IOB2 + IOB1)
-    tiny = Tokenizer.train(tmp_path / "corpus.txt", vocab_size=80, lowercase=False, show_progress=False)
+    tiny = Tokenizer.train(tmp_path / "corpus.txt", VocabOptions(vocab_size=80, lowercase=False), show_progress=False)
     (tmp_path / "train.txt").write_text(IOB1)
     task = get_task("conll2003")
     train = task.read(tmp_path, "train")

@@ -10,6 +10,7 @@ import pytest
 from bertforge import Tokenizer
 from bertforge.errors import BertforgeError
 from bertforge.tasks import collate, get_task
+from bertforge.tokenizer import VocabOptions
 
 CONTEXT_1 = (
     "Super Bowl 50 was an American football game to determine the champion of the National Football League "
@@ -228,7 +229,7 @@ def test_round_trip_with_a_tiny_cased_vocab(tmp_path):
     back exactly, through every window."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CONTEXT_1 + "\n\n" + CONTEXT_2 + "\n")
-    tiny = Tokenizer.train(corpus, vocab_size=120, lowercase=False, show_progress=False)
+    tiny = Tokenizer.train(corpus, VocabOptions(vocab_size=120, lowercase=False), show_progress=False)
     (tmp_path / "train-v1.1.json").write_text(json.dumps(SQUAD))
     task = get_task("squad", doc_stride=7, max_query_length=10)
     train = task.read(tmp_path, "train")

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertforge.tokenizer import Tokenizer
+from bertforge.tokenizer import Tokenizer, VocabOptions
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference (test dependency)")
 from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer  # noqa: E402
@@ -121,7 +121,7 @@ def trained_dir(tmp_path_factory, shared_data, sample) -> Path:
     texts = [f.read_text(encoding="utf-8") for f in files] + sample[::3]
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     for casing in ("uncased", "cased"):
-        Tokenizer.train([corpus], vocab_size=6000, lowercase=casing == "uncased",
+        Tokenizer.train([corpus], VocabOptions(vocab_size=6000, lowercase=casing == "uncased"),
                         show_progress=False).save_pretrained(root / casing)
     return root
 

@@ -15,7 +15,7 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import SPECIAL_TOKENS, Tokenizer, count_alphabet, training
+from bertforge.tokenizer import SPECIAL_TOKENS, Tokenizer, VocabOptions, count_alphabet, training
 from bertforge.tokenizer.coverage import word_pieces
 from bertforge.tokenizer.vocab import MAX_VOCAB_SIZE
 
@@ -58,7 +58,7 @@ def test_the_same_corpus_gives_a_byte_identical_vocab_txt_in_separate_processes(
 
 def test_the_vocabulary_starts_with_the_alphabet_in_code_point_order(tmp_path):
     corpus = _write_corpus(tmp_path / "corpus")
-    tok = Tokenizer.train(corpus, vocab_size=400, limit_alphabet=30, min_frequency=1, show_progress=False)
+    tok = Tokenizer.train(corpus, VocabOptions(vocab_size=400, limit_alphabet=30, min_frequency=1), show_progress=False)
     alphabet = count_alphabet([(corpus / "a.txt").read_text(encoding="utf-8"),
                                *(json.loads(line)["text"] for line in (corpus / "b.jsonl").open(encoding="utf-8"))],
                               lowercase=True, limit_alphabet=30)
@@ -98,11 +98,11 @@ def test_binary_files_and_repeated_paths_are_skipped_and_counted(tmp_path, capsy
 
 MEASURE = """
 import json, resource, sys
-from bertforge.tokenizer import Tokenizer
+from bertforge.tokenizer import Tokenizer, VocabOptions
 from bertforge.tokenizer.engine import pipeline
 pipeline(True)  # the Unicode classes and the engine's regexes, before the baseline
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-Tokenizer.train([sys.argv[1]], vocab_size=500, show_progress=False)
+Tokenizer.train([sys.argv[1]], VocabOptions(vocab_size=500), show_progress=False)
 print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024))
 """
 
@@ -147,10 +147,10 @@ def test_an_impossible_vocab_size_is_one_error_line(tmp_path, capsys):
 
 def test_the_library_gives_the_alphabet_when_asked_for_less_unless_strict(tmp_path):
     corpus = _write_corpus(tmp_path / "corpus")
-    tok = Tokenizer.train(corpus, vocab_size=20, min_frequency=1, show_progress=False)
+    tok = Tokenizer.train(corpus, VocabOptions(vocab_size=20, min_frequency=1), show_progress=False)
     assert tok.vocab_size > 20  # documented: the alphabet alone, larger than asked
     with pytest.raises(BertforgeError, match=f"ask for at least {tok.vocab_size} "):
-        Tokenizer.train(corpus, vocab_size=20, min_frequency=1, show_progress=False, strict=True)
+        Tokenizer.train(corpus, VocabOptions(vocab_size=20, min_frequency=1), show_progress=False, strict=True)
 
 
 def test_a_size_the_corpus_cannot_fill_is_reported(tmp_path, capsys):
@@ -224,16 +224,16 @@ def _corpus(tmp_path):
 
 def test_train(tmp_path):
     root = _corpus(tmp_path)
-    tok = Tokenizer.train(root, vocab_size=200, min_frequency=1, show_progress=False)
+    tok = Tokenizer.train(root, VocabOptions(vocab_size=200, min_frequency=1), show_progress=False)
     assert tok.vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert tok.lowercase and tok.vocab_size <= 200 and len(set(tok.vocab)) == tok.vocab_size
     assert "quick" in tok.vocab and "The" not in tok.vocab and "the" in tok.vocab
     assert tok.encode("The QUICK fox.", add_special_tokens=False).tokens == ["the", "quick", "fox", "."]
-    cased = Tokenizer.train([root / "a.txt"], vocab_size=200, lowercase=False, min_frequency=1,
+    cased = Tokenizer.train([root / "a.txt"], VocabOptions(vocab_size=200, lowercase=False, min_frequency=1),
                             show_progress=False)
     assert "The" in cased.vocab and not cased.lowercase
     with pytest.raises(BertforgeError, match="too small"):
-        Tokenizer.train(root, vocab_size=5)
+        Tokenizer.train(root, VocabOptions(vocab_size=5))
 
 
 def test_vocab_train_command(tmp_path, capsys):
@@ -281,13 +281,17 @@ def test_vocab_train_refuses_a_directory_with_a_model_or_data(tmp_path, capsys, 
 
 def test_a_vocab_size_past_the_cap_is_one_error_line_before_reading(tmp_path, capsys):
     # 1e9 once reached the engine, which tried to reserve 70 GB and aborted the process.
+    # The flag's bound (2**22) refuses it as the command line is read; a size past the library's cap
+    # (MAX_VOCAB_SIZE) but within the bound is refused by the library, also before reading.
     corpus = _write_corpus(tmp_path / "corpus")
     out = tmp_path / "tok"
-    assert main(["vocab", "train", "--corpus", str(corpus), "--vocab-size", "1000000000", "--no-progress",
-                 "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: vocab size 1,000,000,000 is over the cap of 1,000,000") and err.count("\n") == 1
-    assert not out.exists()
+    for size, says in (("1000000000", "error: argument --vocab-size: must be in [6, 4_194_304], not 1000000000"),
+                       ("2000000", "error: vocab size 2,000,000 is over the cap of 1,000,000")):
+        assert main(["vocab", "train", "--corpus", str(corpus), "--vocab-size", size, "--no-progress",
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(says) and err.count("\n") == 1
+        assert not out.exists()
 
 
 def test_the_engine_is_asked_for_no_more_than_the_corpus_can_give(tmp_path, monkeypatch):
@@ -295,8 +299,8 @@ def test_the_engine_is_asked_for_no_more_than_the_corpus_can_give(tmp_path, monk
     asked = []
     real = training.trainers.WordPieceTrainer
     monkeypatch.setattr(training.trainers, "WordPieceTrainer", lambda **kw: asked.append(kw) or real(**kw))
-    small = Tokenizer.train(corpus, vocab_size=5000, min_frequency=1, show_progress=False)
-    big = Tokenizer.train(corpus, vocab_size=MAX_VOCAB_SIZE, min_frequency=1, show_progress=False)
+    small = Tokenizer.train(corpus, VocabOptions(vocab_size=5000, min_frequency=1), show_progress=False)
+    big = Tokenizer.train(corpus, VocabOptions(vocab_size=MAX_VOCAB_SIZE, min_frequency=1), show_progress=False)
     assert big.vocab == small.vocab  # the same vocabulary: the corpus ran out of merges first
     # 300 words of at most 7 letters, twice (a.txt and b.jsonl): at most 4,200 characters of words
     assert len(small.vocab) < asked[1]["vocab_size"] < len(small.vocab) + 4200

@@ -35,16 +35,17 @@ class PrepareArgs:
 
 def run_prepare(args: PrepareArgs) -> int:
     from bertforge.data.parts import parse_part
-    from bertforge.data.prepare import prepare, usable_cores
+    from bertforge.data.prepare import PrepareOptions, prepare, usable_cores
 
     part = parse_part(args.shard) if args.shard else None
     cores = usable_cores()
     workers = args.workers or cores
     print(f"prepare: {workers} worker process{'es' * (workers != 1)}, {cores} core{'s' * (cores != 1)} usable"
           + ("" if args.workers else " (--workers to change)"))
-    m = prepare(args.corpus, args.tokenizer, args.out, max_seq_len=args.max_seq_len, workers=workers,
-                val_fraction=args.val_fraction, seed=args.seed, fmt=args.format, text_field=args.text_field,
-                part=part, overwrite=args.overwrite, progress=args.progress)
+    options = PrepareOptions(max_seq_len=args.max_seq_len, val_fraction=args.val_fraction, seed=args.seed,
+                             format=args.format, text_field=args.text_field)
+    m = prepare(args.corpus, args.tokenizer, args.out, options, workers=workers, part=part, overwrite=args.overwrite,
+                progress=args.progress)
     print(_counts_text(m))
     print(f"wrote {args.out}" + (f" (part {part[0]} of {part[1]}: `bertforge join` all {part[1]})" if part else ""))
     return 0
@@ -82,9 +83,10 @@ class InspectArgs:
 
 def run_inspect(args: InspectArgs) -> int:
     from bertforge.data.loader import PretrainingData
+    from bertforge.options import DataOptions
 
-    data = PretrainingData(args.data, args.split, max_seq_len=args.max_seq_len,
-                           whole_word_mask=args.whole_word_mask, seed=args.seed)
+    data = PretrainingData(args.data, args.split, DataOptions(whole_word_mask=args.whole_word_mask, seed=args.seed),
+                           max_seq_len=args.max_seq_len)
     m = data.manifest
     print(f"{args.data}: tokenizer {m['tokenizer_fingerprint']}, vocab {m['vocab_size']}, "
           f"max_seq_len {m['max_seq_len']}")

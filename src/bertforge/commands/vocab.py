@@ -47,7 +47,7 @@ class VocabTrainArgs:
 def vocab_train(args: VocabTrainArgs) -> None:
     from bertforge.corpus import ReadStats, expand_inputs, read_sentences
     from bertforge.files import write_json
-    from bertforge.tokenizer import Tokenizer, corpus_summary
+    from bertforge.tokenizer import Tokenizer, VocabOptions, corpus_summary
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -58,9 +58,9 @@ def vocab_train(args: VocabTrainArgs) -> None:
     size = sum(f.stat().st_size for f in files)
     print(f"corpus: {len(files):,} file{'s' * (len(files) != 1)}, {size / 1e6:,.1f} MB")
     start = time.perf_counter()
-    tok = Tokenizer.train(files, vocab_size=args.vocab_size, lowercase=not args.cased,
-                          min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
-                          show_progress=args.progress, strict=True, stats=stats, text_field=args.text_field)
+    options = VocabOptions(vocab_size=args.vocab_size, lowercase=not args.cased, min_frequency=args.min_frequency,
+                           limit_alphabet=args.limit_alphabet, text_field=args.text_field)
+    tok = Tokenizer.train(files, options, show_progress=args.progress, strict=True, stats=stats)
     seconds = time.perf_counter() - start
     tok.save_pretrained(out)
     reading = stats.summary()

@@ -1,6 +1,6 @@
 """Pretraining batches from prepared shards: NSP instances and MLM masks made at training time.
 
-    data = PretrainingData("data/", split="train", seed=12345, rank=0, world_size=1)
+    data = PretrainingData("data/", "train", DataOptions(seed=12345), rank=0, world_size=1)
     it = data.batches(32)                      # infinite; it.position is where the next batch starts
     batch = next(it)                           # dict of torch tensors, see `collate`
     it = data.batches(32, position=saved)      # resumes exactly where `saved = it.position` was taken
@@ -33,6 +33,7 @@ from bertforge.data.masking import IGNORE_INDEX, instance_keys, mask_batch, mask
 from bertforge.data.padding import pad_ids, pad_rows
 from bertforge.data.shards import Shard, open_split, read_manifest
 from bertforge.errors import BertforgeError
+from bertforge.options import DataOptions
 from bertforge.tokenizer import Tokenizer
 
 BLOCK_TOKENS = 1 << 20  # instances are shuffled within blocks of about this many corpus tokens
@@ -94,13 +95,15 @@ def collate(instances: list[tuple[np.ndarray, np.ndarray, np.ndarray, bool]], pa
 
 
 class PretrainingData:
-    """Prepared data of one split, turned into masked NSP instances and batches (see the module docstring)."""
+    """Prepared data of one split, turned into masked NSP instances and batches (see the module docstring).
 
-    def __init__(self, data_dir: str | Path, split: str = "train", *, max_seq_len: int | None = None,
-                 short_seq_prob: float = 0.1, masked_lm_prob: float = 0.15,
-                 max_predictions_per_seq: int | None = None, whole_word_mask: bool = False,
-                 dupe_factor: int | None = None, seed: int = 12345, rank: int = 0, world_size: int = 1,
-                 tokenizer: Any = None, nsp: bool = True):
+    `options` says how instances and masks are made (default: DataOptions(), the paper's); its eval_batches and
+    num_workers are the training's, not read here. `max_seq_len` defaults to the manifest's; `tokenizer` to the
+    one saved with the data."""
+
+    def __init__(self, data_dir: str | Path, split: str = "train", options: DataOptions | None = None, *,
+                 max_seq_len: int | None = None, rank: int = 0, world_size: int = 1, tokenizer: Any = None):
+        o = options if options is not None else DataOptions()
         self.data_dir = Path(data_dir)
         self.manifest = read_manifest(self.data_dir)
         self.split = split
@@ -109,14 +112,14 @@ class PretrainingData:
             raise BertforgeError(f"max_seq_len {self.max_seq_len} is too small: use at least 8")
         if not 0 <= rank < world_size:
             raise BertforgeError(f"rank {rank} is not in [0, world_size={world_size})")
-        if dupe_factor is not None and dupe_factor < 1:
-            raise BertforgeError(f"dupe_factor {dupe_factor} must be at least 1 (or None for dynamic masking)")
-        if not 0.0 < masked_lm_prob < 1.0:
-            raise BertforgeError(f"masking rate {masked_lm_prob} must be in (0, 1), e.g. 0.15 (the paper) or 0.4")
-        self.short_seq_prob, self.masked_lm_prob, self.nsp = short_seq_prob, masked_lm_prob, nsp
-        self.max_predictions = int(max_predictions_per_seq or default_max_predictions(self.max_seq_len,
-                                                                                        masked_lm_prob))
-        self.whole_word_mask, self.dupe_factor, self.seed = whole_word_mask, dupe_factor, seed
+        if o.dupe_factor is not None and o.dupe_factor < 1:
+            raise BertforgeError(f"dupe_factor {o.dupe_factor} must be at least 1 (or None for dynamic masking)")
+        if not 0.0 < o.masked_lm_prob < 1.0:
+            raise BertforgeError(f"masking rate {o.masked_lm_prob} must be in (0, 1), e.g. 0.15 (the paper) or 0.4")
+        self.short_seq_prob, self.masked_lm_prob, self.nsp = o.short_seq_prob, o.masked_lm_prob, o.nsp
+        self.max_predictions = int(o.max_predictions_per_seq or default_max_predictions(self.max_seq_len,
+                                                                                          o.masked_lm_prob))
+        self.whole_word_mask, self.dupe_factor, self.seed = o.whole_word_mask, o.dupe_factor, o.seed
         self.rank, self.world_size = rank, world_size
         self.documents = Documents(open_split(self.data_dir, split, self.manifest))
         if len(self.documents) == 0:
@@ -129,7 +132,7 @@ class PretrainingData:
         self.is_special = np.zeros(tok.vocab_size, bool)
         self.is_special[list(tok.special_ids)] = True
         self.replacement_ids = np.flatnonzero(~self.is_special)
-        self.is_subword = np.asarray(tok.is_subword, bool) if whole_word_mask else None
+        self.is_subword = np.asarray(tok.is_subword, bool) if o.whole_word_mask else None
 
     @property
     def tokenizer_fingerprint(self) -> str:

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,29 @@ from bertforge.tokenizer import Tokenizer
 
 BATCH_CHARS = 1 << 20  # text tokenized per call, per worker
 MAX_DOC_TOKENS = 1 << 20  # longer documents are cut into pieces of about this size
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """What prepared data is made with, besides the corpus and the tokenizer: the same corpus, tokenizer and options
+    give the same shards, whatever the workers (`bertforge prepare`'s flags of the same names; `format` is
+    --format)."""
+
+    max_seq_len: int = 128  # the sequence length instances will be made for (recorded; BERT: 128, then 512)
+    val_fraction: float = 0.01  # share of the documents held out for the val split, chosen at random by `seed`
+    seed: int = 12345  # seed of the validation split
+    format: str = "auto"  # .txt layout: doc, lines or auto (`bertforge.corpus.plan_units`)
+    text_field: str = TEXT_FIELD  # the .jsonl field, or the Parquet or Arrow column, that holds the text
+    shard_tokens: int = 1 << 25  # tokens per shard file at most
+    chunk_bytes: int = 64 << 20  # big files are read in units of about this many bytes
+    max_doc_tokens: int = MAX_DOC_TOKENS  # longer documents are cut into pieces of about this size
+
+    def __post_init__(self) -> None:
+        if self.max_seq_len < 8:
+            raise BertforgeError(f"--max-seq-len {self.max_seq_len} is too small: use at least 8 (BERT uses 128 and "
+                                 "512)")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise BertforgeError(f"--val-fraction {self.val_fraction} is out of range: use a value in [0, 1)")
 
 
 def usable_cores() -> int:
@@ -195,24 +219,17 @@ def _init_worker(tokenizer: Any) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_seq_len: int = 128,
-            workers: int | None = None, val_fraction: float = 0.01, seed: int = 12345, fmt: str = "auto",
-            text_field: str = TEXT_FIELD, part: tuple[int, int] | None = None,
-            shard_tokens: int = 1 << 25, chunk_bytes: int = 64 << 20, max_doc_tokens: int = MAX_DOC_TOKENS,
-            overwrite: bool = False, progress: bool = True) -> dict:
+def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, options: PrepareOptions | None = None, *,
+            workers: int | None = None, part: tuple[int, int] | None = None, overwrite: bool = False,
+            progress: bool = True) -> dict:
     """Tokenize `corpus` (files, directories, globs) with `tokenizer` (a Tokenizer or its directory) into
-    shards under `out`; return the manifest. `out` is replaced atomically when complete.
+    shards under `out`, as `options` say (default: PrepareOptions()); return the manifest. `out` is replaced
+    atomically when complete.
 
-    `workers` defaults to every core this process may use (`usable_cores`). A `val_fraction` of the documents
-    (chosen at random, by `seed`) goes to the `val` split. Documents longer than `max_doc_tokens` are cut into
-    pieces of about that size.
-    `text_field` is the field of `.jsonl` records, or the column of Parquet and Arrow files, that holds the text.
-    `part=(i, n)` prepares only the i-th of n parts of the corpus, for `join` to assemble (see `parts`).
+    `workers` defaults to every core this process may use (`usable_cores`). `part=(i, n)` prepares only the i-th
+    of n parts of the corpus, for `join` to assemble (see `parts`).
     """
-    if max_seq_len < 8:
-        raise BertforgeError(f"--max-seq-len {max_seq_len} is too small: use at least 8 (BERT uses 128 and 512)")
-    if not 0.0 <= val_fraction < 1.0:
-        raise BertforgeError(f"--val-fraction {val_fraction} is out of range: use a value in [0, 1)")
+    o = options if options is not None else PrepareOptions()
     tok = _load_tokenizer(tokenizer)
     out = Path(out)
     check_out(out, tok.fingerprint, overwrite)
@@ -220,7 +237,7 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
     stats = ReadStats()
     paths = expand_inputs(list(corpus), stats)
     _check_out_apart(out, corpus, paths)
-    units = plan_units(paths, fmt, chunk_bytes=chunk_bytes, stats=stats, text_field=text_field)
+    units = plan_units(paths, o.format, chunk_bytes=o.chunk_bytes, stats=stats, text_field=o.text_field)
     if not units:
         raise BertforgeError(f"no readable text in {list(corpus)} ({stats.skipped_note()}): "
                              "check --corpus")
@@ -233,18 +250,17 @@ def prepare(corpus: list[str], tokenizer: Any, out: str | os.PathLike, *, max_se
     with atomic_dir(out) as tmp_out:
         parts_dir = tmp_out / ".parts"  # each unit's tokens, until they are appended to the shards
         parts_dir.mkdir()
-        writers = {s: ShardWriter(tmp_out, s, dtype=dtype, shard_tokens=shard_tokens, fingerprint=tok.fingerprint)
+        writers = {s: ShardWriter(tmp_out, s, dtype=dtype, shard_tokens=o.shard_tokens, fingerprint=tok.fingerprint)
                    for s in SPLITS}
-        tasks = [(i, units[i], str(parts_dir), seed, val_fraction, max_doc_tokens) for i in selected]
+        tasks = [(i, units[i], str(parts_dir), o.seed, o.val_fraction, o.max_doc_tokens) for i in selected]
         _run_units(tasks, tok, workers, writers, stats, sizes, progress)
         shutil.rmtree(parts_dir)
-        manifest = _manifest(tok, dtype, max_seq_len, seed, val_fraction, fmt, paths,
-                             {s: w.finish() for s, w in writers.items()}, stats)
+        manifest = _manifest(tok, dtype, o, paths, {s: w.finish() for s, w in writers.items()}, stats)
         if part is not None:
-            settings = {"seed": seed, "val_fraction": val_fraction, "format": fmt, "text_field": text_field,
-                        "chunk_bytes": chunk_bytes, "max_doc_tokens": max_doc_tokens, "max_seq_len": max_seq_len}
+            settings = {"seed": o.seed, "val_fraction": o.val_fraction, "format": o.format, "text_field": o.text_field,
+                        "chunk_bytes": o.chunk_bytes, "max_doc_tokens": o.max_doc_tokens, "max_seq_len": o.max_seq_len}
             manifest["part"] = {"index": part[0], "count": part[1], "plan": plan_digest(units, sizes, settings),
-                                "units": [selected.start, selected.stop], "shard_tokens": shard_tokens}
+                                "units": [selected.start, selected.stop], "shard_tokens": o.shard_tokens}
         elif manifest["splits"]["train"]["documents"] == 0:
             raise BertforgeError(f"no documents with text in {list(corpus)}: check --corpus (and --val-fraction)")
         check_shard_sizes(tmp_out, manifest)
@@ -344,10 +360,10 @@ def _check_out_apart(out: Path, corpus: list[str], paths: list[Path]) -> None:
             raise BertforgeError(f"--out {out} is inside the corpus directory {c}: choose an --out outside it")
 
 
-def _manifest(tok: Any, dtype: np.dtype, max_seq_len: int, seed: int, val_fraction: float, fmt: str,
-              paths: list[Path], shards: dict[str, list[dict]], stats: ReadStats) -> dict:
+def _manifest(tok: Any, dtype: np.dtype, options: PrepareOptions, paths: list[Path],
+              shards: dict[str, list[dict]], stats: ReadStats) -> dict:
     head = {"format": FORMAT, "tokenizer_fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size,
-            "dtype": dtype.str, "max_seq_len": max_seq_len,
-            "settings": {"seed": seed, "val_fraction": val_fraction, "format": fmt}}
+            "dtype": dtype.str, "max_seq_len": options.max_seq_len,
+            "settings": {"seed": options.seed, "val_fraction": options.val_fraction, "format": options.format}}
     inputs = {"files": len(paths), "bytes": sum(p.stat().st_size for p in paths)}
     return assemble_manifest(head, shards, inputs, stats.summary())

@@ -28,7 +28,7 @@ from bertforge import cpu
 from bertforge.baseline import bag_of_words
 from bertforge.config import BertConfig
 from bertforge.corpus import expand_inputs, read_sentences
-from bertforge.data.prepare import prepare
+from bertforge.data.prepare import PrepareOptions, prepare
 from bertforge.demo import data as demo_data
 from bertforge.demo.budget import parse_demo_minutes, plan_minutes
 from bertforge.demo.report import report, table
@@ -43,7 +43,7 @@ from bertforge.pretrain.isotropy import directory_isotropy, initial_isotropy
 from bertforge.pretrain.recipe import get_recipe, recipe_config
 from bertforge.pretrain.run import pretrain, resolve_model_config
 from bertforge.pretrain.stacking import HALF_DEPTH_DIR
-from bertforge.tokenizer import Tokenizer, corpus_summary
+from bertforge.tokenizer import Tokenizer, VocabOptions, corpus_summary
 from bertforge.train.checkpoints import METRICS_FILE
 from bertforge.train.rundir import changes, read_run_config
 
@@ -183,7 +183,7 @@ def _vocabulary(o: DemoOptions, tok_dir: Path, corpus: list[str]) -> tuple[Token
         print(f"reusing {tok_dir}")
     else:
         files = expand_inputs(corpus)
-        tokenizer = Tokenizer.train(files, vocab_size=o.vocab_size, show_progress=o.progress)
+        tokenizer = Tokenizer.train(files, VocabOptions(vocab_size=o.vocab_size), show_progress=o.progress)
         summary = corpus_summary(tokenizer, read_sentences(files))
         tokenizer.save_pretrained(tok_dir)
         write_json(tok_dir / "vocab_summary.json", summary)
@@ -212,7 +212,7 @@ def _prepared(o: DemoOptions, data_dir: Path, corpus: list[str], tokenizer: Toke
     # The demo's corpus: 3% of its 25,300 documents (a review each, a movie's snippets each). Yours: about 2%,
     # more when there are few files (one document each).
     val_fraction = max(0.02, min(0.2, 3 / max(1, len(expand_inputs(corpus))))) if o.corpus else 0.03
-    prepare(corpus, tokenizer, data_dir, max_seq_len=seq_len, val_fraction=val_fraction, seed=o.seed,
+    prepare(corpus, tokenizer, data_dir, PrepareOptions(max_seq_len=seq_len, val_fraction=val_fraction, seed=o.seed),
             progress=o.progress)
     return data_dir
 

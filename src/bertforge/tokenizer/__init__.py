@@ -39,10 +39,10 @@ from __future__ import annotations
 
 from bertforge.tokenizer.coverage import corpus_summary
 from bertforge.tokenizer.encoding import BatchEncoding, Encoding
-from bertforge.tokenizer.training import Alphabet, count_alphabet
+from bertforge.tokenizer.training import Alphabet, VocabOptions, count_alphabet
 from bertforge.tokenizer.truncation import longest_first
 from bertforge.tokenizer.vocab import SPECIAL_TOKENS, fingerprint, recorded_fingerprint
 from bertforge.tokenizer.wordpiece import Tokenizer
 
-__all__ = ["SPECIAL_TOKENS", "Alphabet", "BatchEncoding", "Encoding", "Tokenizer", "corpus_summary",
+__all__ = ["SPECIAL_TOKENS", "Alphabet", "BatchEncoding", "Encoding", "Tokenizer", "VocabOptions", "corpus_summary",
            "count_alphabet", "fingerprint", "longest_first", "recorded_fingerprint"]

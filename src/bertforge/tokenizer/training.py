@@ -43,6 +43,30 @@ _WORD_ENDS = " \t\n\r"  # after normalization only " " is left; the ASCII path s
 
 
 @dataclass(frozen=True)
+class VocabOptions:
+    """What a WordPiece vocabulary is learned with, besides the corpus: the same corpus and options give the same
+    vocabulary, token for token (`Tokenizer.train`; `bertforge vocab train`'s flags of the same names, where
+    --cased is lowercase=False)."""
+
+    vocab_size: int = 30522  # tokens, the special tokens included (BERT: 30522)
+    lowercase: bool = True  # uncased: lowercase and strip accents before learning (and tokenizing)
+    min_frequency: int = 2  # merge only pieces that occur together at least this often
+    limit_alphabet: int = 1000  # keep at most this many distinct characters, the most frequent: rarer ones are [UNK]
+    text_field: str = TEXT_FIELD  # the .jsonl field, or the Parquet or Arrow column, that holds the text
+
+    def __post_init__(self) -> None:
+        if self.vocab_size <= len(SPECIAL_TOKENS):
+            raise BertforgeError(f"vocab size {self.vocab_size} is too small: it must exceed the "
+                                 f"{len(SPECIAL_TOKENS)} special tokens (BERT uses 30522)")
+        if self.vocab_size > MAX_VOCAB_SIZE:
+            raise BertforgeError(f"vocab size {self.vocab_size:,} is over the cap of {MAX_VOCAB_SIZE:,} tokens (BERT "
+                                 f"uses 30,522; the largest vocabularies in use about 250,000): ask for fewer")
+        if self.min_frequency < 0 or self.limit_alphabet < 1:
+            raise BertforgeError(f"min_frequency must be >= 0 and limit_alphabet >= 1, got {self.min_frequency} "
+                                 f"and {self.limit_alphabet}")
+
+
+@dataclass(frozen=True)
 class Alphabet:
     """The characters a vocabulary starts from (`count_alphabet`)."""
 
@@ -95,28 +119,20 @@ def count_alphabet(texts: Iterable[str], *, lowercase: bool, limit_alphabet: int
                     dropped=len(seen) - len(kept), characters=int(counts.sum()))
 
 
-def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab_size: int, lowercase: bool,
-                min_frequency: int, limit_alphabet: int, show_progress: bool, strict: bool,
-                stats: ReadStats | None, text_field: str = TEXT_FIELD) -> list[str]:
+def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], options: VocabOptions, *,
+                show_progress: bool, strict: bool, stats: ReadStats | None) -> list[str]:
     """The tokens of a WordPiece vocabulary learned from a corpus, in id order (see `Tokenizer.train`).
 
     Two passes over the corpus, each with bounded memory: `count_alphabet`, then the engine's trainer.
     """
-    if vocab_size <= len(SPECIAL_TOKENS):
-        raise BertforgeError(f"vocab size {vocab_size} is too small: it must exceed the "
-                             f"{len(SPECIAL_TOKENS)} special tokens (BERT uses 30522)")
-    if vocab_size > MAX_VOCAB_SIZE:
-        raise BertforgeError(f"vocab size {vocab_size:,} is over the cap of {MAX_VOCAB_SIZE:,} tokens (BERT uses "
-                             f"30,522; the largest vocabularies in use about 250,000): ask for fewer")
-    if min_frequency < 0 or limit_alphabet < 1:
-        raise BertforgeError(f"min_frequency must be >= 0 and limit_alphabet >= 1, got {min_frequency} "
-                             f"and {limit_alphabet}")
+    o = options
+    vocab_size, lowercase, text_field = o.vocab_size, o.lowercase, o.text_field
     stats = stats if stats is not None else ReadStats()
     paths = expand_inputs(files, stats)
     bar = progress_reporter(sum(p.stat().st_size for p in paths), desc="characters", unit="B",
                             enabled=show_progress)
     alphabet = count_alphabet(read_sentences(paths, stats, text_field=text_field, progress=bar), lowercase=lowercase,
-                              limit_alphabet=limit_alphabet)
+                              limit_alphabet=o.limit_alphabet)
     bar.close()
     if not alphabet.chars:
         raise BertforgeError(f"no text to learn from in {len(paths)} corpus file(s) ({stats.skipped_note()}): "
@@ -135,7 +151,7 @@ def train_vocab(files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab
     # Each merge joins two symbols of a word, so a corpus of n word characters allows fewer than n merges: a
     # larger size changes nothing but what the engine reserves.
     trainer = trainers.WordPieceTrainer(
-        vocab_size=min(vocab_size, len(initial) + alphabet.characters), min_frequency=min_frequency,
+        vocab_size=min(vocab_size, len(initial) + alphabet.characters), min_frequency=o.min_frequency,
         special_tokens=initial, initial_alphabet=alphabet.chars, limit_alphabet=len(alphabet.chars),
         continuing_subword_prefix=SUBWORD_PREFIX, show_progress=show_progress)
     # What the first pass read; its stats are already counted.

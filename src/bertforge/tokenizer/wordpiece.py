@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from bertforge.corpus import TEXT_FIELD, ReadStats
+from bertforge.corpus import ReadStats
 from bertforge.errors import BertforgeError
 from bertforge.files import write_json, write_text
 from bertforge.tokenizer.encoding import BatchEncoding, Encoding, join_segments
 from bertforge.tokenizer.engine import NOT_FAST, SURROGATES, backend
-from bertforge.tokenizer.training import train_vocab
+from bertforge.tokenizer.training import VocabOptions, train_vocab
 from bertforge.tokenizer.truncation import truncated_lengths, truncation_strategy
 from bertforge.tokenizer.vocab import (
     CLS,
@@ -68,24 +68,23 @@ class Tokenizer:
     # -- construction ------------------------------------------------------------------------------------
 
     @classmethod
-    def train(cls, files: str | os.PathLike | Iterable[str | os.PathLike], *, vocab_size: int = 30522,
-              lowercase: bool = True, min_frequency: int = 2, limit_alphabet: int = 1000,
-              show_progress: bool = True, strict: bool = False, stats: ReadStats | None = None,
-              text_field: str = TEXT_FIELD) -> Tokenizer:
-        """Learn a WordPiece vocabulary from a corpus: files, directories or globs, read as `prepare` reads
-        them (`bertforge.corpus`); `stats` (if given) counts what reading found and skipped.
+    def train(cls, files: str | os.PathLike | Iterable[str | os.PathLike], options: VocabOptions | None = None, *,
+              show_progress: bool = True, strict: bool = False, stats: ReadStats | None = None) -> Tokenizer:
+        """Learn a WordPiece vocabulary from a corpus as `options` say (default: VocabOptions(), BERT's 30522
+        tokens, uncased): files, directories or globs, read as `prepare` reads them (`bertforge.corpus`); `stats`
+        (if given) counts what reading found and skipped.
 
-        The same corpus and arguments give the same vocabulary, token for token, in every run. The result has
+            Tokenizer.train(["texts/"], VocabOptions(vocab_size=8000, min_frequency=1), show_progress=False)
+
+        The same corpus and options give the same vocabulary, token for token, in every run. The result has
         fewer than `vocab_size` tokens when the corpus has no more pairs seen `min_frequency` times. A
         `vocab_size` below what the alphabet alone needs (the special tokens, the `limit_alphabet` most frequent
         characters and their ## forms) gives that alphabet, larger than asked; strict=True refuses it with a
-        BertforgeError instead, before the vocabulary is learned. `text_field` is the field of `.jsonl` records,
-        or the column of Parquet and Arrow files, that holds the text. See `bertforge.tokenizer.training`.
+        BertforgeError instead, before the vocabulary is learned. See `bertforge.tokenizer.training`.
         """
-        vocab = train_vocab(files, vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
-                            limit_alphabet=limit_alphabet, show_progress=show_progress, strict=strict,
-                            stats=stats, text_field=text_field)
-        return cls(vocab, lowercase=lowercase)
+        options = options if options is not None else VocabOptions()
+        vocab = train_vocab(files, options, show_progress=show_progress, strict=strict, stats=stats)
+        return cls(vocab, lowercase=options.lowercase)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, lowercase: bool | None = None) -> Tokenizer:
