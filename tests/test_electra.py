@@ -347,9 +347,15 @@ def test_the_losses_under_bf16_autocast_follow_fp32():
 
 
 @pytest.mark.slow  # torch.compile takes seconds
-def test_compiled_electra_matches_eager(prepared, tmp_path):
-    """`--compile` compiles both encoders (the generator's and the discriminator's) and ends where eager ends."""
+def test_compiled_electra_matches_eager(prepared, tmp_path, monkeypatch):
+    """`--compile` compiles both encoders (the generator's and the discriminator's) and ends where eager ends.
+    Traced by TorchDynamo and AOTAutograd as inductor would be, but run without inductor's code generation, which
+    took 99 s of the suite for these two graphs: tests/test_compile.py runs the whole inductor path on BERT's."""
     from torch._dynamo.utils import counters
+
+    compile_module = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, **kw: compile_module(self, **{**kw, "backend": "aot_eager"}))
 
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps({**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))

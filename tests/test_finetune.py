@@ -660,8 +660,8 @@ def test_checkpoints_every_save_minutes_of_training_keeping_the_last_keep_last(i
     saved: list[tuple[int, list[int]]] = []  # (step, the checkpoints on disk after it)
     real = loop.save_checkpoint
 
-    def recording(out_dir, step, **kwargs):
-        real(out_dir, step, **kwargs)
+    def recording(out_dir, step, *args, **kwargs):
+        real(out_dir, step, *args, **kwargs)
         saved.append((step, [s for s, _ in state.checkpoints(out_dir)]))
 
     monkeypatch.setattr(loop, "save_checkpoint", recording)

@@ -112,7 +112,7 @@ def test_a_pretraining_run_equals_a_plain_reference_loop(prepared, tmp_path):
     no_decay = [p for n, p in ref.named_parameters() if "LayerNorm" in n or n.endswith("bias")]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.999), eps=1e-6)
-    batches = PretrainingData(prepared, "train", seed=DataOptions().seed).batches(8)
+    batches = PretrainingData(prepared, "train", DataOptions()).batches(8)
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = lr * (step / warmup if step < warmup else (steps - step) / (steps - warmup))
@@ -328,13 +328,13 @@ class _Regression:
 
 
 def test_metrics_say_how_long_each_step_waited_for_data(tmp_path):
-    from bertforge.train.loop import Trainer
+    from bertforge.train.loop import Hooks, Trainer
 
     for delay in (0.0, 0.05):
         out = tmp_path / f"delay-{delay}"
         Trainer(torch.nn.Linear(4, 1), _SlowData(delay), _Regression(), loop(steps=4, batch_size=2, log_every=2,
                                                                              device="cpu"),
-                out, save_model=lambda m, path: path.mkdir(parents=True, exist_ok=True)).run()
+                out, hooks=Hooks(save_model=lambda m, path: path.mkdir(parents=True, exist_ok=True))).run()
         logged = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
         assert [r["step"] for r in logged] == [2, 4]
         for r in logged:

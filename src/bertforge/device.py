@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
 
 from bertforge import cpu
 from bertforge.errors import BertforgeError
+from bertforge.options import PRECISIONS
 
 
 def _choices() -> str:
@@ -89,3 +91,19 @@ def to_device(batch: dict, device: torch.device) -> dict:
             v = v.pin_memory()
         out[k] = v if stays else v.to(device, non_blocking=True)
     return out
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The precision a training run uses, "fp32" or "bf16": `device.pick_precision` for training, where "auto"
+    is bf16 on a CUDA device with native bf16 and fp32 elsewhere, the CPU included (bf16 there is opt-in; see
+    `pick_precision` for why inference differs). An explicit "bf16" torch would only emulate is refused."""
+    if precision not in PRECISIONS:
+        raise BertforgeError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return pick_precision(precision, device, auto_bf16_on_cpu=False)
+
+
+def autocast(device: torch.device, precision: str):
+    """The forward pass's context for a resolved precision (`resolve_precision`)."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

@@ -19,19 +19,8 @@ import dataclasses
 import os
 
 from bertforge.commands.arguments import Command, command_args
-from bertforge.options import (
-    EMBEDDING_INITS,
-    FRACTION,
-    MIN_SEQ_LEN,
-    PROBABILITY,
-    SHARE,
-    DataOptions,
-    ElectraOptions,
-    LoopOptions,
-    at_least,
-    option,
-    seed_option,
-)
+from bertforge.options import DataOptions, ElectraOptions, LoopOptions, option, seed_option
+from bertforge.pretrain.config import ModelSpec, ObjectiveSpec, StackingSpec
 from bertforge.pretrain.recipe import RECIPE_OPTIONS, RECIPES
 
 
@@ -51,10 +40,11 @@ def recipe_note(field: str) -> str:
     return "recipe: " + ", ".join(f"{r.name} {shown(getattr(r, field))}" for r in RECIPES.values())
 
 
-@command_args(LoopOptions, DataOptions, ElectraOptions, defaults={"steps": 10000},
-              optional={name: recipe_note(field) for name, field in RECIPE_OPTIONS.items()})
+@command_args(ModelSpec, ObjectiveSpec, StackingSpec, LoopOptions, DataOptions, ElectraOptions,
+              defaults={"steps": 10000}, optional={name: recipe_note(field) for name, field in RECIPE_OPTIONS.items()})
 class PretrainArgs:
-    """`bertforge pretrain`'s arguments: these, then the options of LoopOptions, DataOptions and ElectraOptions."""
+    """`bertforge pretrain`'s arguments: these, then the options of a `PretrainConfig`'s sections (the model, the
+    objective, stacking, the loop, the data, ELECTRA's)."""
 
     data: str = option(help="prepared data directory (from `bertforge prepare`)")
     out: str = option(help="run directory: checkpoints, metrics.jsonl, curves and the final model")
@@ -63,45 +53,9 @@ class PretrainArgs:
                               "compute (higher lr and masking rate, no NSP but a bag-of-words loss on [CLS], no "
                               "dropout while pretraining, pre-LN, stacking); an option given on the command line or "
                               "in --config wins over its recipe")
-    objective: str = option("mlm", choices=["mlm", "electra"],
-                            help="mlm: masked-LM (+ NSP); electra: replaced-token detection (Clark et al. 2020), a "
-                                 "small generator trained beside the model; the run directory holds the model (the "
-                                 "discriminator), its head, and the generator in generator/ (fill-mask uses it)")
-    model: str = option("mini", help="preset (tiny, mini, small, medium, base, large) or a config.json")
-    init: str | None = option(None, help="start from this model directory's weights (e.g. phase 1 of 2)")
     minutes: str | None = option(None, help="time budget instead of --steps: 30, 90s, 30m or 1.5h; the steps are "
                                  "planned from timed steps so warmup and the decay to zero end at the deadline "
                                  "(--resume keeps the plan)")
-    max_seq_len: int | None = option(None, help="sequence length (default: the one the data was prepared for)",
-                                     bound=MIN_SEQ_LEN)
-    dropout: float | None = option(None, help="dropout while pretraining; the saved model keeps its config's for "
-                                   "fine-tuning", bound=FRACTION)
-    pre_ln: bool | None = option(None, help="pre-LayerNorm layers for a new model; transformers cannot load them")
-    tie_embeddings: bool | None = option(None, help="the masked-LM decoder is the word embedding matrix, as in BERT "
-                                         "(--no-tie-embeddings: a matrix of its own, for a new model; the input "
-                                         "embeddings then stay apart where a short run's tied ones collapse "
-                                         "together; transformers loads either)")
-    stack_fraction: float | None = option(None, help="stacking: pretrain a model of half the depth for this share "
-                                          "of the steps or minutes (in OUT/half-depth), then copy its layers on top "
-                                          "of themselves for the rest; 0: off; a new model only", bound=FRACTION)
-    stack_length_fraction: float | None = option(None, help="stacking: the half-depth stage's sequence length as a "
-                                                 "share of the run's (0.5: half as long, twice the sequences a "
-                                                 "batch: the same tokens a step); 1: the same", bound=SHARE)
-    stack_mask_prob: float | None = option(None, help="stacking: the half-depth stage's masking rate (default: "
-                                           "--mask-prob, the full-depth stage's)", bound=PROBABILITY)
-    bow_weight: float | None = option(None, help="weight of a bag-of-words loss on [CLS]: it predicts the words of "
-                                      "its sequence, so [CLS] learns to read the whole sequence, which nothing "
-                                      "else teaches it without NSP; 0: off",
-                                      bound=at_least(0, "above 10,000 is a typo", at_most=10**4))
-    mlm_candidates: int | None = option(None, help="score the masked-LM against each position's word and this many "
-                                        "words drawn by corpus frequency (a sampled softmax) instead of the whole "
-                                        "vocabulary: a cheaper step where the vocabulary projection dominates (small "
-                                        "models, CPUs without bf16); 0: the whole vocabulary",
-                                        bound=at_least(0, "more words than any vocabulary has", at_most=2**22))
-    embedding_init: str | None = option(None, choices=EMBEDDING_INITS,
-                                        help="a new model's word embeddings: random, or cooccurrence: from the "
-                                             "training split's word co-occurrences (PPMI and an SVD, seconds), so "
-                                             "the masked-LM starts knowing which words are used alike")
     seed: int = seed_option(12345, help="seed for initialisation, data order and masks")
     resume: bool = option(False, help="continue exactly from the last checkpoint in --out")
     config: str | None = option(None, help="JSON file with any of these options, keyed by name (\"batch_size\": 32); "

@@ -50,7 +50,7 @@ from bertforge.tasks.runner import (
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
 from bertforge.train.checkpoints import METRICS_FILE, checkpoints
-from bertforge.train.loop import LoopOptions, Trainer, TrainingInterrupted, resolve_precision
+from bertforge.train.loop import Hooks, LoopOptions, Trainer, TrainingInterrupted, resolve_precision
 from bertforge.train.report import plot_metrics
 from bertforge.train.rundir import (
     LOCK_FILE,
@@ -376,8 +376,8 @@ def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOpti
         write_run_config(work, **run_config)
     source = FeatureBatches(p.train_features, tokenizer.pad_id, seed=o.seed, rank=d.rank, world_size=d.world_size)
     if not (resume and trained(work, loop.steps)):  # else killed after its last checkpoint: only the end is left
-        Trainer(model, source, TaskObjective(task.kind), loop, work, evaluate=evaluate, save_model=save_model,
-                dist=d, final_dir=work / "last", resume=resume).run()
+        Trainer(model, source, TaskObjective(task.kind), loop, work, dist=d, resume=resume,
+                hooks=Hooks(evaluate=evaluate, save_model=save_model, final_dir=work / "last")).run()
     result = {"task": task.name, "metrics": {}, "best_step": None, "history": history,
               "main_metric": task.main_metric, "steps": loop.steps, "epochs": o.epochs}
     if d.is_main:

@@ -16,32 +16,61 @@ import math
 from dataclasses import dataclass, field
 
 from bertforge.errors import BertforgeError
-from bertforge.options import EMBEDDING_INITS, DataOptions, ElectraOptions, LoopOptions
+from bertforge.options import (
+    EMBEDDING_INITS,
+    FRACTION,
+    MAX_MINUTES,
+    MIN_SEQ_LEN,
+    PROBABILITY,
+    SHARE,
+    DataOptions,
+    ElectraOptions,
+    LoopOptions,
+    at_least,
+    option,
+)
 
 OBJECTIVES = ("mlm", "electra")
-MAX_MINUTES = 366 * 24 * 60  # a year: a longer budget is a typo, not a plan
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """The model pretrained: a new one of `name`'s architecture, or `init`'s weights."""
 
-    name: str = "mini"  # a preset (tiny ... large), a config.json, or a model directory: the architecture
-    init: str | None = None  # start from this model directory's weights (the paper's second phase); None: new
-    max_seq_len: int | None = None  # sequence length; None: the one the data was prepared for
-    dropout: float | None = None  # dropout while pretraining; None: the model config's (the saved model keeps it)
-    pre_layer_norm: bool = False  # pre-LN layers for a new model (transformers cannot load them)
-    tie_embeddings: bool = True  # the masked-LM decoder is the word embedding matrix, as in BERT
-    embedding_init: str = "random"  # a new model's word embeddings: random, or cooccurrence (cooccurrence.py)
+    name: str = option("mini", flag="model", help="preset (tiny, mini, small, medium, base, large) or a config.json")
+    init: str | None = option(None, help="start from this model directory's weights (e.g. phase 1 of 2)")
+    max_seq_len: int | None = option(None, help="sequence length (default: the one the data was prepared for)",
+                                     bound=MIN_SEQ_LEN)
+    dropout: float | None = option(None, help="dropout while pretraining; the saved model keeps its config's for "
+                                   "fine-tuning", bound=FRACTION)
+    pre_layer_norm: bool = option(False, flag="pre-ln", help="pre-LayerNorm layers for a new model; transformers "
+                                                             "cannot load them")
+    tie_embeddings: bool = option(True, help="the masked-LM decoder is the word embedding matrix, as in BERT "
+                                  "(--no-tie-embeddings: a matrix of its own, for a new model; the input embeddings "
+                                  "then stay apart where a short run's tied ones collapse together; transformers "
+                                  "loads either)")
+    embedding_init: str = option("random", choices=EMBEDDING_INITS,
+                                 help="a new model's word embeddings: random, or cooccurrence: from the training "
+                                      "split's word co-occurrences (PPMI and an SVD, seconds), so the masked-LM starts "
+                                      "knowing which words are used alike")
 
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
     """What the model learns: the masked-LM (+ NSP when `DataOptions.nsp`), or ELECTRA's replaced tokens."""
 
-    kind: str = "mlm"  # mlm, or electra (Clark et al. 2020: a small generator trained beside the model)
-    bow_weight: float = 0.0  # weight of a bag-of-words loss on [CLS] (objectives.py); 0: off
-    mlm_candidates: int = 0  # the masked-LM as a sampled softmax over this many drawn words; 0: the whole vocabulary
+    kind: str = option("mlm", flag="objective", choices=OBJECTIVES,
+                       help="mlm: masked-LM (+ NSP); electra: replaced-token detection (Clark et al. 2020), a small "
+                            "generator trained beside the model; the run directory holds the model (the "
+                            "discriminator), its head, and the generator in generator/ (fill-mask uses it)")
+    bow_weight: float = option(0.0, help="weight of a bag-of-words loss on [CLS]: it predicts the words of its "
+                               "sequence, so [CLS] learns to read the whole sequence, which nothing else teaches it "
+                               "without NSP; 0: off", bound=at_least(0, "above 10,000 is a typo", at_most=10**4))
+    mlm_candidates: int = option(0, help="score the masked-LM against each position's word and this many words drawn "
+                                 "by corpus frequency (a sampled softmax) instead of the whole vocabulary: a cheaper "
+                                 "step where the vocabulary projection dominates (small models, CPUs without bf16); 0: "
+                                 "the whole vocabulary",
+                                 bound=at_least(0, "more words than any vocabulary has", at_most=2**22))
     electra: ElectraOptions = field(default_factory=ElectraOptions)  # the generator and loss, for kind electra
 
 
@@ -49,9 +78,17 @@ class ObjectiveSpec:
 class StackingSpec:
     """Stacking (stacking.py): a model of half the depth first, then its layers copied on top of themselves."""
 
-    fraction: float = 0.0  # share of the steps or minutes at half depth; 0: off
-    length_fraction: float = 1.0  # the half-depth stage's sequence length as a share of the run's
-    mask_prob: float | None = None  # the half-depth stage's masking rate; None: the run's
+    fraction: float = option(0.0, flag="stack-fraction", bound=FRACTION,
+                             help="stacking: pretrain a model of half the depth for this share of the steps or "
+                                  "minutes (in OUT/half-depth), then copy its layers on top of themselves for the "
+                                  "rest; 0: off; a new model only")
+    length_fraction: float = option(1.0, flag="stack-length-fraction", bound=SHARE,
+                                    help="stacking: the half-depth stage's sequence length as a share of the run's "
+                                         "(0.5: half as long, twice the sequences a batch: the same tokens a step); "
+                                         "1: the same")
+    mask_prob: float | None = option(None, flag="stack-mask-prob", bound=PROBABILITY,
+                                     help="stacking: the half-depth stage's masking rate (default: --mask-prob, the "
+                                          "full-depth stage's)")
 
 
 @dataclass(frozen=True)

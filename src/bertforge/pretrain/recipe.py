@@ -124,72 +124,59 @@ def recipe_config(recipe: str | Recipe = "bert", /, *, data: str, out: str, **op
 
 def _config(recipe: Recipe, data: str, out: str, given: Mapping[str, Any]) -> PretrainConfig:
     _check_names(given)
-    pick = _Picker(recipe, given)
-    electra = pick.given("objective") == "electra"
-    init = pick.given("init")
+    electra, init = given.get("objective") == "electra", given.get("init")
     minutes = parse_minutes(given["minutes"]) if "minutes" in given else None
     steps = STEPS_UNTIL_PLANNED if minutes is not None else given.get("steps")
     if steps is None:
         raise BertforgeError("pretrain needs the run's length: steps, or a time budget (minutes)")
-    warmup = given.get("warmup_steps", default_warmup(recipe, steps))
-    fresh = init is None and not electra  # what only a new masked-LM model has
-    betas = tuple(pick("betas"))
+    betas = tuple(given.get("betas", recipe.betas))
     if len(betas) != 2:
         raise BertforgeError(f"--betas {' '.join(map(str, betas))}: give 2 values, e.g. 0.9 0.999")
-    loop = _fields(LoopOptions, given, steps=steps, warmup_steps=warmup, batch_size=pick("batch_size"),
-                   lr=pick("lr"), betas=betas, weight_decay=pick("weight_decay"))
-    model = ModelSpec(name=given.get("model", "mini"), init=init, max_seq_len=given.get("max_seq_len"),
-                      dropout=pick("dropout"), pre_layer_norm=pick("pre_ln"),
-                      tie_embeddings=pick("tie_embeddings", unless=electra, otherwise=True),
-                      embedding_init=pick("embedding_init", unless=init is not None, otherwise="random"))
-    objective = ObjectiveSpec(kind=given.get("objective", "mlm"),
-                              bow_weight=pick("bow_weight", unless=electra, otherwise=0.0),
-                              mlm_candidates=pick("mlm_candidates", unless=electra, otherwise=0),
-                              electra=_fields(ElectraOptions, given))
-    stacking = StackingSpec(fraction=pick("stack_fraction", unless=not fresh, otherwise=0.0),
-                            length_fraction=pick("stack_length_fraction"), mask_prob=pick("stack_mask_prob"))
+    fresh = init is None and not electra  # what only a new masked-LM model has
+    # what a run of this kind cannot have, unless given (PretrainConfig refuses it given)
+    instead = {"nsp": False, "bow_weight": 0.0, "mlm_candidates": 0, "tie_embeddings": True} if electra else {}
+    if init is not None:
+        instead["embedding_init"] = "random"
+    if not fresh:
+        instead["stack_fraction"] = 0.0
+
+    def section(cls: type, **values: Any) -> Any:
+        return _section(cls, recipe, given, {**instead, **values})
+
+    loop = section(LoopOptions, steps=steps, betas=betas,
+                   warmup_steps=given.get("warmup_steps", default_warmup(recipe, steps)))
     larger = recipe.larger_batch if minutes is not None and fresh and not {"batch_size", "lr"} & set(given) else None
-    budget = BudgetSpec(minutes=minutes, larger_batch=larger,
-                        warmup_fraction=recipe.warmup_fraction if minutes is not None and "warmup_steps" not in given
-                        else None)
-    data_options = _fields(DataOptions, given, masked_lm_prob=pick("mask_prob"),
-                           nsp=pick("nsp", unless=electra, otherwise=False))
-    return PretrainConfig(data_dir=str(data), out_dir=str(out), loop=loop, data=data_options, model=model,
-                          objective=objective, stacking=stacking, budget=budget, recipe=recipe.name,
-                          resume=bool(given.get("resume", False)))
+    warmup_fraction = recipe.warmup_fraction if minutes is not None and "warmup_steps" not in given else None
+    return PretrainConfig(data_dir=str(data), out_dir=str(out), loop=loop, data=section(DataOptions),
+                          model=section(ModelSpec), objective=section(ObjectiveSpec, electra=section(ElectraOptions)),
+                          stacking=section(StackingSpec), recipe=recipe.name, resume=bool(given.get("resume", False)),
+                          budget=BudgetSpec(minutes=minutes, warmup_fraction=warmup_fraction, larger_batch=larger))
 
 
-class _Picker:
-    """An option's value: the one given, else (where `unless` holds) `otherwise`, else the recipe's."""
-
-    def __init__(self, recipe: Recipe, given: Mapping[str, Any]):
-        self.recipe, self._given = recipe, given
-
-    def given(self, name: str) -> Any:
-        return self._given.get(name)
-
-    def __call__(self, name: str, *, unless: bool = False, otherwise: Any = None) -> Any:
-        if name in self._given:
-            return self._given[name]
-        return otherwise if unless else getattr(self.recipe, RECIPE_OPTIONS[name])
+_COMPUTED = ("steps", "betas", "warmup_steps")  # the loop's, which `_config` works out from what was given
 
 
-def _fields(cls: type, given: Mapping[str, Any], **values: Any) -> Any:
-    """An option class from the options given under its fields' command-line names, and `values` by field."""
-    taken = {f.name: given[cli_name(f)] for f in dataclasses.fields(cls) if cli_name(f) in given}
-    return cls(**{**taken, **values})
-
-
-# the options of a pretraining run that are not fields of LoopOptions, DataOptions or ElectraOptions
-RUN_OPTIONS = ("model", "init", "max_seq_len", "dropout", "pre_ln", "tie_embeddings", "embedding_init", "objective",
-               "bow_weight", "mlm_candidates", "stack_fraction", "stack_length_fraction", "stack_mask_prob", "minutes",
-               "resume")
+def _section(cls: type, recipe: Recipe, given: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
+    """One section of the config: each option as given (by its command-line name), else as `values` has it (by
+    command-line or field name: the run's own rules), else the recipe's value (`RECIPE_OPTIONS`), else the class's
+    default."""
+    chosen = {}
+    for f in dataclasses.fields(cls):
+        name = cli_name(f)
+        if name in given and name not in _COMPUTED:
+            chosen[f.name] = given[name]
+        elif name in values or f.name in values:
+            chosen[f.name] = values[name] if name in values else values[f.name]
+        elif name in RECIPE_OPTIONS:
+            chosen[f.name] = getattr(recipe, RECIPE_OPTIONS[name])
+    return cls(**chosen)
 
 
 def option_names() -> tuple[str, ...]:
     """Every option `recipe_config` takes, by command-line name."""
-    names = [cli_name(f) for cls in (LoopOptions, DataOptions, ElectraOptions) for f in dataclasses.fields(cls)]
-    return tuple(dict.fromkeys([*names, *RUN_OPTIONS]))
+    sections = (LoopOptions, DataOptions, ElectraOptions, ModelSpec, ObjectiveSpec, StackingSpec)
+    names = [cli_name(f) for cls in sections for f in dataclasses.fields(cls) if "help" in f.metadata]
+    return tuple(dict.fromkeys([*names, "steps", "minutes", "resume"]))
 
 
 def _check_names(given: Mapping[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +17,7 @@ from bertforge.electra import GENERATOR_DIR, HEAD_FILE, ElectraForPreTraining
 from bertforge.errors import BertforgeError
 from bertforge.model_files import WEIGHTS_NAME, unwrap
 from bertforge.models import BertForPreTraining
-from bertforge.options import DataOptions
+from bertforge.options import DataOptions, cli_name
 from bertforge.pretrain import budget, stacking
 from bertforge.pretrain.budget import BudgetPlan, Timing, choose_batch, deadline_for, plan_run, save_plan
 from bertforge.pretrain.config import PretrainConfig
@@ -29,7 +30,7 @@ from bertforge.pretrain.stacking import HALF_DEPTH_DIR, Role, half_depth, stack_
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
 from bertforge.train.checkpoints import METRICS_FILE, checkpoints
-from bertforge.train.loop import LoopOptions, Trainer, TrainResult, resolve_precision
+from bertforge.train.loop import Hooks, LoopOptions, Trainer, TrainResult, resolve_precision
 from bertforge.train.report import plot_metrics
 from bertforge.train.rundir import RUN_CONFIG, claim_run_dir, resume_history, write_run_config
 
@@ -135,9 +136,9 @@ def _pretrain_stage(c: PretrainConfig, role: Role) -> TrainResult:
             if plan is not None:
                 save_plan(out_dir, plan)
             write_run_config(out_dir, **run_config, resumes=resumes)
-        trainer = Trainer(net, data, objective, loop, out_dir, evaluate=evaluate,
-                          save_model=_model_saver(Path(c.data_dir) / "tokenizer"), dist=d, resume=c.resume,
-                          deadline=deadline_for(plan, started) if plan is not None else None)
+        hooks = Hooks(evaluate=evaluate, save_model=_model_saver(Path(c.data_dir) / "tokenizer"),
+                      deadline=deadline_for(plan, started) if plan is not None else None)
+        trainer = Trainer(net, data, objective, loop, out_dir, hooks=hooks, dist=d, resume=c.resume)
         result = trainer.run()
         if d.is_main:
             _report(out_dir, role, plan, result, started)
@@ -178,10 +179,8 @@ class _TrainerData:
 
     def split(self, name: str) -> PretrainingData:
         o, d = self.options, self.dist
-        return PretrainingData(self.data_dir, name, max_seq_len=self.max_seq_len, short_seq_prob=o.short_seq_prob,
-                               masked_lm_prob=o.masked_lm_prob, max_predictions_per_seq=o.max_predictions_per_seq,
-                               whole_word_mask=o.whole_word_mask, dupe_factor=o.dupe_factor, seed=o.seed,
-                               rank=d.rank, world_size=d.world_size, nsp=o.nsp)
+        return PretrainingData(self.data_dir, name, o, max_seq_len=self.max_seq_len, rank=d.rank,
+                               world_size=d.world_size)
 
     def batches(self, micro_batch_size: int, position: dict | None = None):
         return self.train.batches(micro_batch_size, position=position or 0, num_workers=self.options.num_workers)
@@ -281,7 +280,14 @@ def _run_config(c: PretrainConfig, role: Role, config: BertConfig, loop: LoopOpt
                 recipe=recipe, dropout=c.model.dropout, bow_weight=c.objective.bow_weight,
                 mlm_candidates=c.objective.mlm_candidates, embedding_init=c.model.embedding_init, stack=role.stack,
                 budget=asdict(plan) if plan else None,
-                manifest={k: v for k, v in train.manifest.items() if not isinstance(v, list)}, **electra)
+                manifest={k: v for k, v in train.manifest.items() if not isinstance(v, list)}, spec=_spec(c), **electra)
+
+
+def _spec(c: PretrainConfig) -> dict:
+    """The model's, objective's and stacking's options by command-line name: a new option of theirs is recorded
+    (and compared on --resume) without a line here."""
+    return {cli_name(f): getattr(section, f.name) for section in (c.model, c.objective, c.stacking)
+            for f in dataclasses.fields(section) if "help" in f.metadata}
 
 
 def _report(out_dir: Path, role: Role, plan: BudgetPlan | None, result: TrainResult, started: float) -> None:

@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,21 +69,29 @@ class Resumed:
     best: dict | None  # the best evaluation so far (fine-tuning's best/)
 
 
-def save_checkpoint(out_dir: Path, step: int, *, model: nn.Module, save_model: Callable[[nn.Module, Path], None],
-                    optimizer: torch.optim.Optimizer, scheduler, position: dict, dist: distributed.Dist,
-                    keep_last: int, plan: dict, best: dict | None) -> None:
+@dataclass(frozen=True)
+class Saved:
+    """What a checkpoint holds of a run: the model (written by `save_model`), the optimizer and the schedule."""
+
+    model: nn.Module
+    save_model: Callable[[nn.Module, Path], None]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+
+
+def save_checkpoint(out_dir: Path, step: int, saved: Saved, record: dict, *, dist: distributed.Dist,
+                    keep_last: int) -> None:
     """Write checkpoints/step-`step`/ (on the main process; every rank must call it: the random number
-    generators are gathered) and prune all but the newest `keep_last`. `plan`: {"total_steps", and with a time
-    budget "budget_spent_s"}."""
+    generators are gathered) and prune all but the newest `keep_last`. `record`: {"data_position", "best",
+    "total_steps", and with a time budget "budget_spent_s"}, written beside the state as JSON too."""
     rng = distributed.gather_objects(rng_state(), dist)  # a collective: every rank calls it
     if not dist.is_main:
         return
     with atomic_dir(Path(out_dir) / CHECKPOINTS_DIR / f"step-{step}") as tmp:
-        save_model(model, tmp)
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "rng": rng, "data_position": position, "world_size": dist.world_size, "best": best, **plan},
-                   tmp / STATE_FILE)
-        write_json(tmp / STATE_JSON, {"step": step, "data_position": position, "best": best, **plan})
+        saved.save_model(saved.model, tmp)
+        torch.save({"step": step, "optimizer": saved.optimizer.state_dict(), "scheduler": saved.scheduler.state_dict(),
+                    "rng": rng, "world_size": dist.world_size, **record}, tmp / STATE_FILE)
+        write_json(tmp / STATE_JSON, {"step": step, **record})
     for _, old in checkpoints(out_dir)[:-keep_last or None]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -27,19 +27,26 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bertforge.device import pick_device, pick_precision, to_device
+from bertforge.device import autocast, pick_device, resolve_precision, to_device
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_dir, write_json
 from bertforge.model_files import unwrap
-from bertforge.options import PRECISIONS, LoopOptions
+from bertforge.options import LoopOptions
 from bertforge.progress import MetricsLog, progress_reporter
 from bertforge.train import distributed
-from bertforge.train.checkpoints import CHECKPOINTS_DIR, METRICS_FILE, checkpoints, load_checkpoint, save_checkpoint
+from bertforge.train.checkpoints import (
+    CHECKPOINTS_DIR,
+    METRICS_FILE,
+    Saved,
+    checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
 
-# LoopOptions is imported from here by callers that build a loop (it is declared in options.py with the others)
-__all__ = ["LoopOptions", "Objective", "Trainer", "TrainResult", "TrainingInterrupted", "autocast", "resolve_precision",
-           "train_step"]
+# LoopOptions, resolve_precision and autocast: imported from here by the loop's callers (declared below training)
+__all__ = ["Hooks", "LoopOptions", "Objective", "Trainer", "TrainResult", "TrainingInterrupted", "autocast",
+           "resolve_precision", "train_step"]
 
 
 class Objective(Protocol):
@@ -82,22 +89,6 @@ class _StopFlag:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """The precision a training run uses, "fp32" or "bf16": `device.pick_precision` for training, where "auto"
-    is bf16 on a CUDA device with native bf16 and fp32 elsewhere, the CPU included (bf16 there is opt-in; see
-    `pick_precision` for why inference differs). An explicit "bf16" torch would only emulate is refused."""
-    if precision not in PRECISIONS:
-        raise BertforgeError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    return pick_precision(precision, device, auto_bf16_on_cpu=False)
-
-
-def autocast(device: torch.device, precision: str):
-    """The forward pass's context for a resolved precision (`resolve_precision`)."""
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 class NonFiniteLoss(Exception):
@@ -151,26 +142,35 @@ def train_step(model: nn.Module, host: list[dict], *, objective: Objective, opti
     return terms, tokens
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What a training path adds to the loop: `evaluate(model) -> metrics`, `save_model(model, path)` (default:
+    `save_pretrained`), `on_log(record)`, `final_dir` (default: the run directory), and a time budget's `Deadline`,
+    which moves the end of the schedule to where the steps' wall time puts it (`config.steps`: the first plan)."""
+
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None
+    save_model: Callable[[nn.Module, Path], None] | None = None
+    on_log: Callable | None = None
+    final_dir: str | Path | None = None
+    deadline: Any = None
+
+
 class Trainer:
     """Runs `config.steps` optimizer steps of `objective` on `data`, writing into `out_dir`:
     metrics.jsonl, checkpoints/step-N/, the final model (via `save_model`, into `final_dir`, by default
     `out_dir` itself) and, with `best_metric`, the model of the best evaluation in best/."""
 
     def __init__(self, model: nn.Module, data: Any, objective: Objective, config: LoopOptions, out_dir: str | Path,
-                 *, evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
-                 save_model: Callable[[nn.Module, Path], None] | None = None,
-                 dist: distributed.Dist | None = None, resume: bool = False, on_log: Callable | None = None,
-                 final_dir: str | Path | None = None, deadline: Any = None):
+                 *, hooks: Hooks | None = None, dist: distributed.Dist | None = None, resume: bool = False):
         self.model, self.data, self.objective, self.config = model, data, objective, config
+        hooks = hooks or Hooks()
         self.out_dir = Path(out_dir)
-        self.final_dir = Path(final_dir) if final_dir is not None else self.out_dir
-        self.evaluate_fn, self.resume = evaluate, resume
-        self.save_model_fn = save_model or (lambda m, path: unwrap(m).save_pretrained(path))
+        self.final_dir = Path(hooks.final_dir) if hooks.final_dir is not None else self.out_dir
+        self.evaluate_fn, self.resume = hooks.evaluate, resume
+        self.save_model_fn = hooks.save_model or (lambda m, path: unwrap(m).save_pretrained(path))
         self.dist = dist or distributed.Dist(device=pick_device(config.device))
-        self.on_log = on_log
-        # A time budget's `budget.Deadline`: it moves the end of the schedule (and of the run) to where the steps'
-        # measured wall time puts the deadline; `config.steps` is then only the first plan.
-        self.deadline = deadline
+        self.on_log = hooks.on_log
+        self.deadline = hooks.deadline
         self.total_steps = config.steps
         self.micro, self.accum = config.accumulation(self.dist.world_size)
         self.precision = resolve_precision(config.precision, self.dist.device)
@@ -180,9 +180,9 @@ class Trainer:
         plan = {"total_steps": self.total_steps}
         if self.deadline is not None:
             plan["budget_spent_s"] = self.deadline.spent_now()
-        save_checkpoint(self.out_dir, step, model=self.model, save_model=self.save_model_fn,
-                        optimizer=self.optimizer, scheduler=self.scheduler, position=position, dist=self.dist,
-                        keep_last=self.config.keep_last, plan=plan, best=self.best)
+        saved = Saved(self.model, self.save_model_fn, self.optimizer, self.scheduler)
+        save_checkpoint(self.out_dir, step, saved, {"data_position": position, "best": self.best, **plan},
+                        dist=self.dist, keep_last=self.config.keep_last)
         self._saved_at = time.monotonic()
 
     def _checkpoint_if_due(self, step: int, last: bool, signalled: bool, position: dict) -> None:

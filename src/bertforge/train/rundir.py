@@ -199,6 +199,8 @@ _TASK_KEYS = {"task.task": "--task", "task.max_length": "--max-length"}  # fine-
 
 def _flag(key: str) -> str:
     section, _, name = key.partition(".")
+    if section == "spec" and name:  # recorded by command-line name (pretrain/run.py)
+        return "--" + name.replace("_", "-")
     if section in ("loop", "data_options", "options") and name and "." not in name:
         return "--" + _FLAG_NAMES.get(name, name.replace("_", "-"))
     if key in _TASK_KEYS or key.startswith(("task.options.", "task_options.")):
