@@ -194,6 +194,7 @@ def test_predict_embed_and_fill_hold_off_the_cyclic_gc_and_restore_it(clf_dir, m
 
 @pytest.mark.slow  # a fine-tuning run
 def test_predict_after_a_real_finetune(tmp_path, mlm_dir, capsys):
+    from bertforge.finetune.config import FinetuneConfig
     from bertforge.finetune.run import FinetuneOptions, finetune
 
     data = tmp_path / "data"
@@ -203,7 +204,8 @@ def test_predict_after_a_real_finetune(tmp_path, mlm_dir, capsys):
     for split in ("train", "dev"):
         (data / f"{split}.csv").write_text("text,label\n" + "".join(f"{t},{lab}\n" for t, lab in rows))
     options = FinetuneOptions(epochs=1, batch_size=4, max_length=32, progress=False)
-    finetune("csv", data, mlm_dir, tmp_path / "out", options=options)
+    finetune(FinetuneConfig(task="csv", data_dir=str(data), init=str(mlm_dir), out_dir=str(tmp_path / "out"),
+                            options=options))
     capsys.readouterr()
     assert main(["predict", "--model", str(tmp_path / "out"), "--text", "good film", "bad film"]) == 0
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
