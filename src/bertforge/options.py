@@ -371,11 +371,3 @@ class DemoOptions:
     finetune_examples: int | None = option(None, help="fine-tune on only the first N training reviews", bound=EXAMPLES)
     seed: int = seed_option(12345)
     progress: bool = same_as(LoopOptions, "progress")
-
-
-def given_fields(options: Any) -> dict[str, Any]:
-    """The fields an option class instance or mapping sets (None: not set)."""
-    if options is None:
-        return {}
-    items = dataclasses.asdict(options).items() if dataclasses.is_dataclass(options) else dict(options).items()
-    return {k: v for k, v in items if v is not None}

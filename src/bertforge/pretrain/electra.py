@@ -10,9 +10,6 @@ uninterrupted one did.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -20,9 +17,8 @@ from torch import nn
 from bertforge.config import BertConfig
 from bertforge.device import to_device
 from bertforge.electra import ElectraForPreTraining, generator_config
-from bertforge.errors import BertforgeError
 from bertforge.models import IGNORE_INDEX
-from bertforge.options import ElectraOptions, given_fields
+from bertforge.options import ElectraOptions
 from bertforge.train import distributed
 
 _M32 = 0xFFFFFFFF
@@ -110,25 +106,3 @@ def evaluate_electra(model: ElectraForPreTraining, batches: list[dict], device: 
             "replaced_precision": sums["tp"] / max(sums["tp"] + sums["fp"], 1),
             "replaced_recall": sums["tp"] / max(sums["replaced"], 1),
             "replaced_share": sums["replaced"] / max(sums["disc_n"], 1)}
-
-
-def electra_run_options(objective: str, electra: ElectraOptions | Mapping[str, Any] | None, explicit: dict,
-                        init: str | Path | None) -> ElectraOptions | None:
-    """ELECTRA's options (None: the masked-LM objective); with ELECTRA, `explicit` gets stacking and the
-    bag-of-words loss off unless given, and refuses them given."""
-    if objective not in ("mlm", "electra"):
-        raise BertforgeError(f"unknown objective {objective!r}; choose mlm or electra")
-    if objective == "mlm":
-        return None
-    for name, flag in (("stack_fraction", "--stack-fraction"), ("bow_weight", "--bow-weight"),
-                       ("mlm_candidates", "--mlm-candidates")):
-        if explicit[name]:
-            raise BertforgeError(f"{flag} is not available with --objective electra: drop it or set it to 0")
-        explicit[name] = 0
-    if explicit["tie_embeddings"] is False:
-        raise BertforgeError("--no-tie-embeddings is not available with --objective electra (the generator's decoder "
-                             "is the shared embeddings): drop it")
-    explicit["tie_embeddings"] = True
-    if init is not None:
-        raise BertforgeError("--init is not available with --objective electra (it would need a generator): drop it")
-    return electra if isinstance(electra, ElectraOptions) else ElectraOptions(**given_fields(electra))
