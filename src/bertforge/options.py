@@ -23,10 +23,10 @@ from typing import Any
 
 from bertforge.errors import BertforgeError
 
-# The pretraining recipes' names (train/recipe.py defines them). Named here, not imported, because this module sits
+# The pretraining recipes' names (pretrain/recipe.py defines them). Named here, not imported, because this module sits
 # below train/ (inference imports it, and inference never imports training); tests/test_recipe.py keeps the two equal.
 RECIPE_NAMES = ("bert", "budget")
-EMBEDDING_INITS = ("random", "cooccurrence")  # pretrain --embedding-init (train/cooccurrence.py)
+EMBEDDING_INITS = ("random", "cooccurrence")  # pretrain --embedding-init (pretrain/cooccurrence.py)
 
 
 @dataclass(frozen=True)

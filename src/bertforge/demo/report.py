@@ -33,7 +33,7 @@ def _task_rows(title: str, sides: dict, bag_of_words: dict) -> list[tuple[str, s
 
 
 def _isotropy_rows(iso: dict) -> list[tuple[str, str]]:
-    """The pretrained word embeddings' isotropy (train/isotropy.py), a random initialisation's in brackets."""
+    """The pretrained word embeddings' isotropy (pretrain/isotropy.py), a random initialisation's in brackets."""
     pre, init = iso["pretrained"], iso["initial"]
     names = [(band_key(lo, hi), f"word vectors' mean pair cosine, ids {lo}-{hi}") for lo, hi in BANDS]
     names += [("emb_mean_unit_norm", "norm of the mean unit word vector"), ("emb_norm_mean", "mean word vector norm")]

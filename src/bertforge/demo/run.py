@@ -85,7 +85,7 @@ def _say(text: str) -> None:
 
 def _budget(o: DemoOptions, pre_dir: Path, vocab_size: int, seq_len: int) -> tuple[float, dict]:
     """The minutes to pretrain (`--minutes`, or auto's) and the forecast's record; before a new pretraining, says
-    whether the budget reaches the steps that paid in our runs (`demo_budget`). A run already started keeps the
+    whether the budget reaches the steps that paid in our runs (`demo/budget.py`). A run already started keeps the
     budget it recorded when auto (a stacked run stopped in its first stage recorded it there)."""
     asked = parse_demo_minutes(o.minutes)
     recorded = _recorded_minutes(read_run_config(pre_dir) or read_run_config(pre_dir / HALF_DEPTH_DIR) or {})

@@ -381,7 +381,7 @@ def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOpti
     result = {"task": task.name, "metrics": {}, "best_step": None, "history": history,
               "main_metric": task.main_metric, "steps": loop.steps, "epochs": o.epochs}
     if d.is_main:
-        # every evaluation, those before a resumption too (the log keeps each step once, `state.truncate_metrics`)
+        # every evaluation, those before a resumption too (the log keeps each step once, `checkpoints.truncate_metrics`)
         result["history"] = [{k: v for k, v in r.items() if k not in ("time", "step", "split")}
                              for r in read_jsonl(work / METRICS_FILE) if r.get("split") == "eval"]
         best_dir = work / "best"

@@ -45,10 +45,10 @@ class Recipe:
     stack_fraction: float  # share of the budget spent at half depth before stacking (stacking.py); 0: off
     stack_length_fraction: float  # the half-depth stage's sequence length, a share of the run's (same tokens a step)
     bow_weight: float  # weight of the bag-of-words loss on [CLS] (PretrainingObjective); 0: off
-    mlm_candidates: int  # masked-LM scored against this many sampled words (train/candidates.py); 0: all of them
+    mlm_candidates: int  # masked-LM scored against this many sampled words (objectives.py); 0: all of them
     stack_mask_prob: float | None = None  # the half-depth stage's masking rate; None: mask_prob, as the second's
     embedding_init: str = "random"  # a new model's word embeddings: random, or from co-occurrences (cooccurrence.py)
-    larger_batch: LargerBatch | None = None  # the batch of long time budgets (batch_choice.py); None: always batch_size
+    larger_batch: LargerBatch | None = None  # the batch of long time budgets (budget.py); None: always batch_size
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,7 +77,7 @@ BERT = Recipe(name="bert", lr=1e-4, warmup_fraction=0.01, betas=(0.9, 0.999), we
 # co-occurrences (cooccurrence.py, seconds): there +1.4 / +2.5, +1.4 / +1.5, +1.2 / +1.6 in three runs; with both, 10
 # minutes in bf16 +3.0 / +3.1 against batch 32's +2.1 / +3.2; those vectors at 3x the initializer's spread took the AVX2
 # CPU's 10 minutes on IMDB from a mean +1.9 to +3.4 over three pretrainings, Rotten Tomatoes alike (untuned-task.md).
-# Batch 32 at lr 2e-3 where the budget buys 50,000 steps of batch 16 (forecast_steps; batch_choice.py): 30 minutes in
+# Batch 32 at lr 2e-3 where the budget buys 50,000 steps of batch 16 (budget.py choose_batch): 30 minutes in
 # bf16 scored +3.2 / +4.8 at batch 32 against +2.2 / +4.3 at 16; 10 minutes there, the same day, +1.7 / +4.0 at 32
 # against +2.5 / +3.7 at 16 (untuned-task.md).
 BUDGET = Recipe(name="budget", lr=1.4e-3, warmup_fraction=0.06, betas=(0.9, 0.98), weight_decay=0.01, batch_size=16,
