@@ -3,7 +3,7 @@
 accuracy. Both run on PyTorch's operators, as int8 does where bertforge's CPU kernels are not available (here they
 are switched off: bench/int8_kernels.py compares the two engines).
 
-Both sides are `Predictor(quantize="int8")` on bench/inference.py's fine-tuned MiniLM; on the fp32 side every
+Both sides are `Predictor(path, INT8)` on bench/inference.py's fine-tuned MiniLM; on the fp32 side every
 query/key/value product is told to write fp32 (`bf16_max_positions = 0`). Time is the model's alone (no
 tokenizing), over the file's length-sorted batches of 64, on one thread: the sides alternate, every batch runs
 --repeats times per side, and the figure is the sum over batches of each batch's fastest run. Whole-file timings on
@@ -25,7 +25,9 @@ os.environ["BERTFORGE_KERNELS"] = "0"  # the int8 model on PyTorch's operators, 
 
 from bertforge import cpu
 from bertforge.encoder import BertSelfAttention
-from bertforge.infer import INT8_BF16_ATTENTION_MAX_T, Predictor
+from bertforge.infer import INT8_BF16_ATTENTION_MAX_T, EngineOptions, Predictor
+
+INT8 = EngineOptions(quantize="int8")
 
 
 def bf16_attention_up_to(predictor: Predictor, tokens: int) -> Predictor:
@@ -43,8 +45,8 @@ def main() -> None:
     if not cpu.has_native_bf16():
         raise SystemExit("this CPU has no native bf16: the int8 model keeps its attention in fp32 here")
     model_dir = model_time.bench_model()
-    sides = {"fp32 attention": bf16_attention_up_to(Predictor(model_dir, quantize="int8"), 0),
-             f"bf16 attention up to {args.up_to} tokens": bf16_attention_up_to(Predictor(model_dir, quantize="int8"),
+    sides = {"fp32 attention": bf16_attention_up_to(Predictor(model_dir, INT8), 0),
+             f"bf16 attention up to {args.up_to} tokens": bf16_attention_up_to(Predictor(model_dir, INT8),
                                                                              args.up_to)}
     model_time.compare(sides, args.workload, args.repeats, width=34)
 

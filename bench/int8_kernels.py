@@ -2,7 +2,7 @@
 + LayerNorm in one pass per row, activation ranges handed on) against the same model on PyTorch's operators alone:
 the model's time over a file and its accuracy.
 
-Every side is `Predictor(quantize="int8")` on bench/inference.py's fine-tuned MiniLM:
+Every side is `Predictor(path, INT8)` on bench/inference.py's fine-tuned MiniLM:
 - "operators": built with the kernels switched off, as on a machine without them (the attention of up to 64
   tokens in bf16 on a CPU with native bf16, `bertforge.infer.transforms._bf16_attention`);
 - "kernels": as `bertforge predict --quantize int8` runs where the kernels are available (query/key/value fp32);
@@ -22,14 +22,16 @@ from __future__ import annotations
 import model_time
 
 from bertforge import kernels
-from bertforge.infer import FusedInt8Encoder, Int8Linear, Predictor
+from bertforge.infer import EngineOptions, FusedInt8Encoder, Int8Linear, Predictor
+
+INT8 = EngineOptions(quantize="int8")
 
 
 def operators_only(model_dir) -> Predictor:
     available = kernels.available
     kernels.available = lambda: False
     try:
-        return Predictor(model_dir, quantize="int8")
+        return Predictor(model_dir, INT8)
     finally:
         kernels.available = available
 
@@ -49,8 +51,8 @@ def main() -> None:
     if not kernels.available():
         raise SystemExit("bertforge's CPU kernels are not available here (they need AVX512 and a C++ compiler)")
     model_dir = model_time.bench_model()
-    sides = {"operators": operators_only(model_dir), "kernels": Predictor(model_dir, quantize="int8"),
-             "kernels, bf16 query/key/value": bf16_qkv(Predictor(model_dir, quantize="int8"))}
+    sides = {"operators": operators_only(model_dir), "kernels": Predictor(model_dir, INT8),
+             "kernels, bf16 query/key/value": bf16_qkv(Predictor(model_dir, INT8))}
     assert not isinstance(sides["operators"].task_model.model.bert.encoder, FusedInt8Encoder)
     assert isinstance(sides["kernels"].task_model.model.bert.encoder, FusedInt8Encoder)
     model_time.compare(sides, args.workload, args.repeats, width=30)
