@@ -297,3 +297,33 @@ def test_a_review_label_other_than_0_or_1_is_refused(tmp_path, monkeypatch):
     wheels = _make_wheels(tmp_path / "wheels", [["Fine.", "neutral", "imdb"]], monkeypatch)
     with pytest.raises(BertforgeError, match="unexpected label 'neutral' of an imdb review, expected 0 or 1"):
         demo_data.fetch_demo_data(tmp_path / "cache", wheel_dir=wheels, progress=False)
+
+
+def _minilm_wheel(folder: Path, monkeypatch: pytest.MonkeyPatch, files: tuple[str, ...]) -> Path:
+    """A fake MiniLM wheel holding `files` under the real wheel's model folder; the recorded digest points at it."""
+    folder.mkdir(exist_ok=True)
+    path = folder / demo_data.MINILM.filename
+    _write_wheel(path, {demo_data.MINILM_DIR + name: f"{name} bytes".encode() for name in files})
+    monkeypatch.setattr(demo_data, "MINILM", demo_data.Wheel(demo_data.MINILM.requirement, path.name, _sha256(path)))
+    monkeypatch.delenv(demo_data.WHEEL_DIR_ENV, raising=False)
+    return folder
+
+
+def test_teacher_model_is_extracted_once_from_its_wheel(tmp_path: Path, monkeypatch):
+    folder = _minilm_wheel(tmp_path / "wheels", monkeypatch, demo_data.MINILM_FILES + ("README.md",))
+    model = demo_data.fetch_teacher_model(tmp_path / "cache", wheel_dir=folder, progress=False)
+    assert sorted(p.name for p in model.iterdir()) == sorted(demo_data.MINILM_FILES + ("DONE.json",))
+    assert (model / "config.json").read_bytes() == b"config.json bytes"
+    (folder / demo_data.MINILM.filename).unlink()  # a second call needs no wheel
+    assert demo_data.fetch_teacher_model(tmp_path / "cache", wheel_dir=folder, progress=False) == model
+
+
+def test_teacher_wheel_without_the_model_is_refused_and_leaves_nothing(tmp_path: Path, monkeypatch):
+    folder = _minilm_wheel(tmp_path / "wheels", monkeypatch, ("config.json",))
+    with pytest.raises(BertforgeError, match="lacks model.safetensors, vocab.txt"):
+        demo_data.fetch_teacher_model(tmp_path / "cache", wheel_dir=folder, progress=False)
+    assert not (tmp_path / "cache" / demo_data.TEACHER_DIRNAME).exists()
+    monkeypatch.setattr(demo_data, "MINILM", demo_data.Wheel(demo_data.MINILM.requirement, demo_data.MINILM.filename,
+                                                             "0" * 64))
+    with pytest.raises(BertforgeError, match="checksum mismatch"):
+        demo_data.fetch_teacher_model(tmp_path / "cache", wheel_dir=folder, progress=False)

