@@ -15,6 +15,7 @@ import dataclasses
 import shlex
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from bertforge.commands.arguments import Command, check_output_file, command_args, options_from
 from bertforge.finetune.config import FinetuneConfig
@@ -62,15 +63,20 @@ def run_finetune(args: FinetuneArgs) -> int:
         return 130
 
 
-def resume_command(args: FinetuneArgs) -> str:
-    """The command line that continues this run: its arguments that are not the defaults, and --resume."""
-    words = ["bertforge", "finetune"]
+def resume_command(args: Any, command: str = "finetune") -> str:
+    """The command line that continues this run of `command`: its arguments that are not the defaults, and
+    --resume."""
+    words = ["bertforge", command]
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
-        if f.name == "resume" or (f.default is not dataclasses.MISSING and value == f.default):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name == "resume" or (default is not dataclasses.MISSING and value == default):
             continue
         flag = "--" + f.name.replace("_", "-")
-        words += [flag] if value is True else [flag, str(value)]
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + flag[2:])
+        else:
+            words += [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
     return shlex.join([*words, "--resume"])
 
 

@@ -36,14 +36,7 @@ class FinetuneConfig:
     resume: bool = False  # continue from the newest checkpoint in `<out_dir>.partial/`
 
     def __post_init__(self) -> None:
-        for name in ("task", "data_dir", "init", "out_dir"):
-            value = getattr(self, name)
-            if isinstance(value, Path):
-                object.__setattr__(self, name, str(value))
-            elif not isinstance(value, str):
-                raise BertforgeError(f"FinetuneConfig.{name} is {value!r}: give a string or a Path")
-            if not getattr(self, name).strip():
-                raise BertforgeError(f"FinetuneConfig.{name} is empty: give the {_NAMES[name]}")
+        as_strings(self, _NAMES)
         if not isinstance(self.options, FinetuneOptions):
             raise BertforgeError(f"FinetuneConfig.options is a {type(self.options).__name__}: give a "
                                  "FinetuneOptions")
@@ -65,3 +58,16 @@ class FinetuneConfig:
 
 _NAMES = {"task": "task name (sst2, csv, ...)", "data_dir": "task's data directory", "init": "model directory to "
           "start from", "out_dir": "output directory"}
+
+
+def as_strings(config: Any, names: dict[str, str]) -> None:
+    """The fields `names` of the frozen `config` as the strings run_config.json records: a Path becomes its string,
+    anything else but a non-empty string is refused in one line naming what to give (`names[field]`)."""
+    for name, what in names.items():
+        value = getattr(config, name)
+        if isinstance(value, Path):
+            object.__setattr__(config, name, str(value))
+        elif not isinstance(value, str):
+            raise BertforgeError(f"{type(config).__name__}.{name} is {value!r}: give a string or a Path")
+        if not getattr(config, name).strip():
+            raise BertforgeError(f"{type(config).__name__}.{name} is empty: give the {what}")

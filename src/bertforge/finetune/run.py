@@ -23,8 +23,8 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +35,12 @@ from torch import nn
 from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.files import read_jsonl, remove_stale_temporaries, replace_dir, write_json
+from bertforge.finetune.batches import TARGETS, FeatureBatches, task_batch
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.model_files import unwrap
 from bertforge.options import FinetuneOptions
-from bertforge.tasks import collate, get_task
-from bertforge.tasks.runner import (
-    MODEL_FOR_KIND,
-    MODEL_INPUTS,
-    TASK_FILE,
-    assemble_outputs,
-    feature_length,
-    per_feature_outputs,
-)
+from bertforge.tasks import get_task
+from bertforge.tasks.runner import MODEL_FOR_KIND, TASK_FILE, assemble_outputs, per_feature_outputs
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
 from bertforge.train.checkpoints import METRICS_FILE, checkpoints
@@ -61,63 +55,8 @@ from bertforge.train.rundir import (
     write_run_config,
 )
 
-TARGETS = ("labels", "start_positions", "end_positions")
-
-
-class FeatureBatches:
-    """Shuffled batches of task features, padded per batch, grouped by length so little work is padding.
-
-    Epoch e shuffles with (seed, e); consecutive runs of 50 batches' worth of features are sorted by length
-    and cut into batches, whose order is shuffled again. `position` = {"epoch", "batch"}. With several
-    processes, rank r takes batches r, r + W, ... of each global step's W x accumulation batches.
-    """
-
-    def __init__(self, features: Sequence[dict], pad_id: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 group_by_length: bool = True):
-        self.features, self.pad_id, self.seed = list(features), pad_id, seed
-        self.rank, self.world_size, self.group = rank, world_size, group_by_length
-        self.lengths = np.array([feature_length(f) for f in self.features])
-
-    def epoch_batches(self, epoch: int, size: int) -> list[np.ndarray]:
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self.features))
-        if self.group:
-            chunk = size * 50
-            order = np.concatenate([c[np.argsort(self.lengths[c], kind="stable")]
-                                    for c in np.split(order, range(chunk, len(order), chunk))])
-        batches = [order[i:i + size] for i in range(0, len(order), size)]
-        if self.group:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
-
-    def batches(self, micro_batch_size: int, position: dict | None = None):
-        return _FeatureIterator(self, micro_batch_size, position or {"epoch": 0, "batch": 0})
-
-
-class _FeatureIterator:
-    def __init__(self, source: FeatureBatches, size: int, position: dict):
-        self.source, self.size = source, size
-        self.position = {"epoch": int(position["epoch"]), "batch": int(position["batch"])}
-        self._cache: tuple[int, list] | None = None
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict:
-        s = self.source
-        while True:
-            epoch, k = self.position["epoch"], self.position["batch"]
-            if self._cache is None or self._cache[0] != epoch:
-                self._cache = (epoch, s.epoch_batches(epoch, self.size))
-            batches = self._cache[1]
-            usable = len(batches) - len(batches) % s.world_size  # every rank gets the same number
-            if k * s.world_size >= usable:
-                self.position = {"epoch": epoch + 1, "batch": 0}
-                continue
-            self.position = {"epoch": epoch, "batch": k + 1}
-            idx = batches[k * s.world_size + s.rank]
-            batch = collate([s.features[i] for i in idx], s.pad_id)
-            return {k2: v for k2, v in batch.items() if k2 in MODEL_INPUTS or k2 in TARGETS}
+__all__ = ["TARGETS", "FeatureBatches", "FinetuneOptions", "Prepared", "TaskObjective", "Training", "finetune",
+           "prepare", "train_task"]
 
 
 class TaskObjective:
@@ -161,6 +100,20 @@ def check_out_dir(out: Path) -> None:
 
 
 @dataclass(frozen=True)
+class Training:
+    """How a run of the fine-tuning path learns, beside its FinetuneConfig and its `Prepared` inputs. `finetune`'s:
+    the task's own loss (`TaskObjective`) on the task's features; distillation (`bertforge.distill`) gives its
+    objective, a `collate` that adds the teacher's outputs to a batch, its student (`model`, when not a directory to
+    load) and the run_config.json sections that record its settings."""
+
+    objective: Any  # an `Objective` of `bertforge.train.loop`
+    collate: Callable[[Sequence[dict], int], dict] = task_batch  # training features -> a batch
+    model: Callable[[], nn.Module] | None = None  # the model to train (default: `config.init` with a fresh head)
+    run_config: dict = field(default_factory=dict)  # sections of run_config.json added to (or replacing) its own
+    command: str = "finetune"  # run_config.json's "command"
+
+
+@dataclass(frozen=True)
 class Prepared:
     """What a run reads before it trains: the task, its examples and features, the tokenizer."""
 
@@ -182,7 +135,7 @@ def prepare(config: FinetuneConfig) -> Prepared:
     train = task.read_train(config.data_dir, o.max_train_examples)
     dev = task.read(config.data_dir, "dev")
     tokenizer = Tokenizer.from_pretrained(config.init)
-    _check_reinit(o, config.init)
+    check_reinit(o, config.init)
     max_length = o.max_length or task.max_length
     labels = task.labels if task.kind in ("classification", "token_classification") else None
     label_map = task.label_map() if labels else None
@@ -190,7 +143,7 @@ def prepare(config: FinetuneConfig) -> Prepared:
     dev_features = task.features(dev, tokenizer, max_length, label_map)
     task.references(dev)  # a dev split without gold answers fails now, not after the first epoch
     return Prepared(task, tokenizer, train, dev, train_features, dev_features, max_length, labels,
-                    _task_spec(task, config.task_options, max_length))
+                    task_spec(task, config.task_options, max_length))
 
 
 def finetune(config: FinetuneConfig) -> dict:
@@ -199,9 +152,15 @@ def finetune(config: FinetuneConfig) -> dict:
     Every input is checked before training starts; the output directory appears (or is replaced) only when the run
     has finished (module docstring). `config.resume`: go on from the newest checkpoint in `<out>.partial/`
     (`partial_dir`)."""
-    o, out = config.options, Path(config.out_dir)
-    check_out_dir(out)
+    check_out_dir(Path(config.out_dir))
     p = prepare(config)
+    return train_task(config, p, Training(TaskObjective(p.task.kind)))
+
+
+def train_task(config: FinetuneConfig, p: Prepared, training: Training) -> dict:
+    """The run of `finetune` on inputs `p` read and checked before (`prepare`, or distillation's), learning as
+    `training` says; returns what `finetune` returns."""
+    o, out = config.options, Path(config.out_dir)
     d = distributed.setup(o.device)
     run_dir = None
     try:
@@ -210,14 +169,14 @@ def finetune(config: FinetuneConfig) -> dict:
         loop.accumulation(d.world_size)  # a bad batch size fails before anything is written
         work = partial_dir(out)
         run_dir = _claim(work, out, config.resume, d)
-        run_config = _run_config(config, p, loop)
+        run_config = {**_run_config(config, p, loop), "command": training.command, **training.run_config}
         # what --resume may not change is refused before the model is loaded
         run_config["resumes"] = resume_history(work, run_config, None, verbose=d.is_main,
                                                complete_ok=True) if config.resume else []
-        model = _task_model(p.task, config.init, p.labels, o, d)
+        model = training.model() if training.model else _task_model(p.task, config.init, p.labels, o, d)
         _check_fits(model, p.tokenizer, p.max_length)
         try:
-            result = _train(config, p, model, loop, d, work, run_config)
+            result = _train(config, p, model, loop, d, work, run_config, training)
         except TrainingInterrupted:
             raise TrainingInterrupted(f"interrupted; {out} was left as it was and the run's checkpoint is in "
                                       f"{work}: continue it with the same command and --resume") from None
@@ -256,7 +215,7 @@ def _check_fits(model: nn.Module, tokenizer: Tokenizer, max_length: int) -> None
                              f"{model.config.max_position_embeddings}")
 
 
-def _task_spec(task: Any, task_options: dict | None, max_length: int) -> dict:
+def task_spec(task: Any, task_options: dict | None, max_length: int) -> dict:
     """What task.json records of the task."""
     return {"task": task.name, "kind": task.kind,
             "options": {k: v for k, v in (task_options or {}).items() if v is not None},
@@ -308,14 +267,12 @@ def _put_in_place(work: Path, out: Path, run_dir: Any) -> None:
 def _task_model(task: Any, init: str | Path, labels: list | None, o: FinetuneOptions, d: distributed.Dist) -> nn.Module:
     """The task's model: `init`'s encoder with a fresh head, or (`from_scratch`) random weights of its config."""
     model_cls = MODEL_FOR_KIND[task.kind]
-    overrides: dict[str, Any] = {"num_labels": task.num_labels if task.kind != "multiple_choice" else 1,
-                                 "task": task.name,
-                                 "id2label": dict(enumerate(labels)) if labels else None}
+    overrides = head_overrides(task, labels)
     torch.manual_seed(o.seed)  # the fresh head's initialisation, or the whole model's
     if o.from_scratch:
         return model_cls(BertConfig.from_json(init).replace(**overrides))
     model = model_cls.from_pretrained(init, verbose=d.is_main, **overrides)
-    if o.reinit_layers:  # checked against the depth by `_check_reinit`
+    if o.reinit_layers:  # checked against the depth by `check_reinit`
         layers = model.bert.encoder.layer
         for module in (*layers[len(layers) - o.reinit_layers:], model.bert.pooler):
             if module is not None:
@@ -323,7 +280,13 @@ def _task_model(task: Any, init: str | Path, labels: list | None, o: FinetuneOpt
     return model
 
 
-def _check_reinit(o: FinetuneOptions, init: str | Path) -> None:
+def head_overrides(task: Any, labels: list | None) -> dict[str, Any]:
+    """What a task model's config.json says of its head: the outputs' number, the task, the label map."""
+    return {"num_labels": task.num_labels if task.kind != "multiple_choice" else 1, "task": task.name,
+            "id2label": dict(enumerate(labels)) if labels else None}
+
+
+def check_reinit(o: FinetuneOptions, init: str | Path) -> None:
     layers = BertConfig.from_json(init).num_hidden_layers
     if o.reinit_layers > layers:
         raise BertforgeError(f"--reinit-layers {o.reinit_layers} is more than the {layers} encoder layers of {init}: "
@@ -344,7 +307,7 @@ def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopO
 
 
 def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOptions, d: distributed.Dist,
-           work: Path, run_config: dict) -> dict:
+           work: Path, run_config: dict, training: Training) -> dict:
     """The training run of `finetune`, writing into the work directory `work`."""
     o, resume = config.options, config.resume
     task, tokenizer, dev, dev_features = p.task, p.tokenizer, p.dev, p.dev_features
@@ -374,9 +337,10 @@ def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOpti
         return json.loads((work / "metrics.json").read_text())
     if d.is_main:
         write_run_config(work, **run_config)
-    source = FeatureBatches(p.train_features, tokenizer.pad_id, seed=o.seed, rank=d.rank, world_size=d.world_size)
+    source = FeatureBatches(p.train_features, tokenizer.pad_id, seed=o.seed, rank=d.rank, world_size=d.world_size,
+                            collate=training.collate)
     if not (resume and trained(work, loop.steps)):  # else killed after its last checkpoint: only the end is left
-        Trainer(model, source, TaskObjective(task.kind), loop, work, dist=d, resume=resume,
+        Trainer(model, source, training.objective, loop, work, dist=d, resume=resume,
                 hooks=Hooks(evaluate=evaluate, save_model=save_model, final_dir=work / "last")).run()
     result = {"task": task.name, "metrics": {}, "best_step": None, "history": history,
               "main_metric": task.main_metric, "steps": loop.steps, "epochs": o.epochs}
