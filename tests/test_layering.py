@@ -206,7 +206,7 @@ def reachable(graph: dict[str, set[str]], start: str) -> dict[str, list[str]]:
     return paths
 
 
-TRAINING = ("bertforge.train", "bertforge.pretrain", "bertforge.finetune", "bertforge.demo")
+TRAINING = ("bertforge.train", "bertforge.pretrain", "bertforge.finetune", "bertforge.distill", "bertforge.demo")
 
 
 @pytest.mark.parametrize("package", ["bertforge.infer", "bertforge.serve"])

@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "bertforge.commands.data",
     "bertforge.commands.train",
     "bertforge.commands.finetune",
+    "bertforge.commands.distill",
     "bertforge.commands.infer",
     "bertforge.commands.export",
     "bertforge.commands.serve",

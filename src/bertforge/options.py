@@ -2,15 +2,15 @@
 
 An option is a dataclass field made with `option(default, help=..., bound=...)`. The option classes here are
 what the library's entry points take (`Trainer` a `LoopOptions`, `pretrain` a `DataOptions`, `finetune` a
-`FinetuneOptions`, `run_demo` a `DemoOptions`), and the `bertforge` commands build their command lines from
-these same fields (`bertforge.commands.arguments`): the flag from the field's name (or its `flag`), the help and the
-default from the declaration, and a numeric option's `bound` checked where a value arrives, on the command line
-or in a `--config` file. A field declared without `option` is the library's only: the code that makes the class
-sets it.
+`FinetuneOptions`, `distill` a `DistillOptions` too, `run_demo` a `DemoOptions`), and the `bertforge` commands
+build their command lines from these same fields (`bertforge.commands.arguments`): the flag from the field's name
+(or its `flag`), the help and the default from the declaration, and a numeric option's `bound` checked where a
+value arrives, on the command line or in a `--config` file. A field declared without `option` is the library's
+only: the code that makes the class sets it.
 
 The classes live here, not beside the code that uses them, because this module imports only the standard
-library: building the command line must not import torch, or every
-`bertforge --help` and every `error:` line would wait seconds for it.
+library: building the command line must not import torch, or every `bertforge --help` and every `error:` line
+would wait seconds for it.
 """
 
 from __future__ import annotations
@@ -336,6 +336,33 @@ class FinetuneOptions:
     compile: bool = same_as(LoopOptions, "compile")
     precision: str = same_as(LoopOptions, "precision")
 
+
+# The teacher engines distillation may label its examples on (`DistillOptions.teacher_engine`); auto: int8 on a CPU
+# (predict's fastest engine there: 1.4-2x fp32, within ~0.3 points), else the device's native precision.
+TEACHER_ENGINES = ("auto", "fp32", "bf16", "int8")
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    """What distillation adds to fine-tuning's options (`bertforge.distill.distill`; the training itself takes
+    FinetuneOptions): the soft targets' temperature, the labels' weight, the transfer set and the teacher's engine."""
+
+    temperature: float = option(2.0, help="softmax temperature T of the teacher's and the student's outputs; the "
+                                "distillation loss is T^2 x KL at T (Hinton et al.; 1: the plain probabilities)",
+                                bound=Bound(lo=0, hi=100, lo_open=True, why="above 100 every output is uniform"))
+    alpha: float = option(0.5, help="weight of the task's own loss on the examples that have a label (the transfer "
+                          "set's have none): loss = T^2 KL + alpha CE (0: the teacher's outputs alone)",
+                          bound=Bound(lo=0, hi=1000, why="above 1,000 the teacher is ignored: fine-tune instead"))
+    max_transfer_texts: int = option(50_000, help="at most this many snippets of --transfer-corpus (chosen at random "
+                                     "by --seed when there are more)", bound=EXAMPLES)
+    transfer_words: int | None = option(None, help="words per --transfer-corpus snippet (sentences joined up to it; "
+                                        "default: the median of the task's training texts)",
+                                        bound=at_least(1, "a snippet longer than 100,000 words is a typo",
+                                                       at_most=100_000))
+    teacher_batch_size: int = option(64, help="sequences per forward pass of the teacher", bound=BATCH)
+    teacher_engine: str = option("auto", choices=TEACHER_ENGINES,
+                                 help="the engine that labels the examples once: int8 (CPU), bf16, fp32; auto: int8 "
+                                      "on a CPU, the device's native precision on a GPU (see predict --quantize)")
 
 @dataclass
 class DemoOptions:

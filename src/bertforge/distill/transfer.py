@@ -1,0 +1,93 @@
+"""The transfer set: unlabelled text cut into inputs the size of a task's, for the teacher to label.
+
+A student learns most of what a teacher knows from the teacher's outputs on many inputs like the task's, far more
+than the task's labelled examples (DistilBERT, "Well-Read Students Learn Better"). The corpus is read as `bertforge
+prepare` reads it (`bertforge.corpus`: text files and directories, JSONL, Parquet and Arrow, compressed or
+not), each document's sentences joined into snippets of up to `words` words (a longer sentence is cut into pieces
+of that size), so a snippet reads like a single-text example of the task. Snippets are deduplicated (whitespace
+aside) and the task's own texts left out; when there are more than `limit`, a uniform sample of them is kept
+(reservoir sampling, seeded), in corpus order, so the same corpus and seed always give the same set.
+
+Only single-text classification and regression tasks take a transfer set: a pair, choice or tagging task's inputs
+have a structure that plain text does not (they distil on the task's own examples).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterable, Iterator, Sequence
+
+from bertforge.corpus import END, ReadStats, expand_inputs, plan_units, read_unit
+from bertforge.errors import BertforgeError
+
+
+def median_words(texts: Sequence[str]) -> int:
+    """The median word count of `texts` (the task's training texts): the transfer snippets' default length."""
+    counts = sorted(len(t.split()) for t in texts)
+    return max(1, counts[len(counts) // 2]) if counts else 1
+
+
+def documents(paths: Sequence[str], stats: ReadStats) -> Iterator[list[str]]:
+    """Each document of the corpus `paths` as its sentences, in corpus order."""
+    sentences: list[str] = []
+    for unit in plan_units(expand_inputs(list(paths), stats), "auto", stats=stats):
+        for sentence in read_unit(unit, stats):
+            if sentence is END:
+                if sentences:
+                    yield sentences
+                sentences = []
+            else:
+                sentences.append(sentence)
+    if sentences:
+        yield sentences
+
+
+def snippets(sentences: Iterable[str], words: int) -> Iterator[str]:
+    """One document's sentences joined, in order, into snippets of at most `words` words; a sentence longer than
+    that is cut into pieces of `words` words."""
+    held: list[str] = []
+    for sentence in sentences:
+        w = sentence.split()
+        if held and len(held) + len(w) > words:
+            yield " ".join(held)
+            held = []
+        while len(w) > words:
+            yield " ".join(w[:words])
+            w = w[words:]
+        held += w
+    if held:
+        yield " ".join(held)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(" ".join(text.split()).encode(), digest_size=12).digest()
+
+
+def transfer_texts(paths: Sequence[str], *, words: int, limit: int, seed: int,
+                   exclude: Iterable[str] = ()) -> list[str]:
+    """The transfer set of the corpus `paths` (module docstring): at most `limit` distinct snippets of up to `words`
+    words, none of them one of `exclude` (the task's texts), sampled by `seed` when there are more, in corpus
+    order. A corpus with no text is refused in one line."""
+    stats = ReadStats()
+    seen = {_digest(t) for t in exclude}
+    rng = random.Random(seed)
+    kept: list[tuple[int, str]] = []
+    n = 0
+    for doc in documents(paths, stats):
+        for text in snippets(doc, words):
+            key = _digest(text)
+            if key in seen:
+                continue
+            seen.add(key)
+            if n < limit:
+                kept.append((n, text))
+            else:
+                j = rng.randrange(n + 1)
+                if j < limit:
+                    kept[j] = (n, text)
+            n += 1
+    if not kept:
+        raise BertforgeError(f"--transfer-corpus {' '.join(paths)} holds no text (besides the task's own): give "
+                             "files of unlabelled text, or leave it out to distil on the task's examples alone")
+    return [text for _, text in sorted(kept)]
