@@ -25,6 +25,7 @@ from bertforge.options import DataOptions
 from bertforge.pretrain.budget import BudgetPlan, Deadline, plan_steps
 from bertforge.pretrain.config import parse_minutes
 from bertforge.pretrain.recipe import BUDGET, recipe_config
+from bertforge.pretrain.run import pretrain
 from bertforge.train import distributed
 from bertforge.train.checkpoints import checkpoints
 from bertforge.train.loop import LoopOptions
@@ -32,6 +33,12 @@ from bertforge.train.optim import build_optimizer, build_scheduler, set_total_st
 from bertforge.train.rundir import RUN_CONFIG
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models train faster on one thread (conftest)
+
+
+def _pretrain(recipe: str, data: Path, out: Path, **options) -> None:
+    """A run of the tiny model through the library: `recipe_config` from the options given, by their command-line
+    names, then `pretrain` (the command line's own mapping is test_cli's)."""
+    pretrain(recipe_config(recipe, data=str(data), out=str(out), model="tiny", progress=False, **options))
 
 
 def test_single_segment_instances_keep_every_token_in_order_and_fill_the_sequence():
@@ -169,9 +176,7 @@ def test_warmup_must_fit_the_run():
 @pytest.mark.slow
 def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
     out = tmp_path / "run"
-    assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--steps", "200",
-                 "--batch-size", "2", "--max-seq-len", "16", "--eval-batches", "0", "--log-every", "1",
-                 "--no-progress"]) == 0
+    _pretrain("bert", prepared, out, steps=200, batch_size=2, max_seq_len=16, eval_batches=0, log_every=1)
     lrs = [r["lr"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-4 / 2) and lrs[2] == pytest.approx(1e-4)  # 2 warmup steps
     assert lrs[-1] == pytest.approx(1e-4 / 198, rel=1e-6)  # then linear decay to zero at step 200
@@ -184,10 +189,9 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     # The one budget on the wall clock, end to end (12 seconds); the others run on a simulated clock
     # (tests/simulated_clock.py).
     out = tmp_path / "budget"  # one stage: a stacked budget's planning is tested in test_stacking.py
-    assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
-                 "--minutes", "0.2", "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3",
-                 "--eval-batches", "2", "--stack-fraction", "0",
-                 "--log-every", "1", "--no-progress"]) == 0
+    given = {"batch_size": 2, "max_seq_len": 16, "mask_prob": 0.3, "eval_batches": 2, "log_every": 1,
+             "stack_fraction": 0}
+    _pretrain("budget", prepared, out, minutes=0.2, **given)
     plan = BudgetPlan(**json.loads((out / "budget_plan.json").read_text()))
     config = json.loads((out / RUN_CONFIG).read_text())
     records = read_jsonl(out / "metrics.jsonl")
@@ -210,27 +214,22 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     assert saved["pre_layer_norm"] is True and saved["hidden_dropout_prob"] == 0.1
     # --resume keeps the plan: a finished run refuses to go on rather than planning a new schedule, and a new
     # budget is a change of schedule, refused with the difference named.
-    again = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
-             "--batch-size", "2", "--max-seq-len", "16", "--mask-prob", "0.3", "--eval-batches", "2",
-             "--log-every", "1", "--resume", "--no-progress", "--stack-fraction", "0"]
-    capsys.readouterr()
-    assert main(again + ["--minutes", "0.2"]) == 2
-    assert f"is complete (checkpoint at step {steps} of {steps})" in capsys.readouterr().err
-    assert main(again + ["--minutes", "5"]) == 2
-    assert "budget (--minutes): 0.2 -> 5.0" in capsys.readouterr().err
+    with pytest.raises(BertforgeError, match=re.escape(f"is complete (checkpoint at step {steps} of {steps})")):
+        _pretrain("budget", prepared, out, minutes=0.2, resume=True, **given)
+    with pytest.raises(BertforgeError, match=re.escape("budget (--minutes): 0.2 -> 5.0")):
+        _pretrain("budget", prepared, out, minutes=5, resume=True, **given)
 
 
 def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_spent(prepared, tmp_path, capsys):
     out = tmp_path / "budget"
-    args = ["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--recipe", "budget",
-            "--stack-fraction", "0", "--minutes", "0.25", "--batch-size", "2", "--max-seq-len", "16",
-            "--eval-batches", "0", "--log-every", "1", "--save-every", "10", "--keep-last", "1000", "--no-progress"]
+    given = {"stack_fraction": 0, "minutes": 0.25, "batch_size": 2, "max_seq_len": 16, "eval_batches": 0,
+             "log_every": 1, "save_every": 10, "keep_last": 1000}
     # 15 simulated seconds: 10 steps timed at 0.3 s each, then steps of 0.35 s, slower than timed, as on a loaded
     # machine: the deadline moves the end of the schedule earlier than the first plan (a few dozen steps: each
     # costs its real time too)
     with simulated_clock(0.35, timed_seconds_per_step=0.3) as clock:
         start = clock.now
-        assert main(args) == 0
+        _pretrain("budget", prepared, out, **given)
         assert 15 - 0.35 < clock.now - start <= 15  # the last step ends at the deadline, not a step later
     first = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     warmup = json.loads((out / RUN_CONFIG).read_text())["loop"]["warmup_steps"]
@@ -245,7 +244,7 @@ def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_sp
     assert 0 < state["budget_spent_s"] < 15
     capsys.readouterr()
     with simulated_clock(0.35, timed_seconds_per_step=0.3):
-        assert main(args + ["--resume"]) == 0
+        _pretrain("budget", prepared, out, resume=True, **given)
     assert "resumed from" in capsys.readouterr().out
     train = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in train] == list(range(1, len(train) + 1))
@@ -269,8 +268,7 @@ def test_bad_recipe_values_are_error_lines(prepared, tmp_path, capsys):
 def test_pretrained_pre_ln_model_loads_with_its_architecture_and_says_transformers_cannot(prepared, tmp_path,
                                                                                           capsys):
     out = tmp_path / "preln"
-    assert main(["pretrain", "--data", str(prepared), "--out", str(out), "--model", "tiny", "--pre-ln", "--steps",
-                 "3", "--batch-size", "4", "--eval-batches", "0", "--no-progress"]) == 0
+    _pretrain("bert", prepared, out, pre_layer_norm=True, steps=3, batch_size=4, eval_batches=0)
     model = BertForPreTraining.from_pretrained(Path(out))
     assert model.config.pre_layer_norm and model.bert.encoder.final_norm is not None
     capsys.readouterr()
