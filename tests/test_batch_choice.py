@@ -35,6 +35,7 @@ def _run(prepared, out, recipe, **given):
     return json.loads((out / RUN_CONFIG).read_text())["loop"]
 
 
+@pytest.mark.slow  # seconds of training: make test runs it, make test-fast does not
 @pytest.mark.parametrize("from_steps", [40, 60])
 def test_a_budget_that_buys_the_steps_trains_at_the_larger_batch_and_one_that_does_not_at_the_recipes(
         prepared, tmp_path, capsys, from_steps):
@@ -95,6 +96,7 @@ def test_the_forecast_times_the_run_as_asked_at_the_recipes_own_batch(prepared, 
     assert seen == {"batch": 2, "stack": 0.5, "seq_len": 64, "vocab": vocab}
 
 
+@pytest.mark.slow  # seconds of training: make test runs it, make test-fast does not
 @pytest.mark.parametrize("flags, batch", [([], LARGER["batch_size"]), (["--batch-size", "3"], 3)])
 def test_the_command_line_leaves_the_batch_to_the_budget_unless_it_is_given(prepared, tmp_path, monkeypatch, capsys,
                                                                             flags, batch):

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CONFIG = BertConfig.from_preset("tiny", vocab_size=300)
 
 
+@pytest.mark.slow  # seconds of training: make test runs it, make test-fast does not
 def test_the_forecast_times_each_stage_of_a_stacked_recipe_and_counts_the_steps_its_minutes_buy():
     with simulated_clock(0.5) as clock:  # every timed step takes half a second
         stacked = forecast_steps(CONFIG, BUDGET, 2.0, seq_len=32, precision="fp32")

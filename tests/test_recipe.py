@@ -220,6 +220,7 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
         _pretrain("budget", prepared, out, minutes=5, resume=True, **given)
 
 
+@pytest.mark.slow  # seconds of training: make test runs it, make test-fast does not
 def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_spent(prepared, tmp_path, capsys):
     out = tmp_path / "budget"
     given = {"stack_fraction": 0, "minutes": 0.25, "batch_size": 2, "max_seq_len": 16, "eval_batches": 0,

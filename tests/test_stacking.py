@@ -73,6 +73,7 @@ def _args(prepared, out, *extra):
             "--log-every", "1", "--no-progress", *extra]
 
 
+@pytest.mark.slow  # seconds of training: make test runs it, make test-fast does not
 def test_a_stacked_run_pretrains_half_depth_then_the_full_model_from_it(prepared, tmp_path, capsys):
     out = tmp_path / "stacked"
     assert main(_args(prepared, out, "--steps", "20", "--stack-fraction", "0.6")) == 0
