@@ -21,6 +21,7 @@ it. An interrupted run continues from its last checkpoint with the same command 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from bertforge.commands.arguments import Command, command_args, options_from
@@ -71,6 +72,8 @@ def run_distill(args: DistillArgs) -> int:
         print(str(e), file=sys.stderr)
         print(f"to resume: {resume_command(args, 'distill')}", file=sys.stderr)
         return 130
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports, as only it writes
+        return 0
     teacher = result["teacher"]
     print(f"teacher outputs {teacher['outputs']} ({'from the cache' if teacher['cached'] else 'computed'}; "
           f"{teacher['transfer_texts']} transfer texts)")
