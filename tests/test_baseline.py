@@ -46,6 +46,7 @@ def test_words_that_give_the_label_away_are_learnt(tmp_path):
     result = bag_of_words(_task(tmp_path))
     assert result["dev"] == 100.0 and result["test"] == 100.0
     assert result["train_examples"] == 400
+    assert 0 < result["texts_per_s"] < float("inf")  # from text to label, the test split's 200 texts
 
 
 def test_labels_that_no_word_tells_stay_near_chance(tmp_path):
@@ -70,7 +71,7 @@ def test_both_texts_of_a_pair_are_read(tmp_path):
 def test_without_test_only_dev_is_scored(tmp_path):
     task = _task(tmp_path)
     (task / "test.csv").unlink()
-    assert set(bag_of_words(task, test=False)) == {"c", "train_examples", "dev"}
+    assert set(bag_of_words(task, test=False)) == {"c", "train_examples", "dev", "texts_per_s"}
 
 
 def test_what_it_cannot_classify_is_refused_in_one_line(tmp_path):

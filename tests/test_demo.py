@@ -11,10 +11,11 @@ import statistics
 import pytest
 from simulated_clock import simulated_clock
 
+from bertforge.demo import distill as demo_distill
 from bertforge.demo import imdb as demo_imdb
 from bertforge.demo import run as demo_module
 from bertforge.demo.data import DemoData
-from bertforge.demo.report import verdict
+from bertforge.demo.report import deploy_verdict, verdict
 from bertforge.errors import BertforgeError
 from bertforge.train.memory import keep_freed_memory
 
@@ -46,25 +47,30 @@ def small_demo_data(tmp_path, shared_data, monkeypatch):
 
 @pytest.mark.slow
 def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(demo_module, "UNTUNED_SELECT_SEEDS", 1)  # the grid on one seed, then one more at its choice
-    keep_freed_memory()  # as `bertforge demo` does before it runs: the budget's step timing assumes it
     out = tmp_path / "demo"
+    monkeypatch.setattr(demo_module, "UNTUNED_SELECT_SEEDS", 1)  # the grid on one seed, then one more at its choice
+    # the distillation stage's teacher starts from the demo's own pretrained tiny (MiniLM is 83 MB and slow to tune),
+    # for one epoch, and labels a few hundred snippets of the corpus
+    monkeypatch.setattr("bertforge.demo.data.fetch_teacher_model", lambda cache, progress=True: out / "pretrain")
+    monkeypatch.setattr(demo_distill, "TEACHER_EPOCHS", 1.0)
+    monkeypatch.setattr(demo_distill, "TRANSFER_TEXTS", 300)
+    keep_freed_memory()  # as `bertforge demo` does before it runs: the budget's step timing assumes it
     # the pretrained side at the model's measured learning rate, random weights at one given on the command line
     options = demo_module.DemoOptions(out=out, minutes=0.3, model="tiny", vocab_size=2000, batch_size=4,
                                       finetune_examples=200, finetune_epochs=1, finetune_seeds=2,
-                                      finetune_lr_scratch=3e-4, progress=False)
+                                      finetune_lr_scratch=3e-4, distill_seeds=1, progress=False)
     with simulated_clock(0.3):  # the budget's logic runs on its own in tests/test_recipe.py, on the wall clock
         summary = demo_module.run_demo(options)
     text = capsys.readouterr().out
-    for stage in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6"):
+    for stage in ("1/7", "2/7", "3/7", "4/7", "5/7", "6/7", "7/7"):
         assert f"== {stage}" in text
     assert "pretraining MLM accuracy (val)" in text and "from random weights" in text and "helped by" in text
     # before pretraining, the steps the budget buys here (timed) against the steps that paid in our runs
-    assert text.index("On this CPU 0.3 minutes buy about") < text.index("== 4/6")
+    assert text.index("On this CPU 0.3 minutes buy about") < text.index("== 4/7")
     assert "(or --minutes auto) reaches them on this CPU" in text
     assert 0 < summary["budget"]["forecast_steps"] < summary["budget"]["pays_from_steps"]
     assert "from pretrained (lr 0.001, 1 epoch)" in text and "(lr 0.001, 1 epoch, 2 seeds)" in text
-    assert "== 6/6 a bag-of-words baseline" in text
+    assert "== 7/7 a bag-of-words baseline" in text
     # the baseline trains on the labelled snippets the fine-tunings saw (the first 200 rows of the file cut at
     # 200 lines, some rows spanning two) and is scored on the same test set
     with open(small_demo_data.sentiment_dir / "train.csv", newline="") as f:
@@ -74,6 +80,7 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert re.search(rf"bag of words \(no language model\) +{baseline['test']:.1f}\n", text)
     assert set(summary["finetune"]) == {"pretrained", "scratch"}
     _check_untuned(summary, text, out, small_demo_data)
+    _check_distilled(summary, text, out)
     assert options.model == demo_module.DemoOptions().model == "tiny"
     for name, lr in (("pretrained", demo_module.finetune_plan("tiny", 0.3)[1]), ("scratch", 3e-4)):
         side = summary["finetune"][name]
@@ -134,6 +141,25 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     with pytest.raises(BertforgeError, match=re.escape(f"{out} holds stages built from another corpus (2 files, ")):
         demo_module.run_demo(options)
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+
+
+def _check_distilled(summary: dict, text: str, out) -> None:
+    """The distillation stage: the teacher fine-tuned and scored, a student distilled from it over the task and the
+    corpus's snippets (the teacher's outputs cached), both models' speed, the rows and the verdict on what to deploy."""
+    d = summary["distill"]
+    teacher = json.loads((out / "teacher" / "scores.json").read_text())
+    assert d["teacher"]["test"] == teacher["test"]["accuracy"] and d["teacher"]["epochs"] == 1.0
+    (run,) = d["student"]["runs"]
+    scores = json.loads((out / "distill" / "seed0" / "scores.json").read_text())
+    assert run["test"] == scores["test"]["accuracy"] == d["student"]["test_mean"] and run["seed"] == 12345
+    record = json.loads((out / "distill" / "seed0" / "run_config.json").read_text())
+    assert record["command"] == "distill" and (out / "distill" / "seed0" / "task.json").is_file()
+    assert len(list((out / "teacher-outputs").iterdir())) == 1  # labelled once, the task's and the corpus's texts
+    assert all(0 < d["texts_per_s"][k] < float("inf") for k in ("teacher", "student")) and d["speed_texts"] > 50
+    assert "== 6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-tiny (1 seeds" in text
+    assert re.search(r"BERT-tiny distilled from it \(1 seeds\) +\d+\.\d ± 0\.0\n", text)
+    assert re.search(r"texts/s on this CPU, bag of words +[\d,]+\n", text)
+    assert "Deploy " in text
 
 
 def _check_untuned(summary: dict, text: str, out, data: DemoData) -> None:
@@ -224,3 +250,32 @@ def test_the_verdict_on_the_untuned_task_follows_the_first_tasks():
                       ([75, 76, 77], "the difference (+1.0 points) is within two standard errors (1.6).")):
         u = _summary(pre, [74, 75, 76], mlm=0.30)["finetune"]
         assert verdict({**s, "untuned": {"title": "IMDB", "finetune": u}})[-1].endswith(said)
+
+
+def _deployable(teacher: float, student: list[float], direct: float, scratch: float, bow: float) -> dict:
+    s = _summary([direct, direct], [scratch, scratch], mlm=0.30)
+    return {**s, "model": "tiny", "bag_of_words": {"test": bow, "texts_per_s": 20000.0},
+            "distill": {"teacher": {"test": teacher, "lr": 5e-5}, "texts_per_s": {"teacher": 300.0, "student": 6000.0},
+                        "student": {"runs": [{"test": t} for t in student], "test_mean": statistics.mean(student),
+                                    "test_std": statistics.stdev(student)}}}
+
+
+def test_the_summary_says_which_model_to_deploy_and_where_bag_of_words_is_above_a_bert():
+    # the issue's first try: the distilled tiny above every other small model and bag of words, 97% of the teacher
+    lines = deploy_verdict(_deployable(84.9, [82.1, 82.9], direct=78.2, scratch=75.4, bow=78.5))
+    assert lines[0] == ("Bag of words (78.5) is above BERT-tiny fine-tuned on the labels alone (78.2), BERT-tiny from "
+                        "random weights (75.4): those models are not worth deploying for this task.")
+    assert lines[1] == ("Deploy the distilled BERT-tiny: 82.5 test accuracy, 97% of the teacher's 84.9 at 20x its "
+                        "speed, +4.3 points over BERT-tiny fine-tuned on the labels alone and +4.0 over bag of words.")
+    assert lines[2] == "Where 2.4 more points matter more than speed, serve the teacher (300 texts/s)."
+    # a student no better than bag of words: the teacher, named with its speed, and the bag of words row said plainly
+    lines = deploy_verdict(_deployable(84.9, [78.0, 78.4], direct=79.0, scratch=75.4, bow=78.5))
+    assert lines[0].startswith("Bag of words (78.5) is above BERT-tiny distilled (78.2), BERT-tiny from random")
+    assert lines[1] == ("Deploy the teacher MiniLM-L6 (84.9, 300 texts/s on this CPU): the distilled BERT-tiny did not "
+                        "beat bag of words here.")
+    # nothing above bag of words: bag of words
+    assert deploy_verdict(_deployable(70.0, [69.0, 69.5], direct=68.0, scratch=66.0, bow=71.0))[-1] == \
+        "Deploy bag of words (71.0): no BERT here beats it on this task."
+    # the verdict follows the tasks' in the summary's sentences
+    s = _deployable(84.9, [82.1, 82.9], direct=78.2, scratch=75.4, bow=78.5)
+    assert verdict(s)[-3:] == deploy_verdict(s)

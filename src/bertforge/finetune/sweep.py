@@ -8,7 +8,9 @@ import json
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_path, write_json
@@ -98,12 +100,18 @@ def finetune_scored(config: FinetuneConfig) -> dict:
     """`finetune`, then the kept (best dev) model scored on the test split when it has labels. Returns
     {"dev": dev metrics, "test": test metrics or None, "seconds": wall time}; a finished `out_dir` is read back,
     not trained again, and an interrupted one continues from its checkpoint (whatever `config.resume` says)."""
+    return trained_and_scored(finetune, config)
+
+
+def trained_and_scored(train: Callable[[Any], dict], config: Any) -> dict:
+    """`finetune_scored` for any training path that writes a fine-tuned model directory: `train(config)` (`finetune`,
+    `bertforge.distill.distill`) with a config that has `out_dir`, `data_dir`, `options` and `replace(resume=...)`."""
     out = Path(config.out_dir)
     record_file = out / "scores.json"
     if record_file.is_file():
         return json.loads(record_file.read_text())
     start = time.perf_counter()  # a resumed run's seconds are the resumed part's
-    result = finetune(config.replace(resume=partial_dir(out).is_dir()))
+    result = train(config.replace(resume=partial_dir(out).is_dir()))
     tm = load_task_model(out, device=config.options.device)
     try:
         test = tm.task.read(config.data_dir, "test")

@@ -1,0 +1,102 @@
+"""The demo's distillation stage: a large model's knowledge in the demo's small one (`bertforge.distill`).
+
+1. fetch MiniLM-L6 (a 6-layer, 384-wide BERT pretrained by others; `demo.data.fetch_teacher_model`) and fine-tune
+   it on Rotten Tomatoes: the teacher
+2. the teacher labels the task's training snippets and snippets cut from the demo's own pretraining corpus (the
+   transfer set) once, on its fastest engine, cached under `<out>/teacher-outputs`
+3. the demo's pretrained tiny learns the teacher's outputs, `distill_seeds` runs
+4. every model's speed on the test snippets, on the engine a user would serve it with (int8 on a CPU)
+
+Each run is scored as the demo's fine-tunings are (`finetune.sweep.trained_and_scored`: the best dev model on the
+test split) and read back when finished, so a re-run of the demo skips what is done.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bertforge.distill.config import DistillConfig
+from bertforge.distill.run import distill
+from bertforge.finetune.config import FinetuneConfig
+from bertforge.finetune.run import finetune
+from bertforge.finetune.sweep import trained_and_scored
+from bertforge.infer import Predictor
+from bertforge.options import DistillOptions, EngineOptions, FinetuneOptions
+
+# The teacher: MiniLM-L6 fine-tuned with the paper's settings for a model of its size (lr 5e-5, batch 32).
+TEACHER_LR, TEACHER_EPOCHS = 5e-5, 2.0
+# The student: the pretrained tiny at the lr and epochs of the first try in issue #65 (5e-4, 3 epochs, T=2).
+STUDENT_LR, STUDENT_EPOCHS = 5e-4, 3.0
+# Snippets of the demo's corpus the teacher labels (its IMDB reviews cut to the task's snippet length).
+TRANSFER_TEXTS = 40_000
+SPEED_REPEATS = 3
+
+
+def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list[str], teacher_init: Path,
+                  precision: str) -> dict[str, Any]:
+    """Fine-tune the teacher, distil it into `student` (`o.distill_seeds` runs), and measure each model's speed.
+    `o` is the demo's options (`DemoOptions`); returns the summary's "distill" section."""
+    teacher_dir = out / "teacher"
+    print(f"teacher: MiniLM-L6 fine-tuned on Rotten Tomatoes (lr {TEACHER_LR:g}, {TEACHER_EPOCHS:g} epochs) into "
+          f"{teacher_dir}", flush=True)
+    teacher = trained_and_scored(finetune, FinetuneConfig(
+        task="csv", data_dir=str(task_dir), init=str(teacher_init), out_dir=str(teacher_dir),
+        options=FinetuneOptions(lr=TEACHER_LR, epochs=TEACHER_EPOCHS, batch_size=32, seed=o.seed,
+                                max_train_examples=o.finetune_examples, precision=precision, progress=o.progress)))
+    print(f"teacher: dev {_main(teacher['dev']):.2f}, test {_main(teacher['test']):.2f}", flush=True)
+    runs = []
+    for k in range(o.distill_seeds):
+        config = DistillConfig(
+            teacher=str(teacher_dir), student=str(student), task="csv", data_dir=str(task_dir),
+            out_dir=str(out / "distill" / f"seed{k}"), transfer=tuple(corpus), cache_dir=str(out / "teacher-outputs"),
+            options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
+                                    max_train_examples=o.finetune_examples, progress=o.progress),
+            distill=DistillOptions(max_transfer_texts=TRANSFER_TEXTS))
+        r = trained_and_scored(distill, config)
+        runs.append({"seed": config.options.seed, "dev": _main(r["dev"]), "test": _main(r["test"]),
+                     "seconds": r["seconds"]})
+        print(f"distilled seed {config.options.seed}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}",
+              flush=True)
+    texts = _test_texts(task_dir)
+    speed = {"teacher": texts_per_second(teacher_dir, texts), "student": texts_per_second(out / "distill" / "seed0",
+                                                                                        texts)}
+    print(f"int8 texts/s on the {len(texts):,} test snippets: teacher {speed['teacher']:,.0f}, tiny "
+          f"{speed['student']:,.0f}", flush=True)
+    return {"teacher": {"dev": _main(teacher["dev"]), "test": _main(teacher["test"]), "lr": TEACHER_LR,
+                        "epochs": TEACHER_EPOCHS, "seconds": teacher["seconds"]},
+            "student": {"lr": STUDENT_LR, "epochs": STUDENT_EPOCHS, "runs": runs, **_stats(runs),
+                        "transfer_texts": TRANSFER_TEXTS},
+            "texts_per_s": speed, "speed_texts": len(texts)}
+
+
+def texts_per_second(model_dir: Path, texts: list[str], repeats: int = SPEED_REPEATS) -> float:
+    """Texts a second through `Predictor` (int8, the CPU engine a user would serve a classifier with) over `texts`,
+    tokenization included: the median of `repeats` passes after one warm-up pass."""
+    predictor = Predictor(model_dir, EngineOptions(quantize="int8"))
+    records = [{"text": t} for t in texts]
+    predictor.predict(records[:256])
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        predictor.predict(records)
+        seconds.append(time.perf_counter() - start)
+    return len(texts) / statistics.median(seconds)
+
+
+def _test_texts(task_dir: Path) -> list[str]:
+    with open(task_dir / "test.csv", encoding="utf-8", newline="") as f:
+        return [row["text"] for row in csv.DictReader(f)]
+
+
+def _main(scores: dict | None) -> float:
+    """The task's accuracy (the demo's csv task has one main metric)."""
+    return float(scores["accuracy"]) if scores else float("nan")
+
+
+def _stats(runs: list[dict]) -> dict[str, float]:
+    return {f"{split}_{name}": f([r[split] for r in runs]) for split in ("dev", "test")
+            for name, f in (("mean", statistics.mean), ("std", lambda v: statistics.stdev(v) if len(v) > 1 else 0.0))}
