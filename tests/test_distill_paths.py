@@ -1,6 +1,6 @@
 """Distillation's other paths: two processes under torchrun (one process's student, the teacher run once on the main
 process and read from the cache by the others), the student's directory in transformers and ONNX with the logits of
-`bertforge predict`, and multiple choice (swag) end to end.
+`bertforge predict`, multiple choice (swag) and tagging (conll2003) end to end.
 
 The teacher, the student's vocabulary and the keyword task are tests/test_distill.py's."""
 
@@ -184,22 +184,58 @@ def _write_swag(root: Path, n_train: int = 96, seed: int = 0) -> Path:
     return root
 
 
-def test_multiple_choice_distils_each_examples_choice_scores(tmp_path):
-    # the teacher in one epoch of many examples: dev accuracy reaches 100 early, and of equal scores the first is
-    # kept, whose outputs are nearly uniform (a poor teacher); one evaluation keeps the trained one
+def _teach_and_distil(tmp_path: Path, task: str, write, epochs: float) -> tuple[dict, dict, list[float]]:
+    """A teacher fine-tuned on `task` (data by `write(root, n_train, seed)`), then a student over the other vocabulary
+    distilled from its outputs alone (alpha 0) for `epochs`: the two results and the student's distillation losses.
+
+    The teacher trains one epoch on many examples: over several epochs its dev score reaches its top early, and of
+    equal scores the first model is kept, whose outputs are nearly uniform (a poor teacher)."""
     options = FinetuneOptions(lr=3e-3, epochs=1, batch_size=8, max_length=16, progress=False)
-    teacher = finetune(FinetuneConfig(task="swag", data_dir=_write_swag(tmp_path / "many", 480, seed=1),
+    teacher = finetune(FinetuneConfig(task=task, data_dir=write(tmp_path / "many", 480, seed=1),
                                       init=_model_dir(VOCAB, tmp_path / "init", 0), out_dir=tmp_path / "teacher",
                                       options=options))
-    assert teacher["metrics"]["accuracy"] >= 90.0, teacher["history"]
-    data = _write_swag(tmp_path / "swag")
-    config = DistillConfig(teacher=tmp_path / "teacher", student=_model_dir(STUDENT_VOCAB, tmp_path / "student", 1),
-                           task="swag", data_dir=data, out_dir=tmp_path / "out", cache_dir=tmp_path / "cache",
-                           options=dataclasses.replace(OPTIONS, epochs=3.0, max_length=48),
-                           distill=DistillOptions(alpha=0.0))
-    result = distill(config)
-    assert result["metrics"]["accuracy"] >= 90.0, result["history"]  # chance: 25
+    student = dataclasses.replace(OPTIONS, epochs=epochs, max_length=48)  # words in letters: longer inputs
+    result = distill(DistillConfig(teacher=tmp_path / "teacher", student=_model_dir(STUDENT_VOCAB, tmp_path / "s", 1),
+                                   task=task, data_dir=write(tmp_path / "data", 96, seed=0), out_dir=tmp_path / "out",
+                                   cache_dir=tmp_path / "cache", options=student, distill=DistillOptions(alpha=0.0)))
     losses = [r["distill_loss"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl") if r["split"] == "train"]
+    return teacher, result, losses
+
+
+def test_multiple_choice_distils_each_examples_choice_scores(tmp_path):
+    teacher, student, losses = _teach_and_distil(tmp_path, "swag", _write_swag, epochs=3.0)
+    assert teacher["metrics"]["accuracy"] >= 90.0, teacher["history"]
+    assert student["metrics"]["accuracy"] >= 90.0, student["history"]  # chance: 25
     assert losses[-1] < losses[0] / 2, losses
     tm = load_task_model(tmp_path / "out")
     assert tm.task.kind == "multiple_choice" and tm.tokenizer.vocab == STUDENT_VOCAB
+
+
+# --- tagging ------------------------------------------------------------------------------------------------------
+
+WHOLE = ["the", "a", "of", "and", "to", "in", "is", "was", "it", "that", "film", "movie"]  # whole in both vocabularies
+
+
+def _write_conll(root: Path, n_train: int = 96, seed: int = 0) -> Path:
+    """A tagging task: john and smith are people, paris a place, among words both tokenizers keep whole (the student
+    cuts the names into letters)."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+
+    def sentence() -> str:
+        tags = {"john": "B-PER", "smith": "B-PER", "paris": "B-LOC"}
+        words = [rng.choice(list(tags)) if rng.random() < 0.3 else rng.choice(WHOLE) for _ in range(6)]
+        return "\n".join(f"{w} NN B-NP {tags.get(w, 'O')}" for w in words)
+
+    for name, n in (("train.txt", n_train), ("valid.txt", 32)):
+        (root / name).write_text("-DOCSTART- -X- -X- O\n\n" + "\n\n".join(sentence() for _ in range(n)) + "\n")
+    return root
+
+
+def test_tagging_distils_per_word_across_tokenizers(tmp_path):
+    """The teacher reads each word whole, the student the names in letters: it learns the entities from the teacher's
+    outputs on each word's first sub-token alone."""
+    teacher, student, losses = _teach_and_distil(tmp_path, "conll2003", _write_conll, epochs=4.0)
+    assert teacher["metrics"]["f1"] >= 95.0, teacher["history"]
+    assert student["metrics"]["f1"] >= 90.0, student["history"]  # f1 0 before it learns
+    assert losses[-1] < losses[0] / 2, losses
