@@ -269,7 +269,7 @@ def test_bad_recipe_values_are_error_lines(prepared, tmp_path, capsys):
 def test_pretrained_pre_ln_model_loads_with_its_architecture_and_says_transformers_cannot(prepared, tmp_path,
                                                                                           capsys):
     out = tmp_path / "preln"
-    _pretrain("bert", prepared, out, pre_layer_norm=True, steps=3, batch_size=4, eval_batches=0)
+    _pretrain("bert", prepared, out, pre_ln=True, steps=3, batch_size=4, eval_batches=0)
     model = BertForPreTraining.from_pretrained(Path(out))
     assert model.config.pre_layer_norm and model.bert.encoder.final_norm is not None
     capsys.readouterr()
