@@ -26,6 +26,7 @@ from collections.abc import Iterable
 import numpy as np
 import scipy.sparse as sp
 import torch
+from sklearn.utils.extmath import randomized_svd
 
 from bertforge.errors import BertforgeError
 
@@ -82,9 +83,6 @@ def cooccurrence_embeddings(streams: Iterable[tuple[np.ndarray, np.ndarray]], vo
     matrix = ppmi(counts) if counts.nnz else counts
     if matrix.nnz == 0:
         raise BertforgeError("no word pairs in the training split occur together more often than chance")
-    # imported here: scikit-learn takes a second to import, and only this needs it
-    from sklearn.utils.extmath import randomized_svd
-
     rank = min(dim, vocab_size - 1)
     u, s, _ = randomized_svd(matrix, rank, n_iter=5, random_state=seed)
     vectors = np.zeros((vocab_size, dim))
