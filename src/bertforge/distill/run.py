@@ -30,7 +30,6 @@ from bertforge.distill.objective import DistillObjective, distill_batch, with_ta
 from bertforge.distill.teacher import TeacherOutputs, teacher_outputs
 from bertforge.distill.transfer import median_words, transfer_texts
 from bertforge.errors import BertforgeError
-from bertforge.files import read_json_object
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import (
     Prepared,
@@ -42,7 +41,7 @@ from bertforge.finetune.run import (
     train_task,
 )
 from bertforge.tasks import TextExample, get_task
-from bertforge.tasks.runner import MODEL_FOR_KIND, TASK_FILE
+from bertforge.tasks.runner import MODEL_FOR_KIND, TASK_FILE, load_task
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
 
@@ -90,9 +89,7 @@ def _teacher_task(config: DistillConfig, task: Any) -> Any:
     if not (teacher / TASK_FILE).is_file():
         raise BertforgeError(f"--teacher {teacher} has no {TASK_FILE}: it is not fine-tuned; fine-tune it on the task "
                              f"first (`bertforge finetune --init {teacher} ...`) and pass that --out")
-    spec = read_json_object(teacher / TASK_FILE, what="the teacher's task", fix="fine-tune the teacher again")
-    teacher_task = get_task(str(spec.get("task")), **(spec.get("options") or {}))
-    teacher_task.labels = spec.get("labels")
+    teacher_task, _ = load_task(teacher)  # task.json checked as predict checks it
     if teacher_task.name != task.name or teacher_task.kind != task.kind:
         raise BertforgeError(f"--teacher {teacher} was fine-tuned on {teacher_task.name} ({teacher_task.kind}), not "
                              f"--task {task.name} ({task.kind}): give a teacher of this task")
