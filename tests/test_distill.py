@@ -275,6 +275,14 @@ def test_a_repeated_run_does_not_run_the_teacher(distilled, tmp_path, monkeypatc
     assert distill(config)["teacher"]["cached"]
 
 
+def test_students_of_other_seeds_learn_from_the_same_sample_of_the_transfer_set(distilled, tmp_path, monkeypatch):
+    calls = _counting(monkeypatch)
+    config = distilled["config"].with_options(epochs=0.25).with_distill(max_transfer_texts=40)  # of 150 snippets
+    first, second = (distill(config.replace(out_dir=tmp_path / f"seed{k}").with_options(seed=k)) for k in (1, 2))
+    assert len(calls) == 1 and first["teacher"]["outputs"] == second["teacher"]["outputs"] and second["teacher"][
+        "cached"] and first["teacher"]["transfer_texts"] == 40
+
+
 def test_a_preset_student_takes_the_teachers_tokenizer(setup, tmp_path):
     result = distill(_config(setup, tmp_path, student="tiny").with_options(epochs=1.0, max_length=16))
     tm = load_task_model(tmp_path / "out")

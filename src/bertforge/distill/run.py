@@ -108,6 +108,11 @@ def _check_labels(task: Any, teacher_task: Any, data_dir: str) -> None:
     task.labels = theirs
 
 
+# The transfer set's sample does not follow the student's --seed: students of several seeds learn from the same
+# texts, which the teacher labels once (one cache entry); with the seed, each seed paid the teacher again.
+TRANSFER_SEED = 0
+
+
 def _transfer(config: DistillConfig, task: Any, train: list) -> list[TextExample]:
     """The transfer set as unlabelled examples; refused for a task whose inputs are not single texts."""
     if not config.transfer:
@@ -118,7 +123,7 @@ def _transfer(config: DistillConfig, task: Any, train: list) -> list[TextExample
                              "for: leave out --transfer-corpus (it distils on the task's own examples)")
     o = config.distill
     words = o.transfer_words or median_words([ex.text for ex in train])
-    texts = transfer_texts(config.transfer, words=words, limit=o.max_transfer_texts, seed=config.options.seed,
+    texts = transfer_texts(config.transfer, words=words, limit=o.max_transfer_texts, seed=TRANSFER_SEED,
                            exclude=[ex.text for ex in train])
     return [TextExample(id=f"transfer-{i}", text=t, source=f"--transfer-corpus snippet {i}")
             for i, t in enumerate(texts)]
