@@ -125,7 +125,7 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
                           ({"minutes": 30.0}, "a budget of 0.3 minutes, not --minutes 30"),
                           ({"finetune_epochs": 2.0}, f"{out / 'finetune-pretrained' / 'seed0'} holds another "
                                                      "fine-tuning (epochs 1, not 2): pass another --out, or remove "
-                                                     f"{out / 'finetune-*'} to fine-tune again"),
+                                                     f"{out / 'finetune-*'} to run it again"),
                           ({"finetune_examples": 100}, "seed0 holds another fine-tuning (training examples 200, "
                                                        "not 100)"),
                           ({"finetune_lr_scratch": 1e-3}, f"{out / 'finetune-scratch' / 'seed0'} holds another "
@@ -134,6 +134,13 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
             demo_module.run_demo(dataclasses.replace(options, **change))
         assert "pass another --out, or remove" in str(refused.value)
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
+    # nor a finished distillation of other settings (an earlier demo's, of other epochs)
+    epochs = demo_distill.STUDENT_EPOCHS
+    monkeypatch.setattr(demo_distill, "STUDENT_EPOCHS", epochs + 1)
+    with pytest.raises(BertforgeError, match=re.escape(f"{out / 'distill' / 'seed0'} holds another distillation "
+                                                       f"(epochs {epochs:g}, not {epochs + 1:g}): pass another --out")):
+        demo_module.run_demo(options)
+    monkeypatch.setattr(demo_distill, "STUDENT_EPOCHS", epochs)
     # nor are stages built from another corpus (an earlier demo's, whose corpus held the IMDB task's dev and test
     # reviews): its model would be scored on text it was pretrained on
     with open(small_demo_data.reviews_file, "a") as f:

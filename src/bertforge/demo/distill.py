@@ -14,6 +14,7 @@ test split) and read back when finished, so a re-run of the demo skips what is d
 from __future__ import annotations
 
 import csv
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -21,11 +22,13 @@ from typing import Any
 
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.run import distill
+from bertforge.errors import BertforgeError
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import finetune
 from bertforge.finetune.sweep import trained_and_scored
 from bertforge.infer import Predictor
 from bertforge.options import DistillOptions, EngineOptions, FinetuneOptions
+from bertforge.train.rundir import changes, read_run_config
 
 # The teacher: MiniLM-L6 fine-tuned with the paper's settings for a model of its size (lr 5e-5, batch 32), in fp32:
 # bf16 autocast took as long a step on a 2-core Xeon with AMX (0.37-0.39 s at batch 32). Two epochs: dev 83.6 against
@@ -45,10 +48,12 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
     teacher_dir = out / "teacher"
     print(f"teacher: MiniLM-L6 fine-tuned on Rotten Tomatoes (lr {TEACHER_LR:g}, {TEACHER_EPOCHS:g} epochs) into "
           f"{teacher_dir}", flush=True)
-    teacher = trained_and_scored(finetune, FinetuneConfig(
+    teacher_config = FinetuneConfig(
         task="csv", data_dir=str(task_dir), init=str(teacher_init), out_dir=str(teacher_dir),
         options=FinetuneOptions(lr=TEACHER_LR, epochs=TEACHER_EPOCHS, batch_size=32, seed=o.seed,
-                                max_train_examples=o.finetune_examples, progress=o.progress)))
+                                max_train_examples=o.finetune_examples, progress=o.progress))
+    check_reused_run(teacher_dir, teacher_config.options, "fine-tuning of the teacher", teacher_dir)
+    teacher = trained_and_scored(finetune, teacher_config)
     print(f"teacher: dev {_main(teacher['dev']):.2f}, test {_main(teacher['test']):.2f}", flush=True)
     runs = []
     for k in range(o.distill_seeds):
@@ -58,6 +63,7 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
             options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
                                     max_train_examples=o.finetune_examples, progress=o.progress),
             distill=DistillOptions(max_transfer_texts=TRANSFER_TEXTS))
+        check_reused_run(Path(config.out_dir), _Settings(config), "distillation", out / "distill")
         r = trained_and_scored(distill, config)
         runs.append({"seed": config.options.seed, "dev": _main(r["dev"]), "test": _main(r["test"]),
                      "seconds": r["seconds"]})
@@ -75,10 +81,36 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
             "texts_per_s": speed, "speed_texts": len(texts)}
 
 
-def texts_per_second(model_dir: Path, texts: list[str], repeats: int = SPEED_REPEATS) -> float:
-    """Texts a second through `Predictor` (int8, the CPU engine a user would serve a classifier with) over `texts`,
-    tokenization included: the median of `repeats` passes after one warm-up pass."""
-    predictor = Predictor(model_dir, EngineOptions(quantize="int8"))
+# What makes two training runs of the demo the same run: a finished one is read back only when these match (a
+# distillation's options hold its DistillOptions too; a fine-tuning's have no max_transfer_texts).
+RUN_SETTINGS = {"lr": "lr", "epochs": "epochs", "seed": "seed", "max_train_examples": "training examples",
+                "from_scratch": "from random weights", "max_transfer_texts": "transfer texts"}
+
+
+def check_reused_run(run_dir: Path, want: Any, what: str, remove: Path) -> None:
+    """Refuse to read back a finished run (scores.json) of other settings than `want`'s (its FinetuneOptions, with a
+    distillation's fields too), e.g. an earlier demo's with other epochs: its scores would be reported under this
+    run's settings. `what` names the run in the error, `remove` what to delete to run it again."""
+    if not (run_dir / "scores.json").is_file():
+        return
+    have = (read_run_config(run_dir) or {}).get("options", {})
+    keys = {k: name for k, name in RUN_SETTINGS.items() if hasattr(want, k)}
+    found = [f"{keys[c.key]} {_shown(c.recorded)}, not {_shown(c.now)}"
+             for c in changes(have, {k: getattr(want, k) for k in keys}, keys=keys)]
+    if found:
+        raise BertforgeError(f"{run_dir} holds another {what} ({'; '.join(found)}): pass another --out, or remove "
+                             f"{remove} to run it again")
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def texts_per_second(model_dir: Path, texts: list[str], engine: EngineOptions | None = None,
+                     repeats: int = SPEED_REPEATS) -> float:
+    """Texts a second through `Predictor` over `texts`, tokenization included, on `engine` (default int8, the CPU
+    engine a user would serve a classifier with): the median of `repeats` passes after one warm-up pass."""
+    predictor = Predictor(model_dir, engine or EngineOptions(quantize="int8"))
     records = [{"text": t} for t in texts]
     predictor.predict(records[:256])
     seconds = []
@@ -87,6 +119,13 @@ def texts_per_second(model_dir: Path, texts: list[str], repeats: int = SPEED_REP
         predictor.predict(records)
         seconds.append(time.perf_counter() - start)
     return len(texts) / statistics.median(seconds)
+
+
+class _Settings:
+    """A distillation's options as its run_config.json records them: fine-tuning's and distillation's in one."""
+
+    def __init__(self, config: DistillConfig):
+        self.__dict__.update(dataclasses.asdict(config.options), **dataclasses.asdict(config.distill))
 
 
 def _test_texts(task_dir: Path) -> list[str]:

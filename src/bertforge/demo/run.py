@@ -34,7 +34,7 @@ from bertforge.corpus import expand_inputs, read_sentences
 from bertforge.data.prepare import PrepareOptions, prepare
 from bertforge.demo import data as demo_data
 from bertforge.demo.budget import parse_demo_minutes, plan_minutes
-from bertforge.demo.distill import distill_stage
+from bertforge.demo.distill import check_reused_run, distill_stage
 from bertforge.demo.report import report, table
 from bertforge.errors import BertforgeError
 from bertforge.files import cache_dir, read_jsonl, write_json, write_text
@@ -339,27 +339,10 @@ def _check_reused_pretraining(pre_dir: Path, o: DemoOptions, want: BertConfig) -
                              f"remove {pre_dir} to pretrain again")
 
 
-# What makes two fine-tunings of the demo the same run: a finished one is read back only when these match.
-_FINETUNE_SETTINGS = {"lr": "lr", "epochs": "epochs", "seed": "seed", "max_train_examples": "training examples",
-                      "from_scratch": "from random weights"}
-
-
-def _shown(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def _check_reused_finetuning(run_dir: Path, want: FinetuneOptions) -> None:
     """Refuse to read back a finished fine-tuning of other settings (an earlier demo's, with other epochs or
     learning rates): its scores would be reported under this run's settings."""
-    if not (run_dir / "scores.json").is_file():
-        return
-    have = (read_run_config(run_dir) or {}).get("options", {})
-    asked = {k: getattr(want, k) for k in _FINETUNE_SETTINGS}
-    found = [f"{_FINETUNE_SETTINGS[c.key]} {_shown(c.recorded)}, not {_shown(c.now)}"
-             for c in changes(have, asked, keys=_FINETUNE_SETTINGS)]
-    if found:
-        raise BertforgeError(f"{run_dir} holds another fine-tuning ({'; '.join(found)}): pass another --out, or "
-                             f"remove {run_dir.parent.parent / 'finetune-*'} to fine-tune again")
+    check_reused_run(run_dir, want, "fine-tuning", run_dir.parent.parent / "finetune-*")
 
 
 def _last_eval(metrics_path: Path) -> dict:
