@@ -1,0 +1,194 @@
+"""Does distillation pay, and how much of it is the user's own pretraining? One fine-tuned teacher, one student
+architecture, several ways to train the student, each over several seeds, every run scored the same way.
+
+    .venv/bin/python bench/distill.py                     # the demo's teacher, student, task and corpus (runs/demo)
+    .venv/bin/python bench/distill.py --seeds 2 --sides distilled distilled-random
+    .venv/bin/python bench/distill.py --task imdb --teacher runs/imdb-minilm --teacher-init MINILM_DIR
+    .venv/bin/python bench/distill.py --teacher runs/rt-minilm --student runs/mini --task-dir rt/ --transfer texts/
+    .venv/bin/python bench/distill.py --temperature 1 --alpha 0 --tag t1-a0   # an ablation, kept apart by --tag
+
+Tasks (`--task`): rt, the demo's Rotten Tomatoes snippets (default); imdb, the demo's IMDB reviews task (read to
+fine-tuning's 128 tokens); or `--task-dir DIR`, a csv task (text,label). The teacher is --teacher, fine-tuned first
+from --teacher-init (lr 5e-5, 2 epochs, as the demo's) when --teacher holds no model yet.
+Sides (`--sides`, all by default):
+- distilled: `bertforge distill` from the pretrained student over the task and the transfer set (the demo's stage)
+- distilled-random: the same from random weights of the student's shape and tokenizer (does pretraining pay here?)
+- distilled-task-only: from the pretrained student, the task's examples only, no transfer set (does the text pay?)
+- finetuned: the pretrained student fine-tuned on the labels alone, at the demo's lr and epochs for tiny
+Each side's runs are `finetune.sweep.trained_and_scored` (the best dev model scored on test; a finished run is read
+back), seed k = --seed + k. The teacher's outputs are computed once, cached under --work/teacher-outputs and shared
+by every side and seed. Prints each side's test and dev mean ± std over the seeds, the teacher's and bag of words'
+test accuracy, and texts/s of teacher and student on the test texts in fp32 and int8 (tokenization included, median
+of 3 passes); appends the result as one JSON line to --work/distill.jsonl. Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from bertforge.baseline import bag_of_words
+from bertforge.cpu import has_native_bf16
+from bertforge.demo.distill import STUDENT_EPOCHS, STUDENT_LR, TRANSFER_TEXTS, texts_per_second
+from bertforge.demo.run import finetune_plan
+from bertforge.distill.config import DistillConfig
+from bertforge.distill.run import distill
+from bertforge.finetune.config import FinetuneConfig
+from bertforge.finetune.run import finetune
+from bertforge.finetune.sweep import trained_and_scored
+from bertforge.options import DistillOptions, EngineOptions, FinetuneOptions
+from bertforge.tasks.runner import evaluate_examples, load_task_model
+
+SIDES = ("distilled", "distilled-random", "distilled-task-only", "finetuned")
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--teacher", default="runs/demo/teacher", help="a fine-tuned teacher (the demo's by default)")
+    p.add_argument("--student", default="runs/demo/pretrain", help="the pretrained student (the demo's tiny)")
+    p.add_argument("--task", choices=("rt", "imdb"), default="rt", help="the demo's task to use (without --task-dir)")
+    p.add_argument("--task-dir", default=None, help="a csv task (text,label) instead of the demo's")
+    p.add_argument("--teacher-init", default=None, help="fine-tune the teacher from this model first when --teacher "
+                                                        "holds none")
+    p.add_argument("--transfer", nargs="*", default=None, help="transfer text; default: the demo's corpus")
+    p.add_argument("--work", default="runs/bench-distill", help="runs, the teacher outputs' cache, distill.jsonl")
+    p.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--lr", type=float, default=STUDENT_LR, help="the distilled sides' lr")
+    p.add_argument("--epochs", type=float, default=STUDENT_EPOCHS, help="the distilled sides' epochs")
+    p.add_argument("--temperature", type=float, default=DistillOptions.temperature)
+    p.add_argument("--alpha", type=float, default=DistillOptions.alpha)
+    p.add_argument("--max-transfer-texts", type=int, default=TRANSFER_TEXTS)
+    p.add_argument("--tag", default="", help="keeps an ablation's runs apart from the defaults'")
+    return p.parse_args()
+
+
+def _demo_inputs(args: argparse.Namespace) -> tuple[Path, list[str]]:
+    """The task and transfer text: as given, else the demo's (its cached data and the corpus it pretrained on)."""
+    if args.task_dir and args.transfer is not None:
+        return Path(args.task_dir), list(args.transfer)
+    from bertforge.demo.data import fetch_demo_data
+    from bertforge.files import cache_dir
+
+    data = fetch_demo_data(cache_dir())
+    movies = Path(args.student).parent / "corpus" / "movies.txt"
+    corpus = [str(data.reviews_file)] + ([str(movies)] if movies.is_file() else [])
+    task_dir = args.task_dir or (data.sentiment_dir if args.task == "rt" else data.imdb_dir)
+    return Path(task_dir), list(args.transfer if args.transfer is not None else corpus)
+
+
+def _config(args: argparse.Namespace, side: str, k: int, task_dir: Path, transfer: list[str], work: Path):
+    """Seed k's run of `side`: a DistillConfig, or the fine-tuning side's FinetuneConfig."""
+    out = _side_dir(args, side, work) / f"seed{k}"
+    if side == "finetuned":
+        epochs, lr, _ = finetune_plan("tiny", 10.0)
+        return finetune, FinetuneConfig(task="csv", data_dir=str(task_dir), init=args.student, out_dir=str(out),
+                                        options=FinetuneOptions(lr=lr, epochs=epochs, seed=args.seed + k))
+    options = FinetuneOptions(lr=args.lr, epochs=args.epochs, batch_size=32, seed=args.seed + k,
+                              from_scratch=side == "distilled-random")
+    return distill, DistillConfig(
+        teacher=args.teacher, student=args.student, task="csv", data_dir=str(task_dir), out_dir=str(out),
+        transfer=() if side == "distilled-task-only" else tuple(transfer), options=options,
+        distill=DistillOptions(temperature=args.temperature, alpha=args.alpha,
+                               max_transfer_texts=args.max_transfer_texts),
+        cache_dir=str(work / "teacher-outputs"))
+
+
+def _side_dir(args: argparse.Namespace, side: str, work: Path) -> Path:
+    return work / "runs" / f"{args.task_dir and Path(args.task_dir).name or args.task}-{side}" \
+        f"{'-' + args.tag if args.tag else ''}"
+
+
+def _teacher(args: argparse.Namespace, task_dir: Path) -> dict:
+    """The teacher's test scores, after fine-tuning it from --teacher-init when --teacher holds no model yet."""
+    teacher = Path(args.teacher)
+    if not (teacher / "model.safetensors").is_file():
+        if not args.teacher_init:
+            raise SystemExit(f"--teacher {teacher} holds no model: give a fine-tuned one, or --teacher-init to make it")
+        trained_and_scored(finetune, FinetuneConfig(task="csv", data_dir=str(task_dir), init=args.teacher_init,
+                                                    out_dir=str(teacher), options=FinetuneOptions(
+                                                        lr=5e-5, epochs=2.0, batch_size=32, seed=args.seed)))
+    return _test_scores(teacher, task_dir)
+
+
+def _summary(runs: list[dict]) -> dict:
+    def spread(v: list[float]) -> float:
+        return statistics.stdev(v) if len(v) > 1 else 0.0
+    out = {"runs": runs}
+    for split in ("dev", "test"):
+        values = [r[split] for r in runs]
+        out.update({f"{split}_mean": statistics.mean(values), f"{split}_std": spread(values)})
+    return out
+
+
+def main() -> None:
+    args = _args()
+    work = Path(args.work)
+    task_dir, transfer = _demo_inputs(args)
+    teacher_test = _teacher(args, task_dir)
+    sides = {}
+    for side in args.sides:
+        runs = []
+        for k in range(args.seeds):
+            train, config = _config(args, side, k, task_dir, transfer, work)
+            r = trained_and_scored(train, config)
+            runs.append({"seed": args.seed + k, "dev": r["dev"]["accuracy"], "test": r["test"]["accuracy"],
+                         "seconds": r["seconds"]})
+            print(f"{side} seed {args.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f} "
+                  f"({r['seconds']:.0f} s)", flush=True)
+        sides[side] = _summary(runs)
+    texts = [line["text"] for line in _rows(task_dir / "test.csv")]
+    student = _side_dir(args, next(iter(sides)), work) / "seed0"
+    speed = {f"{name}_{engine}": texts_per_second(path, texts, EngineOptions(quantize=quantize))
+             for name, path in (("teacher", Path(args.teacher)), ("student", student))
+             for engine, quantize in (("fp32", None), ("int8", "int8"))}
+    record = {"time": time.time(), "cpu": _cpu_name(), "bf16": has_native_bf16(), "args": vars(args),
+              "teacher": {"test": teacher_test}, "sides": sides, "bag_of_words": bag_of_words(task_dir),
+              "texts_per_s": speed}
+    _print(record)
+    with open(work / "distill.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _test_scores(model_dir: Path, task_dir: Path) -> dict:
+    """The model's scores on the task's test split (the teacher's own, read from no record: it is scored here)."""
+    tm = load_task_model(model_dir)
+    return evaluate_examples(tm, tm.task.read(str(task_dir), "test"))[0]
+
+
+def _rows(path: Path) -> list[dict]:
+    import csv
+
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _print(r: dict) -> None:
+    print(f"\n{'side':<22} {'test':>13} {'dev':>13}  (seeds)")
+    for name, s in r["sides"].items():
+        print(f"{name:<22} {s['test_mean']:6.2f} ± {s['test_std']:4.2f} {s['dev_mean']:6.2f} ± {s['dev_std']:4.2f}  "
+              f"({len(s['runs'])})")
+    test = r["teacher"]["test"] or {}
+    print(f"{'teacher':<22} {test.get('accuracy', float('nan')):6.2f}")
+    print(f"{'bag of words':<22} {r['bag_of_words']['test']:6.2f}")
+    speed = r["texts_per_s"]
+    for engine in ("fp32", "int8"):
+        t, st = speed[f"teacher_{engine}"], speed[f"student_{engine}"]
+        print(f"{engine} texts/s: teacher {t:,.0f}, student {st:,.0f} ({st / t:.1f}x)")
+    print(f"bag of words texts/s: {r['bag_of_words']['texts_per_s']:,.0f}; CPU: {r['cpu']}")
+
+
+if __name__ == "__main__":
+    main()
