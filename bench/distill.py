@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bertforge.baseline import bag_of_words
 from bertforge.cpu import has_native_bf16
-from bertforge.demo.distill import STUDENT_EPOCHS, STUDENT_LR, TRANSFER_TEXTS, texts_per_second
+from bertforge.demo.distill import STUDENT_ALPHA, STUDENT_EPOCHS, STUDENT_LR, TRANSFER_TEXTS, texts_per_second
 from bertforge.demo.run import finetune_plan
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.run import distill
@@ -62,7 +62,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=STUDENT_LR, help="the distilled sides' lr")
     p.add_argument("--epochs", type=float, default=STUDENT_EPOCHS, help="the distilled sides' epochs")
     p.add_argument("--temperature", type=float, default=DistillOptions.temperature)
-    p.add_argument("--alpha", type=float, default=DistillOptions.alpha)
+    p.add_argument("--alpha", type=float, default=STUDENT_ALPHA)
     p.add_argument("--max-transfer-texts", type=int, default=TRANSFER_TEXTS)
     p.add_argument("--tag", default="", help="keeps an ablation's runs apart from the defaults'")
     return p.parse_args()
