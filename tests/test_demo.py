@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import statistics
+from pathlib import Path
 
 import pytest
 from simulated_clock import simulated_clock
@@ -107,10 +108,11 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert "![pretraining](pretrain/training_curves.png)" in report
     assert (out / "pretrain" / "training_curves.png").is_file()
     assert json.loads((out / "summary.json").read_text())["finetune"] == summary["finetune"]
-    # it ends with the command that serves its best fine-tuned model, a model directory that command can load
-    dev = [r["dev"] for r in summary["finetune"]["pretrained"]["runs"]]
-    served = out / "finetune-pretrained" / f"seed{dev.index(max(dev))}"
-    assert text.rstrip().endswith(f"bertforge serve --model {served}") and (served / "task.json").is_file()
+    # it ends with the command that serves its best small model (test_the_served_model_is_the_best_small_one says
+    # which), a model directory that command can load
+    served = text.rstrip().rsplit("bertforge serve --model ", 1)[1]
+    assert served == demo_module.serve_command(out, summary["finetune"], summary["distill"]).rsplit(" ", 1)[1]
+    assert (Path(served) / "task.json").is_file()
 
     before = {p: p.stat().st_mtime_ns for p in (out / "pretrain" / "model.safetensors",
                                                  out / "finetune-scratch" / "seed1" / "model.safetensors")}
@@ -286,3 +288,15 @@ def test_the_summary_says_which_model_to_deploy_and_where_bag_of_words_is_above_
     # the verdict follows the tasks' in the summary's sentences
     s = _deployable(84.9, [82.1, 82.9], direct=78.2, scratch=75.4, bow=78.5)
     assert verdict(s)[-3:] == deploy_verdict(s)
+
+
+def test_the_served_model_is_the_best_small_one(tmp_path):
+    def runs(*dev: float) -> list[dict]:
+        return [{"dev": d} for d in dev]
+    finetuned = {"pretrained": {"runs": runs(77.0, 78.5, 77.9), "dev_mean": 77.8}}
+    distilled = {"student": {"runs": runs(80.1, 80.8, 80.7), "dev_mean": 80.5}}
+    serve = "bertforge serve --model "
+    assert demo_module.serve_command(tmp_path, finetuned) == f"{serve}{tmp_path / 'finetune-pretrained' / 'seed1'}"
+    assert demo_module.serve_command(tmp_path, finetuned, distilled) == f"{serve}{tmp_path / 'distill' / 'seed1'}"
+    worse = {"student": {"runs": runs(76.0, 77.5, 77.0), "dev_mean": 76.8}}
+    assert demo_module.serve_command(tmp_path, finetuned, worse).endswith("finetune-pretrained/seed1")

@@ -160,15 +160,18 @@ def run_demo(o: DemoOptions) -> dict:
     write_text(out / "report.md", report(summary, out))
     print(table(summary))
     print(f"\nreport: {out / 'report.md'}")
-    print(f"serve the best fine-tuned model (pip install 'bertforge[serve]'): {serve_command(out, results)}")
+    print(f"serve the best small model (pip install 'bertforge[serve]'): {serve_command(out, results, distilled)}")
     return summary
 
 
-def serve_command(out: Path, results: dict[str, Any]) -> str:
-    """The command that serves the pretrained side's fine-tuned model with the best dev score."""
-    runs = results["pretrained"]["runs"]
+def serve_command(out: Path, results: dict[str, Any], distilled: dict[str, Any] | None = None) -> str:
+    """The command that serves the small model of the best dev score: the distilled student's best seed when the
+    distillation stage ran and its seeds beat the pretrained side's fine-tunings on dev, else that side's best."""
+    runs, where = results["pretrained"]["runs"], out / "finetune-pretrained"
+    if distilled and distilled["student"]["dev_mean"] > results["pretrained"]["dev_mean"]:
+        runs, where = distilled["student"]["runs"], out / "distill"
     best = max(range(len(runs)), key=lambda k: runs[k]["dev"])
-    return f"bertforge serve --model {out / 'finetune-pretrained' / f'seed{best}'}"
+    return f"bertforge serve --model {where / f'seed{best}'}"
 
 
 def _corpus(o: DemoOptions, out: Path, data: demo_data.DemoData) -> list[str]:
