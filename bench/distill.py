@@ -27,13 +27,20 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
 
 from bertforge.baseline import bag_of_words
 from bertforge.cpu import has_native_bf16
-from bertforge.demo.distill import STUDENT_ALPHA, STUDENT_EPOCHS, STUDENT_LR, TRANSFER_TEXTS, texts_per_second
+from bertforge.demo.distill import (
+    STUDENT_ALPHA,
+    STUDENT_EPOCHS,
+    STUDENT_LR,
+    TRANSFER_TEXTS,
+    seed_stats,
+    test_texts,
+    texts_per_second,
+)
 from bertforge.demo.run import finetune_plan
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.run import distill
@@ -116,16 +123,6 @@ def _teacher(args: argparse.Namespace, task_dir: Path) -> dict:
     return _test_scores(teacher, task_dir)
 
 
-def _summary(runs: list[dict]) -> dict:
-    def spread(v: list[float]) -> float:
-        return statistics.stdev(v) if len(v) > 1 else 0.0
-    out = {"runs": runs}
-    for split in ("dev", "test"):
-        values = [r[split] for r in runs]
-        out.update({f"{split}_mean": statistics.mean(values), f"{split}_std": spread(values)})
-    return out
-
-
 def main() -> None:
     args = _args()
     work = Path(args.work)
@@ -141,8 +138,8 @@ def main() -> None:
                          "seconds": r["seconds"]})
             print(f"{side} seed {args.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f} "
                   f"({r['seconds']:.0f} s)", flush=True)
-        sides[side] = _summary(runs)
-    texts = [line["text"] for line in _rows(task_dir / "test.csv")]
+        sides[side] = {"runs": runs, **seed_stats(runs)}
+    texts = test_texts(task_dir)
     student = _side_dir(args, next(iter(sides)), work) / "seed0"
     speed = {f"{name}_{engine}": texts_per_second(path, texts, EngineOptions(quantize=quantize))
              for name, path in (("teacher", Path(args.teacher)), ("student", student))
@@ -166,13 +163,6 @@ def _test_scores(model_dir: Path, task_dir: Path) -> dict:
     """The model's scores on the task's test split (the teacher's own, read from no record: it is scored here)."""
     tm = load_task_model(model_dir)
     return evaluate_examples(tm, tm.task.read(str(task_dir), "test"))[0]
-
-
-def _rows(path: Path) -> list[dict]:
-    import csv
-
-    with open(path, encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def _print(r: dict) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -293,3 +294,12 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes as hex, read a megabyte at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

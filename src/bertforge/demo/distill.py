@@ -71,7 +71,7 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
                      "seconds": r["seconds"]})
         print(f"distilled seed {config.options.seed}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}",
               flush=True)
-    texts = _test_texts(task_dir)
+    texts = test_texts(task_dir)
     speed = {"teacher": texts_per_second(teacher_dir, texts), "student": texts_per_second(out / "distill" / "seed0",
                                                                                         texts)}
     print(f"int8 texts/s on the {len(texts):,} test snippets: teacher {speed['teacher']:,.0f}, tiny "
@@ -79,7 +79,7 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
     return {"teacher": {"dev": _main(teacher["dev"]), "test": _main(teacher["test"]), "lr": TEACHER_LR,
                         "epochs": TEACHER_EPOCHS, "seconds": teacher["seconds"]},
             "student": {"lr": STUDENT_LR, "epochs": STUDENT_EPOCHS, "alpha": STUDENT_ALPHA, "runs": runs,
-                        **_stats(runs), "transfer_texts": TRANSFER_TEXTS},
+                        **seed_stats(runs), "transfer_texts": TRANSFER_TEXTS},
             "texts_per_s": speed, "speed_texts": len(texts)}
 
 
@@ -130,7 +130,8 @@ class _Settings:
         self.__dict__.update(dataclasses.asdict(config.options), **dataclasses.asdict(config.distill))
 
 
-def _test_texts(task_dir: Path) -> list[str]:
+def test_texts(task_dir: Path) -> list[str]:
+    """The `text` column of a csv task's test split, in order (what the speed is measured on)."""
     with open(task_dir / "test.csv", encoding="utf-8", newline="") as f:
         return [row["text"] for row in csv.DictReader(f)]
 
@@ -140,6 +141,7 @@ def _main(scores: dict | None) -> float:
     return float(scores["accuracy"]) if scores else float("nan")
 
 
-def _stats(runs: list[dict]) -> dict[str, float]:
+def seed_stats(runs: list[dict]) -> dict[str, float]:
+    """dev_mean, dev_std, test_mean, test_std of runs' scores (the sample std; 0 for one run)."""
     return {f"{split}_{name}": f([r[split] for r in runs]) for split in ("dev", "test")
             for name, f in (("mean", statistics.mean), ("std", lambda v: statistics.stdev(v) if len(v) > 1 else 0.0))}

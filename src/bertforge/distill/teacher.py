@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from bertforge.device import pick_device
-from bertforge.files import atomic_dir, cache_dir, write_json
+from bertforge.files import atomic_dir, cache_dir, file_sha256, write_json
 from bertforge.infer import EngineOptions, Predictor
 from bertforge.infer.checks import auto_streams, engine_device
 from bertforge.options import DistillOptions
@@ -64,14 +64,6 @@ def teacher_engine(options: DistillOptions, device: str | None) -> EngineOptions
     if choice == "int8" or (choice == "auto" and pick_device(device).type == "cpu"):
         return EngineOptions(quantize="int8")
     return EngineOptions(device=device, precision="auto" if choice == "auto" else choice)
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def teacher_identity(teacher: Path) -> dict[str, Any]:
