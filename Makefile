@@ -33,7 +33,7 @@ lint: $(STAMP)
 # run torch on one thread (tests/conftest.py's one_thread), so two workers on 2 cores do not oversubscribe them.
 # 2-core Xeon with AVX512-BF16 and AMX, 2026-12-01: 340 s of tests with two workers (the GPU check's CPU dry run alone 83 s).
 CORES := $(shell nproc 2>/dev/null || echo 1)
-WORKERS := $(if $(filter 1,$(CORES)),,-n $(CORES) --dist loadfile)
+WORKERS := $(if $(filter 1,$(CORES)),,-n $(CORES) --dist loadfile --no-loadscope-reorder)
 FAST_WORKERS := $(if $(filter 1,$(CORES)),,-n $(CORES))  # test by test: no long file to wait for
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(WORKERS) $(ARGS)

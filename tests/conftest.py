@@ -33,9 +33,21 @@ TINY = {"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2, "num_atte
         "intermediate_size": 64, "max_position_embeddings": 64}
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Under `pytest -n N` each worker gets its share of the cores, so N workers do not oversubscribe them;
-    # subprocesses a test starts set their own threads, and the tests that need two threads set them.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    # Under `pytest -n N` each worker gets its share of the cores, so N workers do not oversubscribe them, and so do
+    # the processes its tests start (the command line, servers, torchrun's ranks) unless a test sets their threads.
+    threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with the most slow tests first, each file's tests in their order. `make test` hands whole files to
+    its workers in this order (`--dist loadfile`): the long ones start at once and the many short ones fill in around
+    them, where in name order the suite ended with one worker idle while the other ran a late long file."""
+    slow: dict[Path, int] = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
 
 
 @pytest.fixture

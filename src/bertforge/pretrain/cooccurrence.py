@@ -26,7 +26,6 @@ from collections.abc import Iterable
 import numpy as np
 import scipy.sparse as sp
 import torch
-from sklearn.utils.extmath import randomized_svd
 
 from bertforge.errors import BertforgeError
 
@@ -73,6 +72,14 @@ def ppmi(counts: sp.csr_matrix, smoothing: float = SMOOTHING) -> sp.csr_matrix:
     return sp.csr_matrix((pmi[keep], (counts.row[keep], counts.col[keep])), shape=counts.shape)
 
 
+def svd_solver():
+    """scikit-learn's randomized SVD, imported on first use: the import takes a second (scipy.stats with it), which
+    every other pretraining process would pay at start. `pretrain` calls this before a budget's clock starts."""
+    from sklearn.utils.extmath import randomized_svd
+
+    return randomized_svd
+
+
 def cooccurrence_embeddings(streams: Iterable[tuple[np.ndarray, np.ndarray]], vocab_size: int, dim: int, *,
                             std: float, seed: int = 0, window: int = WINDOW,
                             max_tokens: int = MAX_TOKENS) -> np.ndarray:
@@ -84,7 +91,7 @@ def cooccurrence_embeddings(streams: Iterable[tuple[np.ndarray, np.ndarray]], vo
     if matrix.nnz == 0:
         raise BertforgeError("no word pairs in the training split occur together more often than chance")
     rank = min(dim, vocab_size - 1)
-    u, s, _ = randomized_svd(matrix, rank, n_iter=5, random_state=seed)
+    u, s, _ = svd_solver()(matrix, rank, n_iter=5, random_state=seed)
     vectors = np.zeros((vocab_size, dim))
     vectors[:, :rank] = u * np.sqrt(s)
     seen = np.asarray(matrix.getnnz(1)) > 0

@@ -21,7 +21,7 @@ from bertforge.options import DataOptions, cli_name
 from bertforge.pretrain import budget, stacking
 from bertforge.pretrain.budget import BudgetPlan, Timing, choose_batch, deadline_for, plan_run, save_plan
 from bertforge.pretrain.config import PretrainConfig
-from bertforge.pretrain.cooccurrence import init_from_cooccurrences
+from bertforge.pretrain.cooccurrence import init_from_cooccurrences, svd_solver
 from bertforge.pretrain.electra import ElectraObjective, build_electra, evaluate_electra
 from bertforge.pretrain.isotropy import isotropy, model_isotropy
 from bertforge.pretrain.objectives import PretrainingObjective, candidate_sampler, evaluate_pretraining
@@ -72,6 +72,8 @@ def pretrain(config: PretrainConfig) -> TrainResult:
     (`budget.minutes`) the steps are planned from timed ones so the schedule ends at the deadline (budget.py), at
     the larger batch the config names when the minutes buy enough steps (`budget.choose_batch`). The run directory
     records the resolved configuration in run_config.json, which `resume` compares against."""
+    if config.model.embedding_init == "cooccurrence":
+        svd_solver()  # its import, outside a time budget's clock
     try:
         if config.budget.larger_batch is not None:
             config = choose_batch(config, model_config=resolve_model_config)

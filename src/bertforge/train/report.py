@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 from bertforge.files import atomic_path, read_jsonl
 
 _TRAIN_KEYS = ("loss", "mlm_loss", "nsp_loss", "bow_loss", "rtd_loss")
@@ -26,6 +24,8 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path, *, earlier: str
     evals = [r for r in records if r.get("split") == "eval"]
     if not train and not evals:
         return None
+    from matplotlib.figure import Figure  # here: half a second to import, for a plot at the end of a run
+
     fig = Figure(figsize=(11, 4))  # not pyplot: no global backend or figure registry is touched
     left, right = fig.subplots(1, 2)
     for key in _TRAIN_KEYS:
