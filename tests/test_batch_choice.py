@@ -51,6 +51,7 @@ def test_a_budget_that_buys_the_steps_trains_at_the_larger_batch_and_one_that_do
         assert f"under {from_steps:,}: batch 2 at lr {BUDGET.lr:g}" in said
 
 
+@pytest.mark.slow  # a short pretraining each
 @pytest.mark.parametrize("given", [{"batch_size": 3}, {"lr": 1e-3}])
 def test_a_given_batch_size_or_lr_keeps_the_run_off_the_larger_batch_without_timing_anything(
         prepared, tmp_path, capsys, given):

@@ -204,6 +204,7 @@ def test_the_demo_refuses_a_budget_that_is_not_minutes_or_auto_before_fetching_a
     assert out == ""
 
 
+@pytest.mark.slow  # every numeric option of every command, twice
 def test_every_command_refuses_each_numeric_option_below_and_above_its_range(capsys, nothing_runs):
     for (command, flag), spec in ALLOWED.items():
         lo, hi = (float(x) for x in spec[1:-1].split(","))
@@ -385,6 +386,7 @@ HOLD = ("import sys, time\nfrom bertforge.train.rundir import claim_run_dir\n"
         "claim_run_dir(sys.argv[1], resume=False)\nprint('held', flush=True)\ntime.sleep(300)\n")
 
 
+@pytest.mark.slow  # starts and kills a process
 def test_a_second_process_is_refused_at_once_and_a_killed_holder_frees_the_directory(tmp_path, capsys):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)

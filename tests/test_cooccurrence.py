@@ -108,6 +108,7 @@ def _run(data, out, config: str, init: str, *extra: str, steps: int = 1, lr: flo
             "fp32", "--embedding-init", init, *extra]
 
 
+@pytest.mark.slow  # counts and factorizes a corpus, then pretrains
 def test_a_run_starts_its_word_embeddings_from_the_cooccurrences_and_records_it(tmp_path, tiny_config_file, capsys):
     from support import prepared_dir
 

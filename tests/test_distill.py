@@ -275,6 +275,7 @@ def test_a_repeated_run_does_not_run_the_teacher(distilled, tmp_path, monkeypatc
     assert distill(config)["teacher"]["cached"]
 
 
+@pytest.mark.slow  # two distillations
 def test_students_of_other_seeds_learn_from_the_same_sample_of_the_transfer_set(distilled, tmp_path, monkeypatch):
     calls = _counting(monkeypatch)
     config = distilled["config"].with_options(epochs=0.25).with_distill(max_transfer_texts=40)  # of 150 snippets
@@ -289,6 +290,7 @@ def test_a_preset_student_takes_the_teachers_tokenizer(setup, tmp_path):
     assert tm.tokenizer.vocab == VOCAB and tm.model.config.hidden_size == 128 and result["metrics"]
 
 
+@pytest.mark.slow  # three distillations
 def test_a_killed_run_resumes_to_the_uninterrupted_result(setup, distilled, tmp_path, capsys):
     config = distilled["config"]
     argv = ["distill", "--teacher", setup["teacher"], "--student", setup["student"], "--data", setup["data"],

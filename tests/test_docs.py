@@ -97,6 +97,7 @@ def repository_files(root: Path = REPO) -> list[Path]:
     return found
 
 
+@pytest.mark.slow  # reads every file of the repository
 def test_no_file_cites_the_design_notes_outside_the_repository():
     """The design lives in docs/design.md; a note outside the repository is not the project's to cite."""
     # the name is split so that this file does not match itself

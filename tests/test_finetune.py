@@ -700,6 +700,7 @@ def test_paper_grid_is_the_papers():
     assert sweep.PAPER_GRID == {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 
 
+@pytest.mark.slow  # a grid of fine-tunings
 def test_grid_and_seeds_report_mean_std_and_keep_the_best(init_dir, tmp_path, capsys, monkeypatch):
     import statistics
 

@@ -125,6 +125,7 @@ def test_legacy_bin_with_gamma_beta_and_wrapper_prefixes(tmp_path):
         assert torch.equal(a, b), n
 
 
+@pytest.mark.slow  # a gloo process group and torch.compile
 def test_saving_unwraps_compile_and_ddp(tmp_path):
     ours = tiny_ours()
     compiled = torch.compile(ours)

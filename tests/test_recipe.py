@@ -370,6 +370,7 @@ def test_a_recipe_leaves_out_what_a_run_cannot_have_and_refuses_it_given():
             recipe_config("budget", data="d", out="o", steps=10, **given)
 
 
+@pytest.mark.slow  # short pretrainings
 def test_the_library_applies_a_recipe_with_the_options_given_winning(prepared, tmp_path):
     from bertforge.pretrain.run import pretrain
 

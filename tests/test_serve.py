@@ -131,6 +131,7 @@ def test_regression_and_multiple_choice_predict_as_bertforge_predict_does(models
         assert r.status_code == 422 and r.json()["error"].startswith("inputs.choices: ")
 
 
+@pytest.mark.slow  # exports to ONNX first
 def test_onnx_backend_serves_what_predict_and_embed_give_on_it(models):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'bertforge[onnx]')")
     with running(models["clf"], backend="onnx") as (url, _):
@@ -179,6 +180,7 @@ BAD = [  # (body as bytes or JSON, status, the start of the error)
 ]
 
 
+@pytest.mark.slow  # dozens of requests
 def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(models, classifier):
     deep = httpx.post(classifier[0] + "/predict", content=b"[" * 100_000 + b"]" * 100_000, timeout=LIMIT)
     assert deep.status_code == 400 and deep.json()["error"].startswith("body: not readable as JSON")
@@ -209,6 +211,7 @@ def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving(mo
         assert r.status_code == 422 and r.json()["error"].startswith("pooling: ")
 
 
+@pytest.mark.slow  # waits out the batching window
 def test_concurrent_requests_run_together_and_get_what_they_get_one_by_one(classifier):
     url, state = classifier
     texts = SENTENCES * 3

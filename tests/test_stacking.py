@@ -216,6 +216,7 @@ def test_a_stacked_budget_splits_the_minutes_and_resumes_only_as_it_was_started(
     assert not (plain / "half-depth").exists()
 
 
+@pytest.mark.slow  # three short pretrainings
 def test_an_untied_decoder_is_kept_through_both_stages_and_refused_with_electra(prepared, tmp_path, capsys):
     out = tmp_path / "untied"
     assert main(_args(prepared, out, "--steps", "6", "--stack-fraction", "0.5", "--no-tie-embeddings")) == 0
