@@ -50,7 +50,7 @@ from bertforge.baseline import bag_of_words
 from bertforge.corpus import expand_inputs
 from bertforge.cpu import has_native_bf16
 from bertforge.demo.data import fetch_demo_data, write_movie_corpus
-from bertforge.files import cache_dir
+from bertforge.files import cache_dir, file_sha256
 from bertforge.finetune.compare import Run, Side, compare_sides, score_run
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.options import FinetuneOptions
@@ -119,7 +119,7 @@ def pretrain(a: argparse.Namespace, data: Path, work: Path) -> Path:
 def pretrained_key(model_dir: Path, task_dir: Path, a: argparse.Namespace) -> str:
     """What a run from the pretrained weights depends on: the weights themselves (two models in directories of
     the same name are different models), the task and the fine-tuning."""
-    weights = hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
+    weights = file_sha256(model_dir / "model.safetensors")
     parts = [weights, str(task_dir.resolve()), str(a.max_train_examples), str(a.epochs)]
     if a.finetune_options:  # a remedy for pretrained starts: other runs than without it
         parts.append(json.dumps(json.loads(a.finetune_options), sort_keys=True))
