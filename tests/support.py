@@ -4,8 +4,10 @@ and the digests of a tree of files (to show that a command left its inputs alone
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -61,12 +63,19 @@ def write_lines_corpus(path: Path, docs: list[list[str]]) -> Path:
     return path
 
 
+def _session_directory(prefix: str) -> Path:
+    """A temporary directory that lives until this test process exits (then it is removed, with all in it)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
 @functools.cache
 def tokenizer_dir() -> Path:
     """A tokenizer (vocab 400, so many words are split into ## pieces) trained on a synthetic corpus."""
     from bertforge.tokenizer import Tokenizer, VocabOptions
 
-    root = Path(tempfile.mkdtemp(prefix="bertforge-test-data-"))
+    root = _session_directory("bertforge-test-data-")
     corpus = write_lines_corpus(root / "train.txt", make_documents(60, seed=99))
     tok = Tokenizer.train([corpus], VocabOptions(vocab_size=400, min_frequency=1), show_progress=False)
     tok.save_pretrained(root / "tok")
@@ -84,7 +93,7 @@ def prepared_dir(n_docs: int = 80, max_seq_len: int = 64, val_fraction: float = 
     """Prepared data of a synthetic doc-per-file corpus (made once per session and argument set)."""
     from bertforge.data.prepare import PrepareOptions, prepare
 
-    root = Path(tempfile.mkdtemp(prefix="bertforge-test-prepared-"))
+    root = _session_directory("bertforge-test-prepared-")
     corpus = write_doc_corpus(root / "corpus", make_documents(n_docs, seed=1))
     prepare([str(corpus)], str(tokenizer_dir()), root / "data",
             PrepareOptions(max_seq_len=max_seq_len, val_fraction=val_fraction), workers=1, progress=False)
