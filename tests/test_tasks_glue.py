@@ -273,3 +273,24 @@ def test_collate_pads_on_the_right(tmp_path, tok):
     rows = stsb.read(_glue_dir(tmp_path, "stsb"), "train")
     labels = collate(stsb.features(rows, tok, 32), tok.pad_id)["labels"]
     assert labels.dtype.is_floating_point and labels.tolist() == pytest.approx([5.0, 3.8])
+
+
+def test_sentence_features_are_the_full_encodings_ids_for_every_kind_of_text(tok):
+    """Features take ids from the tokenizer's id path (a per-word cache); they must be exactly the full encodings'
+    (offsets and all), truncation included, for plain ASCII, accented and bracketed text, singles and pairs."""
+    from bertforge.tasks.base import ChoiceExample, TextExample
+    from bertforge.tasks.features import choice_features, sequence_features
+
+    texts = ["A gorgeous, witty film.", "Naïve and café-bound [but] fun", "tab\tand\nnewline", "x " * 40, ""]
+    pairs = ["Is it good?", "non-ascii: éè", "[MASK] here", "y " * 40, "short"]
+    for max_length in (8, 64):
+        for with_pairs in (False, True):
+            examples = [TextExample(id=str(i), text=t, text_pair=p if with_pairs else None, label="pos")
+                        for i, (t, p) in enumerate(zip(texts, pairs, strict=True))]
+            features = sequence_features(examples, tok, max_length, {"pos": 0})
+            full = tok.encode_many(texts, pairs if with_pairs else None, max_length=max_length)
+            assert [f["input_ids"] for f in features] == [e.ids for e in full]
+            assert [f["token_type_ids"] for f in features] == [e.type_ids for e in full]
+    choices = [ChoiceExample(id="0", context=texts[1], choices=pairs[:2], label=1)]
+    full = tok.encode_many([texts[1]] * 2, pairs[:2], max_length=16)
+    assert choice_features(choices, tok, 16)[0]["input_ids"] == [e.ids for e in full]
