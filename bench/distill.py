@@ -71,6 +71,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=DistillOptions.temperature)
     p.add_argument("--alpha", type=float, default=STUDENT_ALPHA)
     p.add_argument("--max-transfer-texts", type=int, default=TRANSFER_TEXTS)
+    p.add_argument("--transfer-words", type=int, default=None, help="words per transfer snippet (default: the "
+                                                                     "task's median)")
     p.add_argument("--tag", default="", help="keeps an ablation's runs apart from the defaults'")
     return p.parse_args()
 
@@ -102,7 +104,7 @@ def _config(args: argparse.Namespace, side: str, k: int, task_dir: Path, transfe
         teacher=args.teacher, student=args.student, task="csv", data_dir=str(task_dir), out_dir=str(out),
         transfer=() if side == "distilled-task-only" else tuple(transfer), options=options,
         distill=DistillOptions(temperature=args.temperature, alpha=args.alpha,
-                               max_transfer_texts=args.max_transfer_texts),
+                               max_transfer_texts=args.max_transfer_texts, transfer_words=args.transfer_words),
         cache_dir=str(work / "teacher-outputs"))
 
 
