@@ -49,7 +49,8 @@ def main() -> None:
     parser = model_time.parser(__doc__)
     args = parser.parse_args()
     if not kernels.available():
-        raise SystemExit("bertforge's CPU kernels are not available here (they need AVX512 and a C++ compiler)")
+        raise SystemExit("bertforge's CPU kernels are not available here (they need AVX-512 or AVX2 + FMA and a "
+                         "C++ compiler)")
     model_dir = model_time.bench_model()
     sides = {"operators": operators_only(model_dir), "kernels": Predictor(model_dir, INT8),
              "kernels, bf16 query/key/value": bf16_qkv(Predictor(model_dir, INT8))}

@@ -140,12 +140,12 @@ def tiny_model_dir(tmp_path_factory, prepared) -> Path:
 @pytest.fixture(scope="session")
 def int8_kernels() -> None:
     """bertforge's C++ int8 kernels, built (about 10 s, then cached) by the first test that needs them; that test
-    and the rest are skipped where they cannot be (no AVX512, no compiler)."""
+    and the rest are skipped where they cannot be (neither AVX-512 nor AVX2 + FMA, no compiler)."""
     from bertforge import kernels
 
     if not kernels.available():
-        pytest.skip("bertforge's CPU kernels need AVX512 and a C++ compiler; without them int8 runs on PyTorch's "
-                    "operators (tested elsewhere)")
+        pytest.skip("bertforge's CPU kernels need AVX-512 or AVX2 + FMA and a C++ compiler; without them int8 runs "
+                    "on PyTorch's operators (tested elsewhere)")
 
 
 @pytest.fixture(scope="session")

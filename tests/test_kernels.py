@@ -1,9 +1,19 @@
 """bertforge's CPU kernels for int8 inference (bertforge/kernels): each against PyTorch's operators doing the same
-work, the int8 encoder built on them against the layers run as they are, and how a machine without them is told."""
+work, the int8 encoder built on them against the layers run as they are, and how a machine without them is told.
+
+The kernel tests run on the build this process loads (`kernels.isa()`: AVX-512 on an AVX-512 CPU), and again in a
+child process on the AVX2 build, where the CPU has AVX2 + FMA (`test_the_kernel_tests_pass_on_the_avx2_build`): one
+build's operators per process, as both register `torch.ops.bertforge`."""
 
 from __future__ import annotations
 
-import numpy as np
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -51,6 +61,49 @@ def test_attention_kernel_matches_sdpa(dtype, B, T, heads, D):
             assert out.dtype == torch.float32 and out.shape == expected.shape
             torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
             assert bounds.tolist() == [out.min().item(), out.max().item()]
+
+
+@needs_kernels
+def test_attention_kernel_takes_scores_far_apart():
+    """Scores hundreds apart, so that softmax's exponent goes far below -87, where the kernel clamps it (AVX2 builds
+    its 2^n in the exponent bits, which must not go below the least normal exponent): still SDPA's output."""
+    torch.manual_seed(0)
+    qkv = torch.randn(3, 40, 3 * 2 * 16)
+    qkv[..., :32] *= 60  # queries: scores of standard deviation 60
+    out, _ = torch.ops.bertforge.attention(qkv, 2, None, None)
+    expected = sdpa_reference(qkv, 2, None, None)
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+@needs_kernels
+def test_the_loaded_build_is_the_one_chosen():
+    """The operators this process holds are those of the build `isa()` chose: 16 floats a vector on AVX-512, 8 on
+    AVX2 (the child process of test_the_kernel_tests_pass_on_the_avx2_build)."""
+    assert torch.ops.bertforge.lanes() == {"avx512": 16, "avx2": 8}[kernels.isa()]
+
+
+# the int8 engine's test that runs on the kernels (the rest of test_infer_int8.py runs on PyTorch's operators)
+ENGINE_TEST = Path(__file__).with_name("test_infer_int8.py").as_posix() + "::test_int8_stays_close_to_fp32"
+
+
+def test_the_kernel_tests_pass_on_the_avx2_build(tmp_path):
+    """The AVX2 build (what an AVX2-only CPU, such as the AMD EPYC, runs) forced on this CPU with
+    BERTFORGE_KERNELS=avx2: this file's tests and the int8 engine's, in a child process, all passed, none skipped."""
+    if kernels.isa() == "avx2":
+        pytest.skip("this process runs the AVX2 build already: the tests above are its tests")
+    if not {"avx2", "fma"} <= bertforge.cpu.cpu_flags():
+        pytest.skip("this CPU has no AVX2 + FMA to run the AVX2 build on")
+    report = tmp_path / "report.xml"
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+         "-k", "not avx2_build and not the_wheel", __file__, ENGINE_TEST],  # itself and pyproject's check aside
+        cwd=Path(__file__).parents[1], env={**os.environ, "BERTFORGE_KERNELS": "avx2"}, capture_output=True,
+        text=True, timeout=600)
+    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+    suite = ET.parse(report).getroot().find("testsuite")
+    assert int(suite.get("skipped")) == 0, child.stdout[-4000:]
+    assert int(suite.get("tests")) >= 20  # this file's kernel tests and their cases, and the engine's
 
 
 @needs_kernels
@@ -211,16 +264,47 @@ def test_int8_encoder_is_fused_only_where_it_can_be(monkeypatch):
     assert type(quantize_int8(classifier()).bert.encoder) is BertEncoder
 
 
+@pytest.mark.parametrize(("flags", "asked", "expected"), [
+    ({"avx512f", "avx2", "fma"}, None, "avx512"),
+    ({"avx512f", "avx2", "fma"}, "1", "avx512"),
+    ({"avx512f", "avx2", "fma"}, "avx2", "avx2"),
+    ({"avx512f", "avx2", "fma"}, "0", None),
+    ({"avx2", "fma"}, None, "avx2"),  # an AMD EPYC before Zen 4
+    ({"avx2", "fma"}, "avx512", None),
+    ({"avx2", "fma"}, "AVX-2", "avx2"),  # not a choice: the CPU's best (said on stderr by available())
+    ({"avx2"}, None, None),  # no FMA
+    ({"sse4_2"}, "avx2", None),
+])
+def test_the_build_follows_the_cpu_and_the_environment(monkeypatch, flags, asked, expected):
+    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset(flags))
+    if asked is None:
+        monkeypatch.delenv("BERTFORGE_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("BERTFORGE_KERNELS", asked)
+    assert kernels.isa() == expected
+
+
 def test_kernels_off_by_environment_or_without_tools(monkeypatch, capsys, tmp_path):
-    """BERTFORGE_KERNELS=0 turns them off quietly; a missing compiler or ninja is said in one line on stderr, with
-    what to install, and int8 goes on without them; so is a failed build."""
+    """BERTFORGE_KERNELS=0 turns them off quietly, and so does a CPU without AVX-512 or AVX2 + FMA; a build the CPU
+    cannot run asked for by name, a value that is no choice, a missing compiler or ninja are each said in one line
+    on stderr (with what to install), and int8 goes on without them; so is a failed build."""
     build = kernels.available.__wrapped__
     monkeypatch.setenv("BERTFORGE_KERNELS", "0")
     assert build() is False and capsys.readouterr().err == ""
     monkeypatch.setenv("BERTFORGE_KERNELS", "1")
     monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx2"}))
-    assert build() is False and capsys.readouterr().err == ""  # written for AVX512: nothing to say
+    assert build() is False and capsys.readouterr().err == ""  # AVX2 without FMA: nothing to say
+    monkeypatch.setenv("BERTFORGE_KERNELS", "avx2")
+    assert build() is False
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "BERTFORGE_KERNELS=avx2" in err and "lacks fma" in err
+    monkeypatch.setenv("BERTFORGE_KERNELS", "yes")
     monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f"}))
+    monkeypatch.setattr(kernels, "_loaded", lambda: True)
+    assert build() is True
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "BERTFORGE_KERNELS=yes is not one of 0, 1, avx512, avx2" in err
+    monkeypatch.setenv("BERTFORGE_KERNELS", "1")
     monkeypatch.setattr(kernels, "_loaded", lambda: False)
     monkeypatch.setattr(kernels, "_put_pip_ninja_on_path", lambda: None)
     monkeypatch.setattr(kernels.shutil, "which", lambda tool: None if tool == "c++" else "/usr/bin/" + tool)
@@ -240,14 +324,41 @@ def test_kernels_off_by_environment_or_without_tools(monkeypatch, capsys, tmp_pa
 
 
 def test_a_build_is_never_reused_on_another_cpu(monkeypatch):
-    """The build's name (its cache directory) changes with the CPU's features, torch's version and the source."""
+    """The build's name (its cache directory) changes with the ISA it is built for, the CPU's features, torch's
+    version and the sources."""
     monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
-    one = kernels._build_name()
+    one, avx2 = kernels._build_name("avx512"), kernels._build_name("avx2")
     monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f"}))
-    other = kernels._build_name()
+    other = kernels._build_name("avx512")
     monkeypatch.setattr(torch, "__version__", "0.0.0")
-    assert len({one, other, kernels._build_name()}) == 3
-    assert np.all([name.startswith("bertforge_cpu_int8_") for name in (one, other)])
+    assert len({one, avx2, other, kernels._build_name("avx512")}) == 4
+    assert one.startswith("bertforge_cpu_int8_avx512_") and avx2.startswith("bertforge_cpu_int8_avx2_")
+
+
+def test_every_file_the_build_reads_is_in_its_name(monkeypatch, tmp_path):
+    """The build compiles cpu_int8.cpp, which includes the headers beside it: every one of them is among the files
+    hashed into the build's name (`kernels.FILES`), and a change to any of them gives a new name."""
+    names = {path.name for path in kernels.FILES}
+    assert kernels.SOURCE in kernels.FILES and {"vec.h", "attention.h"} <= names
+    for path in kernels.FILES:
+        assert set(re.findall(r'#include "([^"]+)"', path.read_text())) <= names, path.name
+    before = kernels._build_name("avx2")
+    for i, path in enumerate(kernels.FILES):
+        changed = tmp_path / path.name
+        changed.write_text(path.read_text() + "\n")
+        monkeypatch.setattr(kernels, "FILES", (*kernels.FILES[:i], changed, *kernels.FILES[i + 1:]))
+        assert kernels._build_name("avx2") != before, path.name
+        monkeypatch.undo()
+
+
+def test_the_wheel_carries_every_file_the_build_reads():
+    """pyproject.toml's package data for bertforge.kernels covers each of them: a wheel without vec.h would fail to
+    build its kernels on every machine (int8 then runs on PyTorch's operators, slower)."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib comes with Python 3.11")
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    patterns = project["tool"]["setuptools"]["package-data"]["bertforge.kernels"]
+    missing = [path.name for path in kernels.FILES if not any(path.match(pattern) for pattern in patterns)]
+    assert not missing, f'pyproject.toml\'s package-data leaves out {missing}: "bertforge.kernels" = ["*.cpp", "*.h"]'
 
 
 def test_the_ninja_pip_installed_is_found_off_path(monkeypatch):

@@ -14,7 +14,7 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
   model in bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers on oneDNN, the rest
   fp32: 8-bit weights with VNNI's int32 sums, 7-bit weights on AVX2, whose int16 pair sums would saturate;
   attention over short texts in bf16 where the CPU has it, which is faster there than fp32's fused kernel);
-- for int8 on an AVX512 CPU, bertforge's own kernels between the products (`bertforge.kernels`, built on first
+- for int8 on an AVX-512 or AVX2 CPU, bertforge's own kernels between the products (`bertforge.kernels`, built on first
   use): each layer's attention in one pass per sequence, each residual add + LayerNorm in one pass per row, and
   the activation ranges handed to the next product (`FusedInt8Encoder`);
 - two batches at a time, each on half the threads, where there are 2 or more threads and 4 or more batches

@@ -1,8 +1,8 @@
 """A model rewritten for fast inference on the CPU, in place, same weights: every Linear layer's weight packed once
 for oneDNN's matrix kernels (`pack_linears`), or made int8 (`quantize_int8`): oneDNN's int8 products, the
 feed-forward GELU inside them, short texts' attention in bf16 where the CPU multiplies it natively, and on an
-AVX512 CPU bertforge's own kernels between the products (`FusedInt8Encoder`). `prepare` picks among them for an
-engine's options. Why each, with its measurements: `bertforge.infer`.
+AVX-512 or AVX2 CPU bertforge's own kernels between the products (`FusedInt8Encoder`). `prepare` picks among them
+for an engine's options. Why each, with its measurements: `bertforge.infer`.
 """
 
 from __future__ import annotations

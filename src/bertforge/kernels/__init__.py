@@ -1,12 +1,18 @@
 """bertforge's own CPU kernels for int8 inference, built from `cpu_int8.cpp` on first use.
 
 The int8 encoder layer spends its time between products in many small operators; `cpu_int8.cpp` does a layer's
-attention (scores, mask, softmax, weighted values) in one pass per sequence and the residual add + LayerNorm in
-one pass per row, each also giving the range of its output, which the next int8 product quantizes by. They are
-written for AVX512 and built once per machine with the C++ compiler torch's extensions use (`c++`, with
-ninja), into bertforge's cache directory; about 10 s. Where that cannot happen (no AVX512, no compiler, the build
-fails, or `BERTFORGE_KERNELS=0`), `available()` is False and int8 inference runs on PyTorch's operators alone,
-with the same results up to rounding.
+attention (scores, mask, softmax, weighted values; `attention.h`) in one pass per sequence and the residual add +
+LayerNorm in one pass per row, each also giving the range of its output, which the next int8 product quantizes by.
+They are written once over a small vector layer (`vec.h`) with two implementations, chosen when the file is
+compiled: AVX-512 (16 floats a vector) and AVX2 + FMA (8). At run time the CPU's flags choose the build (`isa`):
+AVX-512 where the CPU has avx512f (`-march=native`), else AVX2 where it has avx2 and fma (`-mavx2 -mfma`), each
+built once with the C++ compiler torch's extensions use (`c++`, with ninja), into its own directory of bertforge's
+cache; about 10 s. Where that cannot happen (neither ISA, no compiler, the build fails, or `BERTFORGE_KERNELS=0`),
+`available()` is False and int8 inference runs on PyTorch's operators alone, with the same results up to rounding.
+
+`BERTFORGE_KERNELS`: unset or `1` the build the CPU's flags choose; `0` none (PyTorch's operators); `avx2` the AVX2
+build even on an AVX-512 CPU (to test or measure what an AVX2-only CPU runs); `avx512` the AVX-512 build (none
+where the CPU lacks avx512f).
 """
 
 from __future__ import annotations
@@ -23,20 +29,42 @@ import torch
 from bertforge import cpu
 from bertforge.files import cache_dir
 
-SOURCE = Path(__file__).with_name("cpu_int8.cpp")
-# the ISA the kernels are compiled for (-march=native): a build is only reused on a CPU with the same flags
-_FLAGS = ("-O3", "-march=native", "-fno-math-errno")
+SOURCE = Path(__file__).with_name("cpu_int8.cpp")  # the one translation unit; it includes the headers beside it
+# every file the build reads, hashed into its name
+FILES = tuple(sorted(SOURCE.parent.glob("*.cpp")) + sorted(SOURCE.parent.glob("*.h")))
+# Each build's compiler flags, in the order of preference. AVX-512 for this CPU (-march=native); AVX2 + FMA alone, so
+# that the AVX2 build forced on an AVX-512 CPU is the one an AVX2-only CPU runs (-mtune only schedules).
+_FLAGS = {
+    "avx512": ("-O3", "-march=native", "-fno-math-errno"),
+    "avx2": ("-O3", "-mavx2", "-mfma", "-mtune=native", "-fno-math-errno"),
+}
+_NEEDS = {"avx512": {"avx512f"}, "avx2": {"avx2", "fma"}}  # the CPU flags each build runs on
 
 
-def _build_name() -> str:
-    """A name unique to the source, torch's version and the CPU's features, so that a cache shared between
-    machines (a home directory on a cluster) never loads a build for another CPU."""
+def isa() -> str | None:
+    """The build this process uses: `BERTFORGE_KERNELS`'s (avx2, avx512) where the CPU can run it, else the first
+    of avx512 and avx2 the CPU's flags allow (unset, 1 or any other value); None for `BERTFORGE_KERNELS=0` or a CPU
+    with neither."""
+    asked = os.environ.get("BERTFORGE_KERNELS", "1")
+    if asked == "0":
+        return None
+    runs = [name for name, needs in _NEEDS.items() if needs <= cpu.cpu_flags()]
+    if asked in _FLAGS:
+        return asked if asked in runs else None
+    return runs[0] if runs else None
+
+
+def _build_name(isa: str) -> str:
+    """A name unique to the build (`isa`), the sources, torch's version and the CPU's features, so that a cache
+    shared between machines (a home directory on a cluster) never loads a build for another CPU."""
     key = hashlib.sha256()
-    key.update(SOURCE.read_bytes())
+    for path in FILES:
+        key.update(path.name.encode())
+        key.update(path.read_bytes())
     key.update(torch.__version__.encode())
     key.update(" ".join(sorted(cpu.cpu_flags())).encode())
-    key.update(" ".join(_FLAGS).encode())
-    return f"bertforge_cpu_int8_{key.hexdigest()[:16]}"
+    key.update(" ".join(_FLAGS[isa]).encode())
+    return f"bertforge_cpu_int8_{isa}_{key.hexdigest()[:16]}"
 
 
 _INSTALL = {"c++": "a C++ compiler (Debian/Ubuntu: apt install g++)", "ninja": "ninja (pip install ninja)"}
@@ -68,12 +96,18 @@ def _put_pip_ninja_on_path() -> None:
 
 @functools.cache
 def available() -> bool:
-    """Are the kernels loaded (building them first if this machine has no build yet)? False, with one line on
-    stderr saying why and what to install, where they cannot be; `BERTFORGE_KERNELS=0` turns them off quietly."""
-    if os.environ.get("BERTFORGE_KERNELS", "1") == "0":
-        return False
-    if "avx512f" not in cpu.cpu_flags():
-        return False  # written for AVX512; PyTorch's operators serve other CPUs
+    """Are the kernels loaded, the build `isa()` chooses (building it first if this machine has no such build yet)?
+    False, with one line on stderr saying why and what to do, where they cannot be; quietly False for
+    `BERTFORGE_KERNELS=0` and on a CPU with neither AVX-512 nor AVX2 + FMA."""
+    asked = os.environ.get("BERTFORGE_KERNELS", "1")
+    if asked not in ("0", "1", *_FLAGS):
+        _note(f"BERTFORGE_KERNELS={asked} is not one of 0, 1, {', '.join(_FLAGS)}; taken as 1 (the CPU's best build)")
+    chosen = isa()
+    if chosen is None:
+        if asked in _FLAGS:
+            _note(f"int8 runs on PyTorch's operators alone: BERTFORGE_KERNELS={asked} asks for kernels this CPU "
+                  f"cannot run (it lacks {' and '.join(sorted(_NEEDS[asked] - cpu.cpu_flags()))})")
+        return False  # PyTorch's operators serve other CPUs
     if _loaded():
         return True
     _put_pip_ninja_on_path()
@@ -82,15 +116,15 @@ def available() -> bool:
         needs = " and ".join(_INSTALL[tool] for tool in missing)
         _note(f"int8 runs on PyTorch's operators alone here, slower: its CPU kernels need {needs} to be built")
         return False
-    name = _build_name()
+    name = _build_name(chosen)
     where = cache_dir() / "kernels" / name
     try:
         where.mkdir(parents=True, exist_ok=True)
         if not (where / f"{name}.so").exists():
-            _note("building its int8 CPU kernels for this machine (once, about 10 s)")
+            _note(f"building its int8 CPU kernels ({chosen}) for this machine (once, about 10 s)")
         from torch.utils.cpp_extension import load
 
-        load(name=name, sources=[str(SOURCE)], extra_cflags=list(_FLAGS), build_directory=str(where),
+        load(name=name, sources=[str(SOURCE)], extra_cflags=list(_FLAGS[chosen]), build_directory=str(where),
              is_python_module=False, verbose=False)
     except Exception as error:  # a failed build is a slower int8, not a failed predict
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

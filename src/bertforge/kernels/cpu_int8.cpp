@@ -1,4 +1,6 @@
-// CPU kernels for bertforge's int8 inference (bertforge/kernels/__init__.py builds this file once per machine).
+// CPU kernels for bertforge's int8 inference (bertforge/kernels/__init__.py builds this file once per machine, for
+// AVX-512 or for AVX2 + FMA: vec.h holds the two vector layers, every kernel here and in attention.h is written once
+// over them).
 //
 // Between its int8 products, an encoder layer spends most of its time in many small operators: on Rotten Tomatoes
 // snippets (27 tokens on average) attention alone is about 8 of them per layer (head split copies, two batched
@@ -12,8 +14,7 @@
 // needs no pass of its own to find it. For the products' other inputs:
 //   value_range    the range of a tensor, and
 //   quantize_u8    its u8 codes for a scale and zero point.
-
-#include <immintrin.h>
+// (lanes() says which build this is: 16 floats a vector on AVX-512, 8 on AVX2.)
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,51 +23,24 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <optional>
 #include <tuple>
 #include <vector>
 
+#include "attention.h"
+#include "vec.h"
+
 namespace {
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr int64_t kLanes = 16;  // floats in one AVX512 register (two AVX2 ones)
+using bertforge::kInf;
+using bertforge::kLanes;
+using bertforge::Range;
+using bertforge::Vec;
 
-// e^x for x <= 0, 16 at a time: x = n ln2 + r with |r| <= ln2 / 2, e^r by the degree-7 polynomial of Cephes' expf
-// (relative error about 1e-7), times 2^n by vscalefps. Below -87 it gives about e^-87 instead of smaller values.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
-struct Range {
-  __m512 lo = _mm512_set1_ps(kInf), hi = _mm512_set1_ps(-kInf);
-  void add(__m512 x) {
-    lo = _mm512_min_ps(lo, x);
-    hi = _mm512_max_ps(hi, x);
-  }
-  float min() const { return _mm512_reduce_min_ps(lo); }
-  float max() const { return _mm512_reduce_max_ps(hi); }
-};
-
-// 16 values as fp32
-inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-inline __m512 load16(const at::BFloat16* x) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
+// What the operators ask of a head's and a row's size: whole vectors on either ISA (AVX-512's 16 floats), so that
+// both builds take the same shapes.
+constexpr int64_t kMultiple = 16;
+static_assert(kMultiple % kLanes == 0, "a head is whole vectors");
 
 at::Tensor range_tensor(const std::vector<Range>& parts) {
   float lo = kInf, hi = -kInf;
@@ -80,230 +54,10 @@ at::Tensor range_tensor(const std::vector<Range>& parts) {
   return out;
 }
 
-// A 16 x 16 block transposed in registers: r[i] holds row i on the way in, column i on the way out.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
-    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
-  }
-}
-
-// acc[i][c] += sum over k < K of a[i * lda + k] * b[k * ldb + 16 c .. + 16]: QN rows of A against 16 NB columns of
-// B, the register-blocked product both attention's scores (queries x transposed keys) and its weighted values
-// (probabilities x values) are made of. QN x NB independent accumulators keep the FMA units busy.
-template <int QN, int NB>
-inline void accumulate(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t K, __m512 (&acc)[QN][NB]) {
-  for (int64_t k = 0; k < K; ++k) {
-    __m512 bk[NB];
-#pragma GCC unroll 8
-    for (int c = 0; c < NB; ++c) bk[c] = _mm512_loadu_ps(b + k * ldb + kLanes * c);
-#pragma GCC unroll 8
-    for (int i = 0; i < QN; ++i) {
-      const __m512 aik = _mm512_set1_ps(a[i * lda + k]);
-#pragma GCC unroll 8
-      for (int c = 0; c < NB; ++c) acc[i][c] = _mm512_fmadd_ps(aik, bk[c], acc[i][c]);
-    }
-  }
-}
-
-// S (QN rows of Tp) = the mask's 0 / -inf + q (QN rows of D) x kt (the keys transposed, D rows of Tp), 16 NB keys
-// from j0.
-template <int QN, int NB>
-inline void score_block(const float* q, int64_t D, const float* kt, int64_t Tp, int64_t j0, const float* bias,
-                        float* S) {
-  __m512 acc[QN][NB];
-#pragma GCC unroll 8
-  for (int c = 0; c < NB; ++c) {
-    const __m512 start = _mm512_loadu_ps(bias + j0 + kLanes * c);
-#pragma GCC unroll 8
-    for (int i = 0; i < QN; ++i) acc[i][c] = start;
-  }
-  accumulate<QN, NB>(q, D, kt + j0, Tp, D, acc);
-#pragma GCC unroll 8
-  for (int i = 0; i < QN; ++i)
-#pragma GCC unroll 8
-    for (int c = 0; c < NB; ++c) _mm512_storeu_ps(S + i * Tp + j0 + kLanes * c, acc[i][c]);
-}
-
-template <int QN>
-inline void scores(const float* q, int64_t D, const float* kt, int64_t Tp, const float* bias, float* S) {
-  int64_t j0 = 0;
-  for (; j0 + 2 * kLanes <= Tp; j0 += 2 * kLanes) score_block<QN, 2>(q, D, kt, Tp, j0, bias, S);
-  if (j0 < Tp) score_block<QN, 1>(q, D, kt, Tp, j0, bias, S);
-}
-
-// out rows (QN of them, `stride` apart) = P (QN rows of Tp) x v (T rows of D) x inv (per row), 16 NB of the D
-// columns from d0.
-template <int QN, int NB>
-inline void value_block(const float* P, const float* inv, int64_t Tp, const float* v, int64_t T, int64_t D,
-                        int64_t d0, float* out, int64_t stride, Range& range) {
-  __m512 acc[QN][NB];
-#pragma GCC unroll 8
-  for (int i = 0; i < QN; ++i)
-#pragma GCC unroll 8
-    for (int c = 0; c < NB; ++c) acc[i][c] = _mm512_setzero_ps();
-  accumulate<QN, NB>(P, Tp, v + d0, D, T, acc);
-#pragma GCC unroll 8
-  for (int i = 0; i < QN; ++i)
-#pragma GCC unroll 8
-    for (int c = 0; c < NB; ++c) {
-      const __m512 y = _mm512_mul_ps(acc[i][c], _mm512_set1_ps(inv[i]));
-      _mm512_storeu_ps(out + i * stride + d0 + kLanes * c, y);
-      range.add(y);
-    }
-}
-
-template <int QN>
-inline void values(const float* P, const float* inv, int64_t Tp, const float* v, int64_t T, int64_t D, float* out,
-                   int64_t stride, Range& range) {
-  int64_t d0 = 0;
-  for (; d0 + 2 * kLanes <= D; d0 += 2 * kLanes) value_block<QN, 2>(P, inv, Tp, v, T, D, d0, out, stride, range);
-  if (d0 < D) value_block<QN, 1>(P, inv, Tp, v, T, D, d0, out, stride, range);
-}
-
-// Rows i < QN of S (Tp long each) become exp(row - its max) at the keys to attend and 0 elsewhere, and inv[i] one
-// over their sum (0 for a row with no key to attend, whose output is then zeros, where SDPA gives NaN). The rows
-// are worked in step, so that their horizontal reductions, each a chain of dependent shuffles, overlap.
-template <int QN>
-inline void softmax(float* S, int64_t Tp, const float* keep, float* inv) {
-  __m512 top[QN], shift[QN], total[QN];
-#pragma GCC unroll 8
-  for (int i = 0; i < QN; ++i) top[i] = _mm512_set1_ps(-kInf);
-  for (int64_t j = 0; j < Tp; j += kLanes)
-#pragma GCC unroll 8
-    for (int i = 0; i < QN; ++i) top[i] = _mm512_max_ps(top[i], _mm512_loadu_ps(S + i * Tp + j));
-#pragma GCC unroll 8
-  for (int i = 0; i < QN; ++i) {
-    const float m = _mm512_reduce_max_ps(top[i]);
-    shift[i] = _mm512_set1_ps(m == -kInf ? 0.0f : m);
-    total[i] = _mm512_setzero_ps();
-  }
-  for (int64_t j = 0; j < Tp; j += kLanes) {
-    const __m512 allowed = _mm512_loadu_ps(keep + j);
-#pragma GCC unroll 8
-    for (int i = 0; i < QN; ++i) {
-      float* at = S + i * Tp + j;
-      const __m512 e = _mm512_mul_ps(exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(at), shift[i])), allowed);
-      _mm512_storeu_ps(at, e);
-      total[i] = _mm512_add_ps(total[i], e);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < QN; ++i) {
-    const float sum = _mm512_reduce_add_ps(total[i]);
-    inv[i] = sum > 0.0f ? 1.0f / sum : 0.0f;
-  }
-}
-
-// QN queries' attention: scores, softmax, weighted values into out (QN rows `stride` apart).
-template <int QN>
-inline void answer(const float* q, int64_t D, const float* kt, int64_t Tp, const float* bias, const float* keep,
-                   float* S, const float* v, int64_t T, float* out, int64_t stride, Range& range) {
-  float inv[QN];
-  scores<QN>(q, D, kt, Tp, bias, S);
-  softmax<QN>(S, Tp, keep, inv);
-  values<QN>(S, inv, Tp, v, T, D, out, stride, range);
-}
-
-// Queries handled together: enough independent accumulators to hide the FMA latency, few enough to stay in registers.
-constexpr int kQueries = 4;
-// Rows of qkv prefetched ahead of the one being read.
-constexpr int64_t kAhead = 4;
-
-// qkv (B, T, 3H): each row query, key, value, each of N heads of D (a multiple of 16); mask (B, T) True where a key
-// may be attended, or null; positions (B, P) the query positions, or null for all T. out (B, P, H).
-template <typename scalar_t>
-void attention_kernel(const scalar_t* qkv, const bool* mask, const int64_t* positions, float* out, int64_t B,
-                      int64_t T, int64_t P, int64_t N, int64_t D, std::vector<Range>& ranges) {
-  const int64_t H = N * D, row = 3 * H;
-  const int64_t Tp = (T + kLanes - 1) / kLanes * kLanes;  // keys padded to whole vectors: keep 0, bias -inf
-  const __m512 scale16 = _mm512_set1_ps(1.0f / std::sqrt(static_cast<float>(D)));
-  // One sequence a task: its rows of qkv are read once, in order, prefetched a few rows ahead, into every head's
-  // queries (scaled), keys and values (T, D) in fp32; each head's keys are then transposed, 16 x 16 blocks at a
-  // time, to (D, Tp), and its queries answered 4 at a time.
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    // rows T .. Tp of k stay zeros, so the padded key columns of kt are zeros
-    std::vector<float> qs(N * T * D), k(N * Tp * D, 0.0f), kt(N * D * Tp), v(N * T * D), gathered(kQueries * D),
-        S(kQueries * Tp), keep(Tp, 0.0f), bias(Tp, -kInf);
-    for (int64_t b = begin; b < end; ++b) {
-      const scalar_t* base = qkv + b * T * row;
-      for (int64_t t = 0; t < T; ++t) {
-        if (t + kAhead < T) {
-          const char* next = reinterpret_cast<const char*>(base + (t + kAhead) * row);
-          for (int64_t byte = 0; byte < row * static_cast<int64_t>(sizeof(scalar_t)); byte += 64)
-            _mm_prefetch(next + byte, _MM_HINT_T0);
-        }
-        const scalar_t* r = base + t * row;
-        for (int64_t n = 0; n < N; ++n) {
-          for (int64_t d = 0; d < D; d += kLanes) {
-            _mm512_storeu_ps(qs.data() + (n * T + t) * D + d, _mm512_mul_ps(load16(r + n * D + d), scale16));
-            _mm512_storeu_ps(k.data() + (n * Tp + t) * D + d, load16(r + H + n * D + d));
-            _mm512_storeu_ps(v.data() + (n * T + t) * D + d, load16(r + 2 * H + n * D + d));
-          }
-        }
-        const bool allowed = mask == nullptr || mask[b * T + t];
-        keep[t] = allowed ? 1.0f : 0.0f;
-        bias[t] = allowed ? 0.0f : -kInf;
-      }
-      for (int64_t n = 0; n < N; ++n) {
-        for (int64_t t0 = 0; t0 < Tp; t0 += kLanes) {
-          for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
-            __m512 block[kLanes];
-            for (int64_t i = 0; i < kLanes; ++i) block[i] = _mm512_loadu_ps(k.data() + (n * Tp + t0 + i) * D + d0);
-            transpose16(block);
-            for (int64_t i = 0; i < kLanes; ++i) _mm512_storeu_ps(kt.data() + (n * D + d0 + i) * Tp + t0, block[i]);
-          }
-        }
-      }
-      Range range;
-      for (int64_t n = 0; n < N; ++n) {
-        const float* ktn = kt.data() + n * D * Tp;
-        const float* vn = v.data() + n * T * D;
-        for (int64_t i0 = 0; i0 < P; i0 += kQueries) {
-          const int64_t qn = std::min<int64_t>(kQueries, P - i0);
-          const float* q = qs.data() + (n * T + i0) * D;
-          if (positions != nullptr) {  // the queries at these positions, gathered
-            for (int64_t i = 0; i < qn; ++i)
-              std::copy_n(qs.data() + (n * T + positions[b * P + i0 + i]) * D, D, gathered.data() + i * D);
-            q = gathered.data();
-          }
-          float* dst = out + (b * P + i0) * H + n * D;
-          switch (qn) {
-            case 4: answer<4>(q, D, ktn, Tp, bias.data(), keep.data(), S.data(), vn, T, dst, H, range); break;
-            case 3: answer<3>(q, D, ktn, Tp, bias.data(), keep.data(), S.data(), vn, T, dst, H, range); break;
-            case 2: answer<2>(q, D, ktn, Tp, bias.data(), keep.data(), S.data(), vn, T, dst, H, range); break;
-            default: answer<1>(q, D, ktn, Tp, bias.data(), keep.data(), S.data(), vn, T, dst, H, range);
-          }
-        }
-      }
-      ranges[b] = range;
-    }
-  });
-}
-
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t heads,
                                              const std::optional<at::Tensor>& mask,
                                              const std::optional<at::Tensor>& positions) {
-  TORCH_CHECK(heads > 0 && qkv.dim() == 3 && qkv.size(2) % (3 * heads * kLanes) == 0,
+  TORCH_CHECK(heads > 0 && qkv.dim() == 3 && qkv.size(2) % (3 * heads * kMultiple) == 0,
               "qkv must be (B, T, 3H), H heads x a multiple of 16");
   TORCH_CHECK(qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16, "qkv must be fp32 or bf16");
   const at::Tensor x = qkv.contiguous();
@@ -325,12 +79,40 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t head
   std::vector<Range> ranges(B);
   const bool* mp = mask.has_value() ? m.data_ptr<bool>() : nullptr;
   const int64_t* pp = positions.has_value() ? pos.data_ptr<int64_t>() : nullptr;
+  float* op = out.data_ptr<float>();
   if (x.scalar_type() == at::kFloat) {
-    attention_kernel(x.data_ptr<float>(), mp, pp, out.data_ptr<float>(), B, T, P, heads, D, ranges);
+    bertforge::attention_kernel(x.data_ptr<float>(), mp, pp, op, B, T, P, heads, D, ranges);
   } else {
-    attention_kernel(x.data_ptr<at::BFloat16>(), mp, pp, out.data_ptr<float>(), B, T, P, heads, D, ranges);
+    bertforge::attention_kernel(x.data_ptr<at::BFloat16>(), mp, pp, op, B, T, P, heads, D, ranges);
   }
   return {out, range_tensor(ranges)};
+}
+
+// Row x (H long) + residual (null: x alone) into y, the sum into s too (null: not kept); then y normalized in place:
+// (y - mean) / sqrt(var + eps) * weight + bias, its values added to `range`. H is whole vectors; y holds the sum
+// until it is overwritten by the normalized values.
+inline void normalize_row(const float* x, const float* residual, const float* weight, const float* bias, float eps,
+                          int64_t H, float* y, float* s, Range& range) {
+  Vec total = Vec::zero();
+  for (int64_t h = 0; h < H; h += kLanes) {
+    Vec a = Vec::load(x + h);
+    if (residual != nullptr) a = a + Vec::load(residual + h);
+    if (s != nullptr) a.store(s + h);
+    a.store(y + h);
+    total = total + a;
+  }
+  const Vec mean = Vec::all(bertforge::reduce_add(total) / H);
+  Vec sq = Vec::zero();
+  for (int64_t h = 0; h < H; h += kLanes) {
+    const Vec c = Vec::load(y + h) - mean;
+    sq = bertforge::fma(c, c, sq);
+  }
+  const Vec rstd = Vec::all(1.0f / std::sqrt(bertforge::reduce_add(sq) / H + eps));
+  for (int64_t h = 0; h < H; h += kLanes) {
+    const Vec out = bertforge::fma((Vec::load(y + h) - mean) * rstd, Vec::load(weight + h), Vec::load(bias + h));
+    out.store(y + h);
+    range.add(out);
+  }
 }
 
 // LayerNorm over the last dimension (fp32) of x + residual, or of x alone (residual null); with `sum` not null the sum
@@ -341,7 +123,7 @@ at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor* residual, cons
   TORCH_CHECK(residual == nullptr || (x.sizes() == residual->sizes() && residual->scalar_type() == at::kFloat),
               "x and residual must have the same shape, fp32");
   const int64_t H = x.size(-1);
-  TORCH_CHECK(H % kLanes == 0, "the last dimension must be a multiple of 16");
+  TORCH_CHECK(H % kMultiple == 0, "the last dimension must be a multiple of 16");
   TORCH_CHECK(weight.numel() == H && bias.numel() == H, "weight and bias must have the last dimension's size");
   const at::Tensor a = x.contiguous(), r = residual == nullptr ? at::Tensor() : residual->contiguous();
   const at::Tensor w = weight.to(at::kFloat).contiguous(), c = bias.to(at::kFloat).contiguous();
@@ -358,34 +140,9 @@ at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor* residual, cons
   at::parallel_for(0, static_cast<int64_t>(ranges.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       Range range;
-      for (int64_t i = chunk * grain; i < std::min(rows, (chunk + 1) * grain); ++i) {
-        const float *xi = ap + i * H, *ri = rp == nullptr ? nullptr : rp + i * H;
-        float* yi = op + i * H;
-        float* si = sp == nullptr ? nullptr : sp + i * H;
-        // H a multiple of 16 (checked): the sum, the sum of squared deviations, then the output, 16 at a time;
-        // the row's x + residual is kept in the output until it is overwritten by the normalized values
-        __m512 total = _mm512_setzero_ps();
-        for (int64_t h = 0; h < H; h += kLanes) {
-          __m512 y = _mm512_loadu_ps(xi + h);
-          if (ri != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(ri + h));
-          if (si != nullptr) _mm512_storeu_ps(si + h, y);
-          _mm512_storeu_ps(yi + h, y);
-          total = _mm512_add_ps(total, y);
-        }
-        const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(total) / H);
-        __m512 sq = _mm512_setzero_ps();
-        for (int64_t h = 0; h < H; h += kLanes) {
-          const __m512 c = _mm512_sub_ps(_mm512_loadu_ps(yi + h), mean);
-          sq = _mm512_fmadd_ps(c, c, sq);
-        }
-        const __m512 rstd = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / H + feps));
-        for (int64_t h = 0; h < H; h += kLanes) {
-          const __m512 c = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(yi + h), mean), rstd);
-          const __m512 y = _mm512_fmadd_ps(c, _mm512_loadu_ps(wp + h), _mm512_loadu_ps(cp + h));
-          _mm512_storeu_ps(yi + h, y);
-          range.add(y);
-        }
-      }
+      for (int64_t i = chunk * grain; i < std::min(rows, (chunk + 1) * grain); ++i)
+        normalize_row(ap + i * H, rp == nullptr ? nullptr : rp + i * H, wp, cp, feps, H, op + i * H,
+                      sp == nullptr ? nullptr : sp + i * H, range);
       ranges[chunk] = range;
     }
   });
@@ -423,12 +180,8 @@ at::Tensor value_range(const at::Tensor& x) {
       Range range;
       const int64_t stop = std::min(n, (chunk + 1) * grain);
       int64_t i = chunk * grain;
-      for (; i + kLanes <= stop; i += kLanes) range.add(_mm512_loadu_ps(xp + i));
-      if (i < stop) {
-        const __mmask16 m = static_cast<__mmask16>((1u << (stop - i)) - 1);
-        range.lo = _mm512_mask_min_ps(range.lo, m, range.lo, _mm512_maskz_loadu_ps(m, xp + i));
-        range.hi = _mm512_mask_max_ps(range.hi, m, range.hi, _mm512_maskz_loadu_ps(m, xp + i));
-      }
+      for (; i + kLanes <= stop; i += kLanes) range.add(Vec::load(xp + i));
+      if (i < stop) range.add_first(xp + i, stop - i);
       ranges[chunk] = range;
     }
   });
@@ -444,27 +197,20 @@ at::Tensor quantize_u8(const at::Tensor& x, double scale, int64_t zero) {
   const int64_t n = a.numel(), grain = 1 << 16;
   const float* xp = a.data_ptr<float>();
   uint8_t* op = out.data_ptr<uint8_t>();
-  const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / scale));
-  const __m512i z = _mm512_set1_epi32(static_cast<int32_t>(zero)), lo = _mm512_setzero_si512(),
-                hi = _mm512_set1_epi32(255);
+  const bertforge::U8Codes codes(static_cast<float>(1.0 / scale), static_cast<int32_t>(zero));
   at::parallel_for(0, (n + grain - 1) / grain, 1, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       const int64_t stop = std::min(n, (chunk + 1) * grain);
-      const auto codes = [&](__m512 values) {
-        const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(values, inv)), z);
-        return _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi));
-      };
       int64_t i = chunk * grain;
-      for (; i + kLanes <= stop; i += kLanes)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(op + i), codes(_mm512_loadu_ps(xp + i)));
-      if (i < stop) {
-        const __mmask16 m = static_cast<__mmask16>((1u << (stop - i)) - 1);
-        _mm_mask_storeu_epi8(op + i, m, codes(_mm512_maskz_loadu_ps(m, xp + i)));
-      }
+      for (; i + kLanes <= stop; i += kLanes) codes.store(op + i, Vec::load(xp + i));
+      if (i < stop) codes.store_first(op + i, Vec::load_first(xp + i, stop - i, 0.0f), stop - i);
     }
   });
   return out;
 }
+
+// Floats in one vector of this build: 16 (AVX-512) or 8 (AVX2).
+int64_t lanes() { return kLanes; }
 
 }  // namespace
 
@@ -475,6 +221,7 @@ TORCH_LIBRARY(bertforge, m) {
         "(Tensor, Tensor, Tensor)");
   m.def("value_range(Tensor x) -> Tensor");
   m.def("quantize_u8(Tensor x, float scale, int zero) -> Tensor");
+  m.def("lanes() -> int", &lanes);
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {

@@ -1,0 +1,238 @@
+// The attention kernel of cpu_int8.cpp: scores, mask, softmax and the weighted sum of values, one sequence (every
+// head) at a time, from the query/key/value product's output as it is, into the (B, P, H) layout the next product
+// reads; over vec.h's vectors (kLanes floats: 16 on AVX-512, 8 on AVX2).
+
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "vec.h"
+
+namespace bertforge {
+
+constexpr int64_t kLanes = Vec::kLanes;
+
+// acc[i][c] += sum over k < K of a[i * lda + k] * b[k * ldb + kLanes c ..]: QN rows of A against kLanes NB columns of
+// B, the register-blocked product both attention's scores (queries x transposed keys) and its weighted values
+// (probabilities x values) are made of. QN x NB independent accumulators keep the FMA units busy.
+template <int QN, int NB>
+inline void accumulate(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t K, Vec (&acc)[QN][NB]) {
+  for (int64_t k = 0; k < K; ++k) {
+    Vec bk[NB];
+#pragma GCC unroll 8
+    for (int c = 0; c < NB; ++c) bk[c] = Vec::load(b + k * ldb + kLanes * c);
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) {
+      const Vec aik = Vec::all(a[i * lda + k]);
+#pragma GCC unroll 8
+      for (int c = 0; c < NB; ++c) acc[i][c] = fma(aik, bk[c], acc[i][c]);
+    }
+  }
+}
+
+// S (QN rows of Tp) = the mask's 0 / -inf + q (QN rows of D) x kt (the keys transposed, D rows of Tp), kLanes NB
+// keys from j0.
+template <int QN, int NB>
+inline void score_block(const float* q, int64_t D, const float* kt, int64_t Tp, int64_t j0, const float* bias,
+                        float* S) {
+  Vec acc[QN][NB];
+#pragma GCC unroll 8
+  for (int c = 0; c < NB; ++c) {
+    const Vec start = Vec::load(bias + j0 + kLanes * c);
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) acc[i][c] = start;
+  }
+  accumulate<QN, NB>(q, D, kt + j0, Tp, D, acc);
+#pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i)
+#pragma GCC unroll 8
+    for (int c = 0; c < NB; ++c) acc[i][c].store(S + i * Tp + j0 + kLanes * c);
+}
+
+template <int QN>
+inline void scores(const float* q, int64_t D, const float* kt, int64_t Tp, const float* bias, float* S) {
+  int64_t j0 = 0;
+  for (; j0 + 2 * kLanes <= Tp; j0 += 2 * kLanes) score_block<QN, 2>(q, D, kt, Tp, j0, bias, S);
+  if (j0 < Tp) score_block<QN, 1>(q, D, kt, Tp, j0, bias, S);
+}
+
+// out rows (QN of them, `stride` apart) = P (QN rows of Tp) x v (T rows of D) x inv (per row), kLanes NB of the D
+// columns from d0.
+template <int QN, int NB>
+inline void value_block(const float* P, const float* inv, int64_t Tp, const float* v, int64_t T, int64_t D,
+                        int64_t d0, float* out, int64_t stride, Range& range) {
+  Vec acc[QN][NB];
+#pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i)
+#pragma GCC unroll 8
+    for (int c = 0; c < NB; ++c) acc[i][c] = Vec::zero();
+  accumulate<QN, NB>(P, Tp, v + d0, D, T, acc);
+#pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i)
+#pragma GCC unroll 8
+    for (int c = 0; c < NB; ++c) {
+      const Vec y = acc[i][c] * Vec::all(inv[i]);
+      y.store(out + i * stride + d0 + kLanes * c);
+      range.add(y);
+    }
+}
+
+template <int QN>
+inline void values(const float* P, const float* inv, int64_t Tp, const float* v, int64_t T, int64_t D, float* out,
+                   int64_t stride, Range& range) {
+  int64_t d0 = 0;
+  for (; d0 + 2 * kLanes <= D; d0 += 2 * kLanes) value_block<QN, 2>(P, inv, Tp, v, T, D, d0, out, stride, range);
+  if (d0 < D) value_block<QN, 1>(P, inv, Tp, v, T, D, d0, out, stride, range);
+}
+
+// Rows i < QN of S (Tp long each) become exp(row - its max) at the keys to attend and 0 elsewhere, and inv[i] one
+// over their sum (0 for a row with no key to attend, whose output is then zeros, where SDPA gives NaN). The rows
+// are worked in step, so that their horizontal reductions, each a chain of dependent shuffles, overlap.
+template <int QN>
+inline void softmax(float* S, int64_t Tp, const float* keep, float* inv) {
+  Vec top[QN], shift[QN], total[QN];
+#pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i) top[i] = Vec::all(-kInf);
+  for (int64_t j = 0; j < Tp; j += kLanes)
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) top[i] = max(top[i], Vec::load(S + i * Tp + j));
+#pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i) {
+    const float m = reduce_max(top[i]);
+    shift[i] = Vec::all(m == -kInf ? 0.0f : m);
+    total[i] = Vec::zero();
+  }
+  for (int64_t j = 0; j < Tp; j += kLanes) {
+    const Vec allowed = Vec::load(keep + j);
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; ++i) {
+      float* at = S + i * Tp + j;
+      const Vec e = exp_nonpositive(Vec::load(at) - shift[i]) * allowed;
+      e.store(at);
+      total[i] = total[i] + e;
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < QN; ++i) {
+    const float sum = reduce_add(total[i]);
+    inv[i] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+}
+
+// QN queries' attention: scores, softmax, weighted values into out (QN rows `stride` apart).
+template <int QN>
+inline void answer(const float* q, int64_t D, const float* kt, int64_t Tp, const float* bias, const float* keep,
+                   float* S, const float* v, int64_t T, float* out, int64_t stride, Range& range) {
+  float inv[QN];
+  scores<QN>(q, D, kt, Tp, bias, S);
+  softmax<QN>(S, Tp, keep, inv);
+  values<QN>(S, inv, Tp, v, T, D, out, stride, range);
+}
+
+// Queries handled together: enough independent accumulators to hide the FMA latency, few enough to stay in registers.
+constexpr int kQueries = 4;
+// Rows of qkv prefetched ahead of the one being read.
+constexpr int64_t kAhead = 4;
+
+// One sequence's working set, in fp32: every head's queries (scaled), keys and values (N, T, D), the keys transposed
+// (N, D, Tp), Tp = T padded to whole vectors; which keys may be attended (keep 1 / 0, bias 0 / -inf); the scores of
+// kQueries queries and those queries gathered (when only some positions are asked for).
+struct Sequence {
+  int64_t N, T, D, Tp;
+  // rows T .. Tp of k stay zeros, so the padded key columns of kt are zeros; their keep 0, bias -inf
+  std::vector<float> qs, k, kt, v, keep, bias, S, gathered;
+  Sequence(int64_t N, int64_t T, int64_t D)
+      : N(N), T(T), D(D), Tp((T + kLanes - 1) / kLanes * kLanes), qs(N * T * D), k(N * Tp * D, 0.0f),
+        kt(N * D * Tp), v(N * T * D), keep(Tp, 0.0f), bias(Tp, -kInf), S(kQueries * Tp), gathered(kQueries * D) {}
+
+  // Sequence b's rows of qkv (T, 3H) read once, in order, prefetched a few rows ahead, into qs, k and v; its mask
+  // row (null: every key) into keep and bias.
+  template <typename scalar_t>
+  void read(const scalar_t* rows, const bool* mask) {
+    const int64_t H = N * D, row = 3 * H;
+    const Vec scale = Vec::all(1.0f / std::sqrt(static_cast<float>(D)));
+    for (int64_t t = 0; t < T; ++t) {
+      if (t + kAhead < T) {
+        const char* next = reinterpret_cast<const char*>(rows + (t + kAhead) * row);
+        for (int64_t byte = 0; byte < row * static_cast<int64_t>(sizeof(scalar_t)); byte += 64)
+          _mm_prefetch(next + byte, _MM_HINT_T0);
+      }
+      const scalar_t* r = rows + t * row;
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t d = 0; d < D; d += kLanes) {
+          (Vec::load(r + n * D + d) * scale).store(qs.data() + (n * T + t) * D + d);
+          Vec::load(r + H + n * D + d).store(k.data() + (n * Tp + t) * D + d);
+          Vec::load(r + 2 * H + n * D + d).store(v.data() + (n * T + t) * D + d);
+        }
+      }
+      const bool allowed = mask == nullptr || mask[t];
+      keep[t] = allowed ? 1.0f : 0.0f;
+      bias[t] = allowed ? 0.0f : -kInf;
+    }
+  }
+
+  // kt = each head's keys transposed, kLanes x kLanes blocks at a time
+  void transpose_keys() {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t t0 = 0; t0 < Tp; t0 += kLanes)
+        for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
+          Vec block[kLanes];
+          for (int64_t i = 0; i < kLanes; ++i) block[i] = Vec::load(k.data() + (n * Tp + t0 + i) * D + d0);
+          transpose(block);
+          for (int64_t i = 0; i < kLanes; ++i) block[i].store(kt.data() + (n * D + d0 + i) * Tp + t0);
+        }
+  }
+
+  // The answers of P queries (at `positions`, or the first P when null) of every head into out (P rows of H),
+  // kQueries at a time.
+  void answer_all(const int64_t* positions, int64_t P, float* out, Range& range) {
+    const int64_t H = N * D;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* ktn = kt.data() + n * D * Tp;
+      const float* vn = v.data() + n * T * D;
+      for (int64_t i0 = 0; i0 < P; i0 += kQueries) {
+        const int64_t qn = std::min<int64_t>(kQueries, P - i0);
+        const float* q = qs.data() + (n * T + i0) * D;
+        if (positions != nullptr) {
+          for (int64_t i = 0; i < qn; ++i)
+            std::copy_n(qs.data() + (n * T + positions[i0 + i]) * D, D, gathered.data() + i * D);
+          q = gathered.data();
+        }
+        float* dst = out + i0 * H + n * D;
+        const float *b = bias.data(), *kp = keep.data();
+        switch (qn) {
+          case 4: answer<4>(q, D, ktn, Tp, b, kp, S.data(), vn, T, dst, H, range); break;
+          case 3: answer<3>(q, D, ktn, Tp, b, kp, S.data(), vn, T, dst, H, range); break;
+          case 2: answer<2>(q, D, ktn, Tp, b, kp, S.data(), vn, T, dst, H, range); break;
+          default: answer<1>(q, D, ktn, Tp, b, kp, S.data(), vn, T, dst, H, range);
+        }
+      }
+    }
+  }
+};
+
+// qkv (B, T, 3H): each row query, key, value, each of N heads of D (a multiple of kLanes); mask (B, T) True where a
+// key may be attended, or null; positions (B, P) the query positions, or null for all T. out (B, P, H); ranges[b]
+// the range of sequence b's output. One sequence a task.
+template <typename scalar_t>
+void attention_kernel(const scalar_t* qkv, const bool* mask, const int64_t* positions, float* out, int64_t B,
+                      int64_t T, int64_t P, int64_t N, int64_t D, std::vector<Range>& ranges) {
+  const int64_t H = N * D;
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    Sequence seq(N, T, D);
+    for (int64_t b = begin; b < end; ++b) {
+      seq.read(qkv + b * T * 3 * H, mask == nullptr ? nullptr : mask + b * T);
+      seq.transpose_keys();
+      Range range;
+      seq.answer_all(positions == nullptr ? nullptr : positions + b * P, P, out + b * P * H, range);
+      ranges[b] = range;
+    }
+  });
+}
+
+}  // namespace bertforge
