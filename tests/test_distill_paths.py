@@ -99,7 +99,10 @@ def test_two_processes_distil_the_student_one_process_does_with_the_teacher_run_
     for term in ("distill_loss", "task_loss"):
         la, lb = ([r[term] for r in records[name] if r["split"] == "train"] for name in ("one", "two"))
         assert len(la) == len(lb) > 4 and la == pytest.approx(lb, abs=1e-4), term
-        assert la[-1] < la[0], term
+    # the objective falls (its terms need not each: a student growing sure of the labels can move away from a
+    # teacher that is unsure of them, as this toy one is)
+    total = [r["distill_loss"] + r["task_loss"] for r in records["one"] if r["split"] == "train"]
+    assert total[-1] < total[0]
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)

@@ -332,11 +332,11 @@ def test_a_build_is_never_reused_on_another_cpu(monkeypatch):
     other = kernels._build_name("avx512")
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     assert len({one, avx2, other, kernels._build_name("avx512")}) == 4
-    assert one.startswith("bertforge_cpu_int8_avx512_") and avx2.startswith("bertforge_cpu_int8_avx2_")
+    assert one.startswith("bertforge_cpu_avx512_") and avx2.startswith("bertforge_cpu_avx2_")
 
 
 def test_every_file_the_build_reads_is_in_its_name(monkeypatch, tmp_path):
-    """The build compiles cpu_int8.cpp, which includes the headers beside it: every one of them is among the files
+    """The build compiles cpu_kernels.cpp, which includes the headers beside it: every one of them is among the files
     hashed into the build's name (`kernels.FILES`), and a change to any of them gives a new name."""
     names = {path.name for path in kernels.FILES}
     assert kernels.SOURCE in kernels.FILES and {"vec.h", "attention.h"} <= names

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.config import BertConfig
+from bertforge.dropout import Dropout, dropout
 from bertforge.model_files import load_pretrained, save_pretrained
 
 CLS_INDEX = 0  # the tokenizer puts [CLS] first in every sequence: token 0 is what the pooler reads
@@ -42,7 +43,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         T = input_ids.shape[-1]
@@ -81,8 +82,10 @@ class BertSelfAttention(nn.Module):
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
            ) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v over the keys `mask` allows, on whichever kernel is faster for these inputs (the
-    explicit one or SDPA, below). q (B, N, P, D), k and v (B, N, T, D), mask (B, 1, 1, T) bool or None; (B, N, P, D)."""
-    if _explicit_attention_is_faster(q, k.shape[2]):
+    explicit one or SDPA, below). q (B, N, P, D), k and v (B, N, T, D), mask (B, 1, 1, T) bool or None; (B, N, P, D).
+    With dropout on a CPU, always the explicit one: SDPA's is its unfused math path there anyway, with torch's
+    slow masks (`bertforge.dropout`)."""
+    if _explicit_attention_is_faster(q, k.shape[2]) or (dropout_p > 0 and q.device.type == "cpu"):
         return _explicit_attention(q, k, v, mask, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
@@ -114,7 +117,7 @@ def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
     if dropout_p > 0:
-        probs = F.dropout(probs, dropout_p)
+        probs = dropout(probs, dropout_p)
     return probs @ v  # (B, N, P, D)
 
 
@@ -133,7 +136,7 @@ class BertLayer(nn.Module):
         self.act = activation(config.hidden_act)
         self.output = nn.Linear(inner, H)
         self.output_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
                 ) -> torch.Tensor:

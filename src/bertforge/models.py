@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.config import BertConfig
+from bertforge.dropout import Dropout
 from bertforge.encoder import CLS_INDEX, BertModel, BertPreTrainedModel, activation
 
 IGNORE_INDEX = -100
@@ -219,9 +220,9 @@ class BertForMaskedLM(BertPreTrainedModel):
         return MaskedLMOutput(loss, logits)
 
 
-def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+def _classifier_dropout(config: BertConfig) -> Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return nn.Dropout(p)
+    return Dropout(p)
 
 
 class BertForSequenceClassification(BertPreTrainedModel):

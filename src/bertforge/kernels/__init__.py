@@ -1,14 +1,16 @@
-"""bertforge's own CPU kernels for int8 inference, built from `cpu_int8.cpp` on first use.
+"""bertforge's own CPU kernels, for int8 inference and training's dropout, built from `cpu_kernels.cpp` on first use.
 
-The int8 encoder layer spends its time between products in many small operators; `cpu_int8.cpp` does a layer's
+The int8 encoder layer spends its time between products in many small operators; `cpu_kernels.cpp` does a layer's
 attention (scores, mask, softmax, weighted values; `attention.h`) in one pass per sequence and the residual add +
 LayerNorm in one pass per row, each also giving the range of its output, which the next int8 product quantizes by.
-They are written once over a small vector layer (`vec.h`) with two implementations, chosen when the file is
-compiled: AVX-512 (16 floats a vector) and AVX2 + FMA (8). At run time the CPU's flags choose the build (`isa`):
-AVX-512 where the CPU has avx512f (`-march=native`), else AVX2 where it has avx2 and fma (`-mavx2 -mfma`), each
-built once with the C++ compiler torch's extensions use (`c++`, with ninja), into its own directory of bertforge's
-cache; about 10 s. Where that cannot happen (neither ISA, no compiler, the build fails, or `BERTFORGE_KERNELS=0`),
-`available()` is False and int8 inference runs on PyTorch's operators alone, with the same results up to rounding.
+Training's dropout draws its masks from a counter-based hash (`dropout.h`, for `bertforge.dropout`) in a small
+fraction of the time torch's generator takes. The kernels are written once over a small vector layer (`vec.h`)
+with two implementations, chosen when the file is compiled: AVX-512 (16 floats a vector) and AVX2 + FMA (8). At
+run time the CPU's flags choose the build (`isa`): AVX-512 where the CPU has avx512f (`-march=native`), else AVX2
+where it has avx2 and fma (`-mavx2 -mfma`), each built once with the C++ compiler torch's extensions use (`c++`,
+with ninja), into its own directory of bertforge's cache; about 10 s. Where that cannot happen (neither ISA, no
+compiler, the build fails, or `BERTFORGE_KERNELS=0`), `available()` is False: int8 inference runs on PyTorch's
+operators alone, with the same results up to rounding, and dropout computes the same masks with them, slower.
 
 `BERTFORGE_KERNELS`: unset or `1` the build the CPU's flags choose; `0` none (PyTorch's operators); `avx2` the AVX2
 build even on an AVX-512 CPU (to test or measure what an AVX2-only CPU runs); `avx512` the AVX-512 build (none
@@ -29,7 +31,7 @@ import torch
 from bertforge import cpu
 from bertforge.files import cache_dir
 
-SOURCE = Path(__file__).with_name("cpu_int8.cpp")  # the one translation unit; it includes the headers beside it
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")  # the one translation unit; it includes the headers beside it
 # every file the build reads, hashed into its name
 FILES = tuple(sorted(SOURCE.parent.glob("*.cpp")) + sorted(SOURCE.parent.glob("*.h")))
 # Each build's compiler flags, in the order of preference. AVX-512 for this CPU (-march=native); AVX2 + FMA alone, so
@@ -64,7 +66,7 @@ def _build_name(isa: str) -> str:
     key.update(torch.__version__.encode())
     key.update(" ".join(sorted(cpu.cpu_flags())).encode())
     key.update(" ".join(_FLAGS[isa]).encode())
-    return f"bertforge_cpu_int8_{isa}_{key.hexdigest()[:16]}"
+    return f"bertforge_cpu_{isa}_{key.hexdigest()[:16]}"
 
 
 _INSTALL = {"c++": "a C++ compiler (Debian/Ubuntu: apt install g++)", "ninja": "ninja (pip install ninja)"}
@@ -105,8 +107,8 @@ def available() -> bool:
     chosen = isa()
     if chosen is None:
         if asked in _FLAGS:
-            _note(f"int8 runs on PyTorch's operators alone: BERTFORGE_KERNELS={asked} asks for kernels this CPU "
-                  f"cannot run (it lacks {' and '.join(sorted(_NEEDS[asked] - cpu.cpu_flags()))})")
+            _note(f"int8 and dropout run on PyTorch's operators alone: BERTFORGE_KERNELS={asked} asks for kernels "
+                  f"this CPU cannot run (it lacks {' and '.join(sorted(_NEEDS[asked] - cpu.cpu_flags()))})")
         return False  # PyTorch's operators serve other CPUs
     if _loaded():
         return True
@@ -114,21 +116,22 @@ def available() -> bool:
     missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
     if missing:
         needs = " and ".join(_INSTALL[tool] for tool in missing)
-        _note(f"int8 runs on PyTorch's operators alone here, slower: its CPU kernels need {needs} to be built")
+        _note(f"int8 and dropout run on PyTorch's operators alone here, slower: its CPU kernels need {needs} to be "
+              "built")
         return False
     name = _build_name(chosen)
     where = cache_dir() / "kernels" / name
     try:
         where.mkdir(parents=True, exist_ok=True)
         if not (where / f"{name}.so").exists():
-            _note(f"building its int8 CPU kernels ({chosen}) for this machine (once, about 10 s)")
+            _note(f"building its CPU kernels ({chosen}) for this machine (once, about 10 s)")
         from torch.utils.cpp_extension import load
 
         load(name=name, sources=[str(SOURCE)], extra_cflags=list(_FLAGS[chosen]), build_directory=str(where),
              is_python_module=False, verbose=False)
-    except Exception as error:  # a failed build is a slower int8, not a failed predict
+    except Exception as error:  # a failed build is slower, not a failed run
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        _note(f"int8 runs on PyTorch's operators alone here, slower: its CPU kernels did not build ({first}); "
-              "BERTFORGE_KERNELS=0 skips the attempt")
+        _note(f"int8 and dropout run on PyTorch's operators alone here, slower: its CPU kernels did not build "
+              f"({first}); BERTFORGE_KERNELS=0 skips the attempt")
         return False
     return True

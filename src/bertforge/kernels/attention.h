@@ -1,4 +1,4 @@
-// The attention kernel of cpu_int8.cpp: scores, mask, softmax and the weighted sum of values, one sequence (every
+// The attention kernel of cpu_kernels.cpp: scores, mask, softmax and the weighted sum of values, one sequence (every
 // head) at a time, from the query/key/value product's output as it is, into the (B, P, H) layout the next product
 // reads; over vec.h's vectors (kLanes floats: 16 on AVX-512, 8 on AVX2).
 

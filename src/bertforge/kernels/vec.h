@@ -1,4 +1,4 @@
-// The vector layer bertforge's int8 kernels (cpu_int8.cpp, attention.h) are written over: `Vec`, fp32 lanes in one
+// The vector layer bertforge's int8 kernels (cpu_kernels.cpp, attention.h) are written over: `Vec`, fp32 lanes in one
 // register, and the few operations the kernels use, for the ISA the file is compiled for:
 //   AVX-512 (__AVX512F__, -march=native on a CPU with avx512f)  16 lanes, partial vectors by masked loads/stores;
 //   AVX2 + FMA (__AVX2__ and __FMA__, -mavx2 -mfma)             8 lanes, partial vectors by _mm256_maskload_ps and,

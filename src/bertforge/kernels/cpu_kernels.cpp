@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "dropout.h"
 #include "vec.h"
 
 namespace {
@@ -209,6 +210,21 @@ at::Tensor quantize_u8(const at::Tensor& x, double scale, int64_t zero) {
   return out;
 }
 
+// Dropout's keep mask of n elements (bool, 1 = kept) for drop probability p and a 64-bit key (dropout.h).
+at::Tensor keep_mask(int64_t n, double p, int64_t key) {
+  TORCH_CHECK(n >= 0 && n <= (int64_t{1} << 32), "a mask of 0 to 2^32 elements");
+  TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
+  at::Tensor keep = at::empty({n}, at::TensorOptions().dtype(at::kBool));
+  uint8_t* kp = reinterpret_cast<uint8_t*>(keep.data_ptr<bool>());
+  const uint64_t k = static_cast<uint64_t>(key);
+  const uint32_t k0 = static_cast<uint32_t>(k), k1 = static_cast<uint32_t>(k >> 32);
+  const uint32_t threshold = static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL));
+  at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
+    bertforge::keep_mask_range(kp, begin, end, k0, k1, threshold);
+  });
+  return keep;
+}
+
 // Floats in one vector of this build: 16 (AVX-512) or 8 (AVX2).
 int64_t lanes() { return kLanes; }
 
@@ -221,6 +237,7 @@ TORCH_LIBRARY(bertforge, m) {
         "(Tensor, Tensor, Tensor)");
   m.def("value_range(Tensor x) -> Tensor");
   m.def("quantize_u8(Tensor x, float scale, int zero) -> Tensor");
+  m.def("keep_mask(int n, float p, int key) -> Tensor", &keep_mask);
   m.def("lanes() -> int", &lanes);
 }
 
