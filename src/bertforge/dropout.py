@@ -50,9 +50,9 @@ def keep_mask(n: int, p: float, key: int) -> torch.Tensor:
     return keep_mask_reference(n, p, key)
 
 
-def _draw_key(device_generator: torch.Generator | None = None) -> int:
-    """A 64-bit key from torch's default CPU generator (one draw a call, as its state is saved and restored)."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=device_generator))
+def _draw_key() -> int:
+    """A key from torch's default CPU generator (one draw a call; checkpoints save and restore its state)."""
+    return int(torch.empty((), dtype=torch.int64).random_())
 
 
 class _Dropout(torch.autograd.Function):
