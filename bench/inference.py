@@ -95,6 +95,7 @@ def minilm_dir() -> Path:
 
 
 def finetuned_model(data: Path, train_examples: int, lr: float) -> Path:
+    from bertforge.finetune.config import FinetuneConfig
     from bertforge.finetune.run import FinetuneOptions, finetune
 
     out = CACHE / f"rt-minilm-{train_examples}-lr{lr:g}"
@@ -105,7 +106,8 @@ def finetuned_model(data: Path, train_examples: int, lr: float) -> Path:
     start = time.perf_counter()
     opts = FinetuneOptions(lr=lr, batch_size=32, epochs=1, max_length=MAX_LENGTH, max_train_examples=train_examples,
                            progress=False, device="cpu")
-    result = finetune("csv", data, minilm_dir(), out, options=opts)
+    result = finetune(FinetuneConfig(task="csv", data_dir=str(data), init=str(minilm_dir()), out_dir=str(out),
+                                     options=opts))
     print(f"fine-tuned in {time.perf_counter() - start:.0f} s: dev {result['metrics']}")
     return out
 
