@@ -83,13 +83,17 @@ def test_the_loaded_build_is_the_one_chosen():
     assert torch.ops.bertforge.lanes() == {"avx512": 16, "avx2": 8}[kernels.isa()]
 
 
-# the int8 engine's test that runs on the kernels (the rest of test_infer_int8.py runs on PyTorch's operators)
-ENGINE_TEST = Path(__file__).with_name("test_infer_int8.py").as_posix() + "::test_int8_stays_close_to_fp32"
+# the int8 engine's test that runs on the kernels (the rest of test_infer_int8.py runs on PyTorch's operators), and
+# dropout's masks from the kernel against torch's operators
+ENGINE_TESTS = (Path(__file__).with_name("test_infer_int8.py").as_posix() + "::test_int8_stays_close_to_fp32",
+                Path(__file__).with_name("test_dropout.py").as_posix()
+                + "::test_the_kernel_gives_the_torch_masks_bit_for_bit")
 
 
 def test_the_kernel_tests_pass_on_the_avx2_build(tmp_path):
     """The AVX2 build (what an AVX2-only CPU, such as the AMD EPYC, runs) forced on this CPU with
-    BERTFORGE_KERNELS=avx2: this file's tests and the int8 engine's, in a child process, all passed, none skipped."""
+    BERTFORGE_KERNELS=avx2: this file's tests, the int8 engine's and dropout's masks, in a child process, all passed,
+    none skipped."""
     if kernels.isa() == "avx2":
         pytest.skip("this process runs the AVX2 build already: the tests above are its tests")
     if not {"avx2", "fma"} <= bertforge.cpu.cpu_flags():
@@ -97,7 +101,7 @@ def test_the_kernel_tests_pass_on_the_avx2_build(tmp_path):
     report = tmp_path / "report.xml"
     child = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-         "-k", "not avx2_build and not the_wheel", __file__, ENGINE_TEST],  # itself and pyproject's check aside
+         "-k", "not avx2_build and not the_wheel", __file__, *ENGINE_TESTS],  # itself and pyproject's check aside
         cwd=Path(__file__).parents[1], env={**os.environ, "BERTFORGE_KERNELS": "avx2"}, capture_output=True,
         text=True, timeout=600)
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
