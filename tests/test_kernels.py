@@ -90,6 +90,7 @@ ENGINE_TESTS = (Path(__file__).with_name("test_infer_int8.py").as_posix() + "::t
                 + "::test_the_kernel_gives_the_torch_masks_bit_for_bit")
 
 
+@pytest.mark.slow  # a child pytest and, the first time, the AVX2 build: 12-25 s
 def test_the_kernel_tests_pass_on_the_avx2_build(tmp_path):
     """The AVX2 build (what an AVX2-only CPU, such as the AMD EPYC, runs) forced on this CPU with
     BERTFORGE_KERNELS=avx2: this file's tests, the int8 engine's and dropout's masks, in a child process, all passed,

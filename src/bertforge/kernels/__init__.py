@@ -64,6 +64,9 @@ def _build_name(isa: str) -> str:
         key.update(path.name.encode())
         key.update(path.read_bytes())
     key.update(torch.__version__.encode())
+    # and the torch it builds against: two environments (a checkout's .venv and a fresh clone's) sharing the cache
+    # would otherwise take turns rebuilding one directory, whose ninja file names the other's include paths
+    key.update(str(Path(torch.__file__).resolve().parent).encode())
     key.update(" ".join(sorted(cpu.cpu_flags())).encode())
     key.update(" ".join(_FLAGS[isa]).encode())
     return f"bertforge_cpu_{isa}_{key.hexdigest()[:16]}"
