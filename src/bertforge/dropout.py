@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertforge import kernels
+
 _MASK = 0xFFFFFFFF
 _MIX = (0x7FEB352D, 0x846CA68B)
 
@@ -43,8 +45,6 @@ def keep_mask_reference(n: int, p: float, key: int) -> torch.Tensor:
 
 def keep_mask(n: int, p: float, key: int) -> torch.Tensor:
     """Which of n elements dropout keeps at drop probability p (0 <= p < 1) for a 64-bit `key`: a bool tensor."""
-    from bertforge import kernels
-
     if kernels.available():
         return torch.ops.bertforge.keep_mask(n, p, key)
     return keep_mask_reference(n, p, key)

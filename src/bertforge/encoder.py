@@ -82,10 +82,8 @@ class BertSelfAttention(nn.Module):
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
            ) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v over the keys `mask` allows, on whichever kernel is faster for these inputs (the
-    explicit one or SDPA, below). q (B, N, P, D), k and v (B, N, T, D), mask (B, 1, 1, T) bool or None; (B, N, P, D).
-    With dropout on a CPU, always the explicit one: SDPA's is its unfused math path there anyway, with torch's
-    slow masks (`bertforge.dropout`)."""
-    if _explicit_attention_is_faster(q, k.shape[2]) or (dropout_p > 0 and q.device.type == "cpu"):
+    explicit one or SDPA, below). q (B, N, P, D), k and v (B, N, T, D), mask (B, 1, 1, T) bool or None; (B, N, P, D)."""
+    if _explicit_attention_is_faster(q, k.shape[2], dropout_p):
         return _explicit_attention(q, k, v, mask, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
@@ -96,14 +94,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 # blocking pays and the (T, T) scores grow). In bf16 inference (forward only, freed memory kept as the commands
 # run) the explicit kernel is ahead up to 128 keys (heads of 32, 1,792 tokens a call, no mask: 0.80 against 1.98
 # ms at 16 keys, 1.51 against 2.38 at 64, 3.20 against 3.69 at 128) and even at 192; end to end it made bf16 predict
-# 1.03-1.04x faster (once 0.99x), with the same accuracy. fp32 keeps the fused kernel: there it is as fast or
-# faster from 32 keys on. See bench/attention.py.
+# 1.03-1.04x faster (once 0.99x), with the same accuracy. fp32 without dropout keeps the fused kernel: there it is
+# as fast or faster from 32 keys on. See bench/attention.py.
 _EXPLICIT_ATTENTION_MAX_T = 192
 _EXPLICIT_INFERENCE_MAX_T = 128
 
 
-def _explicit_attention_is_faster(q: torch.Tensor, keys: int) -> bool:
-    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16):
+def _explicit_attention_is_faster(q: torch.Tensor, keys: int, dropout_p: float) -> bool:
+    if q.device.type != "cpu":
+        return False
+    if dropout_p > 0:  # SDPA's CPU path with dropout is its unfused math path anyway, with torch's slow masks
+        return True  # (`bertforge.dropout`)
+    if q.dtype not in (torch.bfloat16, torch.float16):
         return False
     return keys <= (_EXPLICIT_ATTENTION_MAX_T if q.requires_grad else _EXPLICIT_INFERENCE_MAX_T)
 
