@@ -13,6 +13,7 @@ import pytest
 import torch
 from simulated_clock import simulated_clock
 
+from bertforge import kernels
 from bertforge.cli import main
 from bertforge.config import BertConfig
 from bertforge.data.instances import create_single_segment_instances
@@ -22,6 +23,7 @@ from bertforge.errors import BertforgeError
 from bertforge.files import read_jsonl
 from bertforge.models import BertForPreTraining
 from bertforge.options import DataOptions
+from bertforge.pretrain import budget
 from bertforge.pretrain.budget import BudgetPlan, Deadline, plan_steps
 from bertforge.pretrain.config import parse_minutes
 from bertforge.pretrain.recipe import BUDGET, recipe_config
@@ -254,6 +256,19 @@ def test_a_resumed_budget_run_keeps_its_re_planned_schedule_and_the_budget_it_sp
     total = state["total_steps"]
     assert train[kept]["lr"] == pytest.approx(BUDGET.lr * (total - kept) / (total - warmup))
     assert train[-1]["lr"] == pytest.approx(BUDGET.lr / (len(train) - warmup))
+
+
+def test_a_budget_run_builds_the_cpu_kernels_before_its_clock_starts(prepared, tmp_path, monkeypatch):
+    """A machine's first run builds dropout's CPU kernels (10-20 s) on their first use: not on the budget's clock,
+    where it would pass for slow training steps and cut the planned steps."""
+    seen = []
+    real_available = kernels.available
+    monkeypatch.setattr(kernels, "available", lambda: (seen.append("kernels"), real_available())[1])
+    with simulated_clock(0.1) as clock:
+        budget.clock = lambda: (seen.append("clock"), clock())[1]  # put back by simulated_clock
+        _pretrain("budget", prepared, tmp_path / "run", stack_fraction=0, minutes=0.05, batch_size=2, max_seq_len=16,
+                  eval_batches=0)
+    assert seen[0] == "kernels" and "clock" in seen, seen[:5]
 
 
 def test_bad_recipe_values_are_error_lines(prepared, tmp_path, capsys):
