@@ -44,6 +44,23 @@ def test_the_kernel_gives_the_torch_masks_bit_for_bit(int8_kernels, n, p, key):
     assert torch.equal(got, fast.keep_mask_reference(n, p, key))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("shape", "p", "key"), [((7,), 0.1, 3), ((32, 4, 40, 40), 0.5, -(2**63)),
+                                                 ((3, 70_000), 0.9, 2**63 - 1)])
+def test_the_kernel_applies_the_mask_as_torchs_operators_do(int8_kernels, dtype, shape, p, key):
+    """x * keep * 1 / (1 - p) in one pass with the mask computed on the way: torch's values to the bit, -0 and
+    infinities included (x times a dropped 0 is -0 or NaN there too), on a non-contiguous input as on its copy."""
+    x = torch.randn(shape).to(dtype)
+    x.view(-1)[:6] = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 0.0, -1.0])
+    expected = x * fast.keep_mask_reference(x.numel(), p, key).view(shape) * (1.0 / (1.0 - p))
+    for given in (x, x.transpose(0, -1).contiguous().transpose(0, -1)):  # the same values, other strides
+        got = torch.ops.bertforge.apply_keep_mask(given, p, key)
+        nan = got.isnan()
+        assert got.dtype == dtype and got.shape == shape and torch.equal(nan, expected.isnan())
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        assert torch.equal(got[~nan].view(bits), expected[~nan].view(bits))
+
+
 def test_without_the_kernels_dropout_draws_the_same_masks(monkeypatch):
     x = torch.randn(64, 33)
     torch.manual_seed(3)
@@ -73,6 +90,7 @@ def test_dropout_scales_what_it_keeps_and_its_gradient_goes_through_the_same_mas
     kept = y != 0
     assert 0.7 < kept.float().mean().item() < 0.9
     torch.testing.assert_close(y[kept], x[kept] / 0.8)
+    assert y.grad_fn.saved_tensors == ()  # the backward recomputes the mask from the call's key: none kept
     weights = torch.randn(40, 50)
     (y * weights).sum().backward()
     torch.testing.assert_close(x.grad, weights * kept / 0.8)

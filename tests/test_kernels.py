@@ -87,7 +87,9 @@ def test_the_loaded_build_is_the_one_chosen():
 # dropout's masks from the kernel against torch's operators
 ENGINE_TESTS = (Path(__file__).with_name("test_infer_int8.py").as_posix() + "::test_int8_stays_close_to_fp32",
                 Path(__file__).with_name("test_dropout.py").as_posix()
-                + "::test_the_kernel_gives_the_torch_masks_bit_for_bit")
+                + "::test_the_kernel_gives_the_torch_masks_bit_for_bit",
+                Path(__file__).with_name("test_dropout.py").as_posix()
+                + "::test_the_kernel_applies_the_mask_as_torchs_operators_do")
 
 
 @pytest.mark.slow  # a child pytest and, the first time, the AVX2 build: 12-25 s

@@ -4,8 +4,9 @@
 10 ns an element, 3.4 ms for one of MiniLM-L6's activations at batch 32 on short texts, and a fine-tuning step
 draws 20 of them, 12% of the step. Here a mask is a counter-based hash of the element's index and a 64-bit key
 that the call draws from torch's generator (so `torch.manual_seed` and the checkpoints' saved generator state
-decide it, as they decide `nn.Dropout`'s): `bertforge.kernels` computes it in well under a nanosecond an element
-(`kernels/dropout.h`, where the hash is written down), and where they cannot be built the same bits come from
+decide it, as they decide `nn.Dropout`'s): `bertforge.kernels` computes it and applies it in one pass over the
+tensor, well under a nanosecond an element (`kernels/dropout.h`, where the hash is written down), and the backward
+recomputes it from the key, so no mask is kept for it. Where the kernels cannot be built the same bits come from
 torch's integer operators, slower but the same (a run does not depend on whether a compiler was there). The
 result is dropout's: kept elements scaled by 1 / (1 - p), the gradient through the same mask.
 
@@ -55,18 +56,26 @@ def _draw_key() -> int:
     return int(torch.empty((), dtype=torch.int64).random_())
 
 
+def apply_keep_mask(x: torch.Tensor, p: float, key: int) -> torch.Tensor:
+    """`x * keep * (1 / (1 - p))`, keep the mask `keep_mask(x.numel(), p, key)` shaped as x: in one pass of the
+    kernels (fp32 and bf16; the mask is computed on the way, never stored), else with torch's operators. The same
+    bits either way."""
+    if x.dtype in (torch.float32, torch.bfloat16) and kernels.available():
+        return torch.ops.bertforge.apply_keep_mask(x, p, key).view(x.shape)
+    return x * keep_mask(x.numel(), p, key).view(x.shape) * (1.0 / (1.0 - p))
+
+
 class _Dropout(torch.autograd.Function):
+    """Dropout whose backward recomputes the forward's mask from its key: a call keeps an int, not a mask."""
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
-        keep = keep_mask(x.numel(), p, _draw_key()).view(x.shape)
-        ctx.save_for_backward(keep)
-        ctx.scale = 1.0 / (1.0 - p)
-        return x * keep * ctx.scale
+        ctx.p, ctx.key = p, _draw_key()
+        return apply_keep_mask(x, p, ctx.key)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (keep,) = ctx.saved_tensors
-        return grad * keep * ctx.scale, None
+        return apply_keep_mask(grad, ctx.p, ctx.key), None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:

@@ -225,6 +225,29 @@ at::Tensor keep_mask(int64_t n, double p, int64_t key) {
   return keep;
 }
 
+// x * keep * 1 / (1 - p) (fp32 or bf16, as x), keep the mask keep_mask(x.numel(), p, key) would give, computed on the
+// way and never stored: dropout's forward, and with the same key its backward (on the gradient).
+at::Tensor apply_keep_mask(const at::Tensor& x, double p, int64_t key) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be fp32 or bf16");
+  TORCH_CHECK(x.numel() <= (int64_t{1} << 32), "at most 2^32 elements");
+  TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
+  const at::Tensor a = x.contiguous();
+  at::Tensor out = at::empty_like(a);
+  const uint64_t k = static_cast<uint64_t>(key);
+  const uint32_t k0 = static_cast<uint32_t>(k), k1 = static_cast<uint32_t>(k >> 32);
+  const uint32_t threshold = static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL));
+  const float scale = static_cast<float>(1.0 / (1.0 - p));  // the scalar as torch's fp32 and bf16 products take it
+  at::parallel_for(0, a.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+    if (a.scalar_type() == at::kFloat) {
+      bertforge::apply_mask_range(a.data_ptr<float>(), out.data_ptr<float>(), begin, end, k0, k1, threshold, scale);
+    } else {
+      bertforge::apply_mask_range(a.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), begin, end, k0, k1,
+                                  threshold, scale);
+    }
+  });
+  return out;
+}
+
 // Floats in one vector of this build: 16 (AVX-512) or 8 (AVX2).
 int64_t lanes() { return kLanes; }
 
@@ -238,6 +261,7 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("value_range(Tensor x) -> Tensor");
   m.def("quantize_u8(Tensor x, float scale, int zero) -> Tensor");
   m.def("keep_mask(int n, float p, int key) -> Tensor", &keep_mask);
+  m.def("apply_keep_mask(Tensor x, float p, int key) -> Tensor");
   m.def("lanes() -> int", &lanes);
 }
 
@@ -247,4 +271,5 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("residual_layer_norm", residual_layer_norm);
   m.impl("value_range", value_range);
   m.impl("quantize_u8", quantize_u8);
+  m.impl("apply_keep_mask", apply_keep_mask);
 }

@@ -34,4 +34,19 @@ inline void keep_mask_range(uint8_t* keep, int64_t begin, int64_t end, uint32_t 
   }
 }
 
+// out[i] = x[i] * keep[i] * scale for i in [begin, end), keep[i] (1 or 0) computed as keep_mask_range computes it:
+// dropout applied without a mask in memory, and its backward, which recomputes the mask from the same key. The two
+// products are done in this order, in fp32, and rounded once to T, as torch computes `x * keep * scale` (x times 0 or
+// 1 is exact, -0 and infinities included), so the result is the same to the bit; a NaN stays a NaN (in bf16 its
+// payload may differ).
+template <typename T>
+inline void apply_mask_range(const T* x, T* out, int64_t begin, int64_t end, uint32_t k0, uint32_t k1,
+                             uint32_t threshold, float scale) {
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t u = mix32(mix32(static_cast<uint32_t>(i) ^ k0) + k1);
+    const float kept = u >= threshold ? 1.0f : 0.0f;
+    out[i] = static_cast<T>(static_cast<float>(x[i]) * kept * scale);
+  }
+}
+
 }  // namespace bertforge
