@@ -302,13 +302,13 @@ class ElectraOptions:
 
 @dataclass
 class FinetuneOptions:
-    """How fine-tuning trains (defaults: the paper's).
-
-    `bertforge.finetune.run.finetune` and the sweeps of `bertforge.finetune.sweep` take them."""
+    """How fine-tuning trains (defaults: the paper's); `bertforge.finetune.run.finetune` and the sweeps of
+    `bertforge.finetune.sweep` take them. `minutes`: `bertforge.finetune.budget`."""
 
     lr: float = option(3e-5, help="peak learning rate (the paper: 5e-5, 3e-5 or 2e-5)", bound=LEARNING_RATE)
     batch_size: int = option(32, help="batch size (the paper: 16 or 32)", bound=BATCH)
     epochs: float = option(3.0, help="epochs (the paper: 2 to 4)", bound=EPOCHS)
+    minutes: float | None = option(None, help="time budget: the steps it buys, at most --epochs'", bound=MINUTES)
     warmup_ratio: float = option(0.1, help="fraction of steps with linear warmup", bound=FRACTION)
     weight_decay: float = same_as(LoopOptions, "weight_decay")
     seed: int = seed_option(42)

@@ -36,6 +36,7 @@ from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.files import read_jsonl, remove_stale_temporaries, replace_dir, write_json
 from bertforge.finetune.batches import TARGETS, FeatureBatches, task_batch
+from bertforge.finetune.budget import BudgetRun, budget_clock, plan_finetuning
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.model_files import unwrap
 from bertforge.options import FinetuneOptions
@@ -43,7 +44,7 @@ from bertforge.tasks import get_task
 from bertforge.tasks.runner import MODEL_FOR_KIND, TASK_FILE, assemble_outputs, per_feature_outputs
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import distributed
-from bertforge.train.checkpoints import METRICS_FILE, checkpoints
+from bertforge.train.checkpoints import METRICS_FILE, checkpoints, recorded_total_steps
 from bertforge.train.loop import Hooks, LoopOptions, Trainer, TrainingInterrupted, resolve_precision
 from bertforge.train.report import plot_metrics
 from bertforge.train.rundir import (
@@ -111,6 +112,7 @@ class Training:
     model: Callable[[], nn.Module] | None = None  # the model to train (default: `config.init` with a fresh head)
     run_config: dict = field(default_factory=dict)  # sections of run_config.json added to (or replacing) its own
     command: str = "finetune"  # run_config.json's "command"
+    started: float | None = None  # the `budget_clock()` a time budget counts from (None: when training is set up)
 
 
 @dataclass(frozen=True)
@@ -152,15 +154,17 @@ def finetune(config: FinetuneConfig) -> dict:
     Every input is checked before training starts; the output directory appears (or is replaced) only when the run
     has finished (module docstring). `config.resume`: go on from the newest checkpoint in `<out>.partial/`
     (`partial_dir`)."""
+    started = budget_clock(config.options)
     check_out_dir(Path(config.out_dir))
     p = prepare(config)
-    return train_task(config, p, Training(TaskObjective(p.task.kind)))
+    return train_task(config, p, Training(TaskObjective(p.task.kind), started=started))
 
 
 def train_task(config: FinetuneConfig, p: Prepared, training: Training) -> dict:
     """The run of `finetune` on inputs `p` read and checked before (`prepare`, or distillation's), learning as
     `training` says; returns what `finetune` returns."""
     o, out = config.options, Path(config.out_dir)
+    started = budget_clock(o) if training.started is None else training.started
     d = distributed.setup(o.device)
     run_dir = None
     try:
@@ -176,7 +180,7 @@ def train_task(config: FinetuneConfig, p: Prepared, training: Training) -> dict:
         model = training.model() if training.model else _task_model(p.task, config.init, p.labels, o, d)
         _check_fits(model, p.tokenizer, p.max_length)
         try:
-            result = _train(config, p, model, loop, d, work, run_config, training)
+            result = _train(config, p, model, loop, BudgetRun(work, config.resume, started, d), run_config, training)
         except TrainingInterrupted:
             raise TrainingInterrupted(f"interrupted; {out} was left as it was and the run's checkpoint is in "
                                       f"{work}: continue it with the same command and --resume") from None
@@ -254,7 +258,7 @@ def _claim(work: Path, out: Path, resume: bool, d: distributed.Dist):
 def trained(work: Path, steps: int) -> bool:
     """Whether the run in `work` wrote its last checkpoint (at step `steps`)."""
     found = checkpoints(work)
-    return bool(found) and found[-1][0] >= steps
+    return bool(found) and found[-1][0] >= recorded_total_steps(work, steps)  # a time budget may have re-planned
 
 
 def _put_in_place(work: Path, out: Path, run_dir: Any) -> None:
@@ -306,10 +310,10 @@ def _loop_config(o: FinetuneOptions, n_features: int, main_metric: str) -> LoopO
                       save_every=o.save_every or 0, save_minutes=o.save_minutes, layer_lr_decay=o.layer_lr_decay)
 
 
-def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOptions, d: distributed.Dist,
-           work: Path, run_config: dict, training: Training) -> dict:
-    """The training run of `finetune`, writing into the work directory `work`."""
-    o, resume = config.options, config.resume
+def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOptions, run: BudgetRun,
+           run_config: dict, training: Training) -> dict:
+    """The training run of `finetune`, writing into the work directory `run.work`."""
+    o, resume, d, work = config.options, config.resume, run.dist, run.work
     task, tokenizer, dev, dev_features = p.task, p.tokenizer, p.dev, p.dev_features
     last_eval: dict[str, Any] = {}
     history: list[dict] = []
@@ -339,9 +343,12 @@ def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOpti
         write_run_config(work, **run_config)
     source = FeatureBatches(p.train_features, tokenizer.pad_id, seed=o.seed, rank=d.rank, world_size=d.world_size,
                             collate=training.collate)
+    loop, deadline = plan_finetuning(o, loop, run, model=model, source=source, objective=training.objective,
+                                     evaluate=evaluate)
     if not (resume and trained(work, loop.steps)):  # else killed after its last checkpoint: only the end is left
         Trainer(model, source, training.objective, loop, work, dist=d, resume=resume,
-                hooks=Hooks(evaluate=evaluate, save_model=save_model, final_dir=work / "last")).run()
+                hooks=Hooks(evaluate=evaluate, save_model=save_model, final_dir=work / "last",
+                            deadline=deadline)).run()
     result = {"task": task.name, "metrics": {}, "best_step": None, "history": history,
               "main_metric": task.main_metric, "steps": loop.steps, "epochs": o.epochs}
     if d.is_main:

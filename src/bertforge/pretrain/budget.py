@@ -172,8 +172,9 @@ class Deadline:
     took their mean wall time each, evaluations and checkpoints included, and the rest will too."""
 
     def __init__(self, minutes: float, *, origin: float, reserve: float, every: int,
-                 clock: Callable[[], float] | None = None):
+                 clock: Callable[[], float] | None = None, most: int | None = None):
         self.seconds, self.origin, self.reserve, self.every = minutes * 60, origin, reserve, max(1, every)
+        self.most = most  # a total never planned past (fine-tuning's epochs), or None
         self.clock = clock or now
         self.spent, self.started, self.first_step = 0.0, origin, 0
 
@@ -190,12 +191,15 @@ class Deadline:
         elapsed = self.clock() - self.started
         per_step = elapsed / max(1, step - self.first_step)
         left = agree((self.seconds - self.spent - elapsed - self.reserve) / per_step, dist)
-        return step + max(1, int(left))
+        total = step + max(1, int(left))
+        return total if self.most is None else max(step + 1, min(total, self.most))
 
 
-def deadline_for(plan: BudgetPlan, origin: float) -> Deadline:
-    """The deadline that keeps `plan`, from `origin` (the `now()` reading when the command started)."""
-    return Deadline(plan.minutes, origin=origin, reserve=plan.eval_seconds, every=max(1, plan.steps // REPLANS))
+def deadline_for(plan: BudgetPlan, origin: float, most: int | None = None) -> Deadline:
+    """The deadline that keeps `plan`, from `origin` (the `now()` reading when the command started), never planning
+    past `most` steps (None: no such limit)."""
+    return Deadline(plan.minutes, origin=origin, reserve=plan.eval_seconds, every=max(1, plan.steps // REPLANS),
+                    most=most)
 
 
 @dataclass(frozen=True)
