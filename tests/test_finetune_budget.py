@@ -87,3 +87,20 @@ def test_a_budgeted_run_killed_and_resumed_ends_as_the_uninterrupted_one(tmp_pat
     assert steps[0] == steps[1] == list(range(1, 24 - SETUP + 1))
     weights = [(tmp_path / name / "model.safetensors").read_bytes() for name in ("full", "run")]
     assert weights[0] == weights[1]
+
+
+def test_resume_refuses_another_budget_in_one_line(tmp_path, init_dir, capsys):  # noqa: F811
+    """The plan kept beside the checkpoints is the budget's: a resumed run asking for other minutes is refused, as
+    pretraining refuses it, and the interrupted run is left to continue."""
+    data = write_custom("csv", tmp_path)
+    args = ["--task", "csv", "--data", data, "--init", init_dir, "--text-column", "review", "--label-column", "stars",
+            "--batch-size", "4", "--epochs", "4", "--lr", "1e-3", "--max-length", "48", "--save-every", "3",
+            "--out", tmp_path / "run"]
+    with simulated_clock(1.0):
+        killed = Forked(["finetune", *args, "--minutes", "0.4"], tmp_path / "killed.log",
+                        before=lambda: kill_at(f"bertforge.train.loop:train_step:{TIMED_STEPS + 2 + 8}"))
+        assert killed.wait() == -9
+        assert main(["finetune", *map(str, args), "--minutes", "0.5", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "--minutes" in err and "0.4" in err, err
+    assert (tmp_path / "run.partial" / "budget_plan.json").is_file()
