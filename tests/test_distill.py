@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from forked import Forked, kill_at
 from infer_support import VOCAB, WORDS, save
+from simulated_clock import simulated_clock
 
 from bertforge import BertConfig
 from bertforge.cli import main
@@ -35,6 +36,7 @@ from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import finetune
 from bertforge.models import BertForMaskedLM
 from bertforge.options import DistillOptions, FinetuneOptions
+from bertforge.pretrain.budget import TIMED_STEPS
 from bertforge.tasks import IGNORE_INDEX, TaggedExample, TextExample, get_task
 from bertforge.tasks.runner import load_task_model
 from bertforge.tokenizer import Tokenizer
@@ -288,6 +290,18 @@ def test_a_preset_student_takes_the_teachers_tokenizer(setup, tmp_path):
     result = distill(_config(setup, tmp_path, student="tiny").with_options(epochs=1.0, max_length=16))
     tm = load_task_model(tmp_path / "out")
     assert tm.tokenizer.vocab == VOCAB and tm.model.config.hidden_size == 128 and result["metrics"]
+
+
+def test_a_time_budget_cuts_the_students_epochs_to_the_steps_it_buys(setup, tmp_path):
+    """`--minutes` is fine-tuning's (tests/test_finetune_budget.py), here on the student's training: on a simulated
+    clock of 1 s a step, a budget of the planner's timed steps and 12 more trains 12 steps of the 4 epochs' 48."""
+    with simulated_clock(1.0):
+        distill(_config(setup, tmp_path).with_options(epochs=4.0, max_length=16,
+                                                       minutes=(TIMED_STEPS + 2 + 12) / 60))
+    out = tmp_path / "out"
+    train = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+    assert train[-1]["step"] == 12  # logged every 3 steps (a quarter of an epoch)
+    assert json.loads((out / "budget_plan.json").read_text())["steps"] == 12
 
 
 @pytest.mark.slow  # three distillations
