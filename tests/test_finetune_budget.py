@@ -41,14 +41,14 @@ def test_a_budget_cuts_the_epochs_to_the_steps_it_buys_and_the_schedule_ends_wit
     assert [r["step"] for r in train] == list(range(1, len(train) + 1))
     warmup = round(0.1 * len(train))
     assert train[-1]["lr"] == pytest.approx(1e-3 / (len(train) - warmup))  # decayed to its last step, not the epochs'
-    assert json.loads((out / "budget_plan.json").read_text())["steps"] == len(train)
+    assert json.loads((out / "budget_plan.json").read_text())["steps"] == len(train) == result["steps"]
     assert (out / "model.safetensors").is_file() and result["best_step"] is not None  # the best dev model, as ever
 
 
 def test_a_budget_that_buys_more_than_the_epochs_trains_the_epochs(tmp_path, init_dir, capsys):  # noqa: F811
     # timed at 1 s a step but running at 0.25 s: the deadline would plan 50 steps; the epochs have 24
-    out, _ = _budgeted(tmp_path, init_dir, minutes=30 / 60, seconds_per_step=0.25)
-    assert len(_train_records(out)) == 4 * EPOCH_STEPS
+    out, result = _budgeted(tmp_path, init_dir, minutes=30 / 60, seconds_per_step=0.25)
+    assert len(_train_records(out)) == 4 * EPOCH_STEPS == result["steps"]
     out, _ = _budgeted(tmp_path / "long", init_dir, minutes=10, seconds_per_step=1.0)
     assert len(_train_records(out)) == 4 * EPOCH_STEPS
     assert "the 24 steps of --epochs 4 fit in the budget" in capsys.readouterr().out

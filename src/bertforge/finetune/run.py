@@ -350,7 +350,7 @@ def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOpti
                 hooks=Hooks(evaluate=evaluate, save_model=save_model, final_dir=work / "last",
                             deadline=deadline)).run()
     result = {"task": task.name, "metrics": {}, "best_step": None, "history": history,
-              "main_metric": task.main_metric, "steps": loop.steps, "epochs": o.epochs}
+              "main_metric": task.main_metric, "steps": recorded_total_steps(work, loop.steps), "epochs": o.epochs}
     if d.is_main:
         # every evaluation, those before a resumption too (the log keeps each step once, `checkpoints.truncate_metrics`)
         result["history"] = [{k: v for k, v in r.items() if k not in ("time", "step", "split")}
