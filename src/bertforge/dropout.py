@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge import kernels
+from bertforge.device import pick_device
 
 _MASK = 0xFFFFFFFF
 _MIX = (0x7FEB352D, 0x846CA68B)
@@ -51,6 +52,14 @@ def keep_mask(n: int, p: float, key: int) -> torch.Tensor:
     return keep_mask_reference(n, p, key)
 
 
+def load_kernels(device: str | None) -> None:
+    """Loads the kernels dropout uses on the CPU (`device` one `bertforge.device.pick_device` takes); a machine's first
+    run builds them, 10-20 s. The time-budgeted runs call it before their clock starts, so the build does not pass
+    for slow training steps and cut the steps they plan."""
+    if pick_device(device).type == "cpu":
+        kernels.available()
+
+
 def _draw_key() -> int:
     """A key from torch's default CPU generator (one draw a call; checkpoints save and restore its state)."""
     return int(torch.empty((), dtype=torch.int64).random_())
@@ -61,7 +70,7 @@ def apply_keep_mask(x: torch.Tensor, p: float, key: int) -> torch.Tensor:
     kernels (fp32 and bf16; the mask is computed on the way, never stored), else with torch's operators. The same
     bits either way."""
     if x.dtype in (torch.float32, torch.bfloat16) and kernels.available():
-        return torch.ops.bertforge.apply_keep_mask(x, p, key).view(x.shape)
+        return torch.ops.bertforge.apply_keep_mask(x, p, key)
     return x * keep_mask(x.numel(), p, key).view(x.shape) * (1.0 / (1.0 - p))
 
 

@@ -17,8 +17,7 @@ from pathlib import Path
 
 from torch import nn
 
-from bertforge import kernels
-from bertforge.device import pick_device
+from bertforge.dropout import load_kernels
 from bertforge.finetune.batches import FeatureBatches
 from bertforge.options import FinetuneOptions
 from bertforge.pretrain.budget import Deadline, Timing, deadline_for, now, plan_run, save_plan
@@ -39,10 +38,10 @@ class BudgetRun:
 
 
 def budget_clock(o: FinetuneOptions) -> float:
-    """The `now()` a run with options `o` counts its budget from; with a budget on the CPU, dropout's kernels are
-    loaded first (a machine's first run builds them, 10-20 s), outside the clock, as pretraining does."""
-    if o.minutes and pick_device(o.device).type == "cpu":
-        kernels.available()
+    """The `now()` a run with options `o` counts its budget from; with a budget, dropout's kernels are loaded first,
+    outside the clock, as pretraining does (`bertforge.dropout.load_kernels`)."""
+    if o.minutes:
+        load_kernels(o.device)
     return now()
 
 

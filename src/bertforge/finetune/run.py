@@ -256,9 +256,10 @@ def _claim(work: Path, out: Path, resume: bool, d: distributed.Dist):
 
 
 def trained(work: Path, steps: int) -> bool:
-    """Whether the run in `work` wrote its last checkpoint (at step `steps`)."""
+    """Whether the run in `work` wrote its last checkpoint: at step `steps`, or at the total a time budget re-planned
+    it to (its checkpoints record it)."""
     found = checkpoints(work)
-    return bool(found) and found[-1][0] >= recorded_total_steps(work, steps)  # a time budget may have re-planned
+    return bool(found) and found[-1][0] >= recorded_total_steps(work, steps)
 
 
 def _put_in_place(work: Path, out: Path, run_dir: Any) -> None:

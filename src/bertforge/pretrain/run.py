@@ -11,10 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bertforge import kernels
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.loader import PretrainingData
-from bertforge.device import pick_device
+from bertforge.dropout import load_kernels
 from bertforge.electra import GENERATOR_DIR, HEAD_FILE, ElectraForPreTraining
 from bertforge.errors import BertforgeError
 from bertforge.model_files import WEIGHTS_NAME, unwrap
@@ -76,8 +75,8 @@ def pretrain(config: PretrainConfig) -> TrainResult:
     records the resolved configuration in run_config.json, which `resume` compares against."""
     if config.model.embedding_init == "cooccurrence":
         svd_solver()  # its import, outside a time budget's clock
-    if config.budget.minutes is not None and pick_device(config.loop.device).type == "cpu":
-        kernels.available()  # dropout's CPU kernels, built on a machine's first run (10-20 s): outside the clock too
+    if config.budget.minutes is not None:
+        load_kernels(config.loop.device)  # outside the clock too
     try:
         if config.budget.larger_batch is not None:
             config = choose_batch(config, model_config=resolve_model_config)
