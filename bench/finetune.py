@@ -61,7 +61,7 @@ import torch
 from measure import pin_device, ratio, spread, sync
 
 # Imported from where they live today (src/ is being restructured; follow them if they move).
-from bertforge import kernels
+from bertforge.dropout import load_kernels
 from bertforge.finetune.run import FeatureBatches
 from bertforge.train.memory import keep_freed_memory
 
@@ -87,6 +87,11 @@ class Workload:
     init: Path
     title: str
     task_options: dict = field(default_factory=dict)
+
+    @property
+    def pairs(self) -> bool:
+        """Is each example a pair of texts?"""
+        return "text_pair_column" in self.task_options
 
 
 def prepare_workload(args: argparse.Namespace, work: Path) -> Workload:
@@ -171,7 +176,7 @@ def reference_encoder(workload: Workload):
     differ in where the cut falls). Tokenization is not timed; batches are still padded by the fast tokenizer."""
     import transformers
 
-    if "text_pair_column" not in workload.task_options:
+    if not workload.pairs:
         return transformers.AutoTokenizer.from_pretrained(workload.init)
     python_bert = getattr(transformers, "BertTokenizerLegacy", None) or transformers.BertTokenizer
     return python_bert.from_pretrained(workload.init)
@@ -322,7 +327,7 @@ def report(results: dict[str, list[dict]]) -> None:
 def compare(workload: Workload, args: argparse.Namespace, kept: bool) -> None:
     n_train = len(read_split(workload.data, "train")[0])
     share, differ, cut = padding_share(workload, args)
-    unit = "pairs" if "text_pair_column" in workload.task_options else "texts"
+    unit = "pairs" if workload.pairs else "texts"
     print(f"{workload.title}: {min(n_train, args.max_train_examples or n_train)} training examples, "
           f"{args.epochs:g} epoch(s), lr {args.lr:g}, batch {args.batch_size}, seeds {args.seeds}, "
           f"device {args.device}, torch threads {torch.get_num_threads()}, freed memory kept: {kept}", flush=True)
@@ -352,7 +357,7 @@ def main() -> None:
     kept = keep_freed_memory()  # process-wide, before either side: both train under the same allocator
     # bertforge's CPU kernels (its dropout's), built on a machine's first run (10-20 s, again whenever their sources
     # change) and loaded on first use: here, off the clock, not inside bertforge's first timed step
-    kernels.available()
+    load_kernels(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         compare(prepare_workload(args, args.work or Path(tmp)), args, kept)
 
