@@ -25,12 +25,26 @@ def _train_records(out) -> list[dict]:
     return [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
 
 
-def _budgeted(tmp_path, init_dir, minutes: float, seconds_per_step: float, timed: float = 1.0):  # noqa: F811
+def _budgeted(tmp_path, init_dir, minutes: float, seconds_per_step: float):  # noqa: F811
+    """A run through the library whose timed steps take 1 s each and whose training steps `seconds_per_step`."""
     out = tmp_path / "run"
-    with simulated_clock(seconds_per_step, timed_seconds_per_step=timed):
+    with simulated_clock(seconds_per_step, timed_seconds_per_step=1.0):
         result = finetune(config(write_custom("csv", tmp_path), init_dir, out, batch_size=4, epochs=4.0,
                                  minutes=minutes, warmup_ratio=0.1))
     return out, result
+
+
+def _cli(tmp_path, init_dir, *extra) -> list[str]:  # noqa: F811
+    """`bertforge finetune` on write_custom's data at batch 4 for 4 epochs, checkpoints every 3 steps; then `extra`."""
+    return ["finetune", "--task", "csv", "--data", str(write_custom("csv", tmp_path)), "--init", str(init_dir),
+            "--text-column", "review", "--label-column", "stars", "--batch-size", "4", "--epochs", "4", "--lr", "1e-3",
+            "--max-length", "48", "--save-every", "3", *map(str, extra)]
+
+
+def _killed_in_the_eighth_step(argv: list[str], log) -> int:
+    """`bertforge ARGV` in a forked child SIGKILLed in its eighth training step (after the planner's timed calls of
+    the step function); its exit code."""
+    return Forked(argv, log, before=lambda: kill_at(f"bertforge.train.loop:train_step:{SETUP + 8}")).wait()
 
 
 def test_a_budget_cuts_the_epochs_to_the_steps_it_buys_and_the_schedule_ends_with_them(tmp_path, init_dir):  # noqa: F811
@@ -70,19 +84,15 @@ def test_the_command_line_takes_minutes_and_refuses_a_budget_too_short(tmp_path,
 def test_a_budgeted_run_killed_and_resumed_ends_as_the_uninterrupted_one(tmp_path, init_dir):  # noqa: F811
     """The plan is kept beside the checkpoints and the budget spent before the kill counts: SIGKILLed in its eighth
     step (after the planner's timed calls of the step), the run resumes to the uninterrupted run's steps and weights."""
-    data = write_custom("csv", tmp_path)
-    args = ["--task", "csv", "--data", data, "--init", init_dir, "--text-column", "review", "--label-column", "stars",
-            "--batch-size", "4", "--epochs", "4", "--lr", "1e-3", "--max-length", "48", "--minutes", str(24 / 60),
-            "--save-every", "3"]
+    args = _cli(tmp_path, init_dir, "--minutes", 24 / 60)
     with simulated_clock(1.0):
-        assert main(["finetune", *map(str, args), "--out", str(tmp_path / "full")]) == 0
+        assert main([*args, "--out", str(tmp_path / "full")]) == 0
     with simulated_clock(1.0):
-        killed = Forked(["finetune", *args, "--out", tmp_path / "run"], tmp_path / "killed.log",
-                        before=lambda: kill_at(f"bertforge.train.loop:train_step:{TIMED_STEPS + 2 + 8}"))
-        assert killed.wait() == -9, (tmp_path / "killed.log").read_text()[-2000:]
+        killed = _killed_in_the_eighth_step([*args, "--out", str(tmp_path / "run")], tmp_path / "killed.log")
+        assert killed == -9, (tmp_path / "killed.log").read_text()[-2000:]
     assert not (tmp_path / "run").exists()
     with simulated_clock(1.0):
-        assert main(["finetune", *map(str, args), "--out", str(tmp_path / "run"), "--resume"]) == 0
+        assert main([*args, "--out", str(tmp_path / "run"), "--resume"]) == 0
     steps = [[r["step"] for r in _train_records(tmp_path / name)] for name in ("full", "run")]
     assert steps[0] == steps[1] == list(range(1, 24 - SETUP + 1))
     weights = [(tmp_path / name / "model.safetensors").read_bytes() for name in ("full", "run")]
@@ -92,15 +102,10 @@ def test_a_budgeted_run_killed_and_resumed_ends_as_the_uninterrupted_one(tmp_pat
 def test_resume_refuses_another_budget_in_one_line(tmp_path, init_dir, capsys):  # noqa: F811
     """The plan kept beside the checkpoints is the budget's: a resumed run asking for other minutes is refused, as
     pretraining refuses it, and the interrupted run is left to continue."""
-    data = write_custom("csv", tmp_path)
-    args = ["--task", "csv", "--data", data, "--init", init_dir, "--text-column", "review", "--label-column", "stars",
-            "--batch-size", "4", "--epochs", "4", "--lr", "1e-3", "--max-length", "48", "--save-every", "3",
-            "--out", tmp_path / "run"]
+    args = _cli(tmp_path, init_dir, "--out", tmp_path / "run")
     with simulated_clock(1.0):
-        killed = Forked(["finetune", *args, "--minutes", "0.4"], tmp_path / "killed.log",
-                        before=lambda: kill_at(f"bertforge.train.loop:train_step:{TIMED_STEPS + 2 + 8}"))
-        assert killed.wait() == -9
-        assert main(["finetune", *map(str, args), "--minutes", "0.5", "--resume"]) == 2
+        assert _killed_in_the_eighth_step([*args, "--minutes", "0.4"], tmp_path / "killed.log") == -9
+        assert main([*args, "--minutes", "0.5", "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "--minutes" in err and "0.4" in err, err
     assert (tmp_path / "run.partial" / "budget_plan.json").is_file()
