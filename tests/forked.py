@@ -2,7 +2,8 @@
 starts with torch and bertforge already imported, where a fresh interpreter spends about 2 seconds importing
 them, and its torch threads are the test process's (the tests that compare runs bitwise set one). It is a real
 process: a SIGKILL takes it down mid-write, and its exit code is what `main` returned. `kill_at` stops a run at
-the N-th call of a function, in a child (`before`), a torchrun rank or, undone after the test, the test process."""
+the N-th call of a function, in a child (`before`), a torchrun rank or, undone after the test, the test process.
+`forked_ranks` runs `bertforge` as the ranks of one process group, each a forked child."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import functools
 import importlib
 import os
 import signal
+import socket
 import time
 import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 
 class Forked:
@@ -92,3 +95,42 @@ def _child(argv: list[str], log: Path, before: Callable[[], None] | None) -> Non
                 traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def forked_ranks(argv: list, log_dir: Path, *, world: int = 2, before: Callable[[], None] | None = None,
+                 timeout: float = 240) -> SimpleNamespace:
+    """`bertforge ARGV` as `world` ranks of one gloo process group, each a forked child set up as torchrun sets up
+    its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, and MASTER_ADDR and MASTER_PORT for
+    `init_process_group`'s env:// rendezvous), on one torch thread, `before` run in each first. It spares torchrun's
+    launcher and a fresh interpreter a rank (about 2 s of CPU each) to the tests of what several processes compute;
+    the README's torchrun command itself is run by tests/test_distributed.py and the GPU check. Waits for every rank:
+    once one has failed the others get 20 s to stop (a rank left waiting in a collective would wait for gloo's 30
+    minutes), and after `timeout` seconds every rank left is killed. Returns `returncode` (0, or the first rank's
+    that failed, in rank order), and the ranks' output in rank order as `stdout` and `stderr` (both: each rank
+    writes both into one log)."""
+    with socket.socket() as s:  # a free port on the loopback for rank 0's store
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def as_rank(rank: int) -> None:
+        import torch
+
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        if before:
+            before()
+
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    ranks = [Forked(argv, Path(log_dir) / f"rank{r}.log", before=functools.partial(as_rank, r)) for r in range(world)]
+    deadline, failed_at = time.monotonic() + timeout, None
+    while any(r.poll() is None for r in ranks):
+        if failed_at is None and any(r.returncode for r in ranks):
+            failed_at = time.monotonic()
+        if time.monotonic() > deadline or (failed_at is not None and time.monotonic() > failed_at + 20):
+            for r in ranks:
+                r.send_signal(signal.SIGKILL)
+        time.sleep(0.02)
+    output = "".join(f"--- rank {n} ---\n{r.output()}" for n, r in enumerate(ranks))
+    code = next((r.returncode for r in ranks if r.returncode), 0)
+    return SimpleNamespace(returncode=code, stdout=output, stderr=output)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from forked import forked_ranks
 from safetensors.torch import load_file
 
 from bertforge.cli import main
@@ -191,15 +192,13 @@ def test_resume_after_an_interruption_is_bitwise_equal(run, prepared, tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_equal_one(prepared, tmp_path, one_thread):
-    """Also the budget recipe's case under torchrun: without NSP the pooler and its head get no gradient."""
-    from test_distributed import _torchrun
-
+    """Also the budget recipe's case in two ranks: without NSP the pooler and its head get no gradient."""
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps({**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
     args = _args(prepared, tmp_path / "one", str(cfg))[1:]
     assert main(["pretrain", *args]) == 0
-    two = _torchrun("-m", "bertforge", "pretrain", *[str(tmp_path / "two") if a == str(tmp_path / "one") else a
-                                                     for a in args])
+    two = forked_ranks(["pretrain", *[str(tmp_path / "two") if a == str(tmp_path / "one") else a for a in args]],
+                       tmp_path / "logs")
     assert two.returncode == 0, two.stderr[-3000:]
     la, lb = (read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("one", "two"))
     for x, y in zip(la, lb, strict=True):

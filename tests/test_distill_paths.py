@@ -1,6 +1,6 @@
-"""Distillation's other paths: two processes under torchrun (one process's student, the teacher run once on the main
-process and read from the cache by the others), the student's directory in transformers and ONNX with the logits of
-`bertforge predict`, multiple choice (swag) and tagging (conll2003) end to end.
+"""Distillation's other paths: two processes as ranks of one group (one process's student, the teacher run once on
+the main process and read from the cache by the others), the student's directory in transformers and ONNX with the
+logits of `bertforge predict`, multiple choice (swag) and tagging (conll2003) end to end.
 
 The teacher, the student's vocabulary and the keyword task are tests/test_distill.py's."""
 
@@ -11,13 +11,12 @@ import dataclasses
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from forked import forked_ranks
 from infer_support import VOCAB, save
 from safetensors.torch import load_file
 from test_distill import ARGS, OPTIONS, SIZES, STUDENT_VOCAB, _config, _model_dir, setup  # noqa: F401 (setup: fixture)
@@ -35,25 +34,21 @@ from bertforge.options import DistillOptions, FinetuneOptions
 from bertforge.tasks.runner import load_task_model
 from bertforge.tokenizer import Tokenizer
 
-# slow: each test trains a teacher or a student, or starts torchrun
+# slow: each test trains a teacher or a student, or two ranks
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+def _counting_teacher(calls: Path) -> None:
+    """In a rank: each call of the teacher logged, as the rank that made it, in `calls`."""
+    from bertforge.distill import teacher
 
-# A torchrun rank: `bertforge` with each call of the teacher logged as the rank that made it.
-COUNTING_RANK = f"""
-import os, sys
-sys.path.insert(0, {str(SRC)!r})
-from bertforge.distill import teacher
-real = teacher.run_teacher
-def counted(*args, **kwargs):
-    with open(sys.argv[1], "a") as f:
-        f.write(os.environ["RANK"] + "\\n")
-    return real(*args, **kwargs)
-teacher.run_teacher = counted
-from bertforge.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
+    real = teacher.run_teacher
+
+    def counted(*args, **kwargs):
+        with open(calls, "a") as f:
+            f.write(os.environ["RANK"] + "\n")
+        return real(*args, **kwargs)
+
+    teacher.run_teacher = counted
 
 
 def _no_dropout_student(path: Path) -> Path:
@@ -65,7 +60,7 @@ def _no_dropout_student(path: Path) -> Path:
     return save(model, Tokenizer(STUDENT_VOCAB, lowercase=True), path)
 
 
-# --- torchrun ----------------------------------------------------------------------------------------------------
+# --- two ranks ---------------------------------------------------------------------------------------------------
 
 
 def test_two_processes_distil_the_student_one_process_does_with_the_teacher_run_once(setup, tmp_path):  # noqa: F811
@@ -78,14 +73,11 @@ def test_two_processes_distil_the_student_one_process_does_with_the_teacher_run_
     config = _config(setup, tmp_path, student=student, transfer=(str(setup["corpus"]),), out_dir=tmp_path / "one",
                      cache_dir=tmp_path / "cache-one")
     one = distill(config.with_options(micro_batch_size=4, epochs=4.0))
-    worker, calls = tmp_path / "rank.py", tmp_path / "teacher-calls"
-    worker.write_text(COUNTING_RANK)
+    calls = tmp_path / "teacher-calls"
     argv = ["distill", "--teacher", setup["teacher"], "--student", student, "--data", setup["data"],
             "--transfer-corpus", setup["corpus"], "--cache-dir", tmp_path / "cache-two", *ARGS, "--epochs", "4",
             "--out", tmp_path / "two"]
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          worker, calls, *[str(a) for a in argv]], capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"})
+    run = forked_ranks(argv, tmp_path / "logs", before=lambda: _counting_teacher(calls))
     assert run.returncode == 0, run.stderr[-3000:]
     assert calls.read_text().split() == ["0"]  # labelled once, by the main process
     assert run.stdout.count("(computed; 150 transfer texts)") == run.stdout.count("model saved to") == 1, run.stdout

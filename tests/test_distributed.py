@@ -1,6 +1,7 @@
-"""Two gloo processes on the CPU, launched as torchrun launches them: the README's command with evaluation and
-checkpoints on completes, evaluation equals one process's, resume is bitwise equal to an uninterrupted run,
-fine-tuning evaluates under two processes, and every collective gets its tensors on the process group's device.
+"""Two gloo processes on the CPU, launched by torchrun: the README's command with evaluation and checkpoints on
+completes, evaluation equals one process's, resume is bitwise equal to an uninterrupted run, and every collective
+gets its tensors on the process group's device. Fine-tuning evaluates under two processes (forked ranks, set up
+as torchrun sets up its workers: tests/forked.py).
 
 The device check has no GPU to run on, so it declares one: the loop is told it runs on the `meta` device, and
 moving to or creating on `meta` gives a CPU tensor tagged as being there. Every torch.distributed collective is
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked import forked_ranks
 from safetensors.torch import load_file
 
 from bertforge.files import read_jsonl
@@ -150,7 +152,7 @@ def test_two_process_finetuning_evaluates_and_ends(tiny_model_dir, tmp_path):
             "text", "--label-column", "label", "--batch-size", "8", "--epochs", "2", "--lr", "1e-3",
             "--max-length", "32"]
     out = tmp_path / "run"
-    run = _torchrun("-m", "bertforge", *args, "--out", str(out))
+    run = forked_ranks(args + ["--out", str(out)], tmp_path / "logs")
     assert run.returncode == 0, run.stderr[-3000:]
     reported = json.loads((out / "metrics.json").read_text())
     assert len(reported["history"]) == 2

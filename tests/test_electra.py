@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked import forked_ranks
 from safetensors.torch import load_file
 
 from bertforge.cli import main
@@ -281,16 +282,14 @@ def test_resume_after_an_interruption_is_bitwise_equal(run, prepared, config_fil
 
 @pytest.mark.slow
 def test_two_processes_equal_one(prepared, tmp_path, one_thread):
-    """The same run in one process (this one, on one thread as each rank) and under torchrun in two (gloo, CPU):
-    the same samples for the same instances, so the same losses and weights up to float summation order."""
-    from test_distributed import _torchrun
-
+    """The same run in one process (this one, on one thread as each rank) and in two ranks (gloo, CPU): the same
+    samples for the same instances, so the same losses and weights up to float summation order."""
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps({**TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
     args = _args(prepared, tmp_path / "one", str(cfg))[1:]
     assert main(["pretrain", *args]) == 0
     two_args = [str(tmp_path / "two") if a == str(tmp_path / "one") else a for a in args]
-    two = _torchrun("-m", "bertforge", "pretrain", *two_args)
+    two = forked_ranks(["pretrain", *two_args], tmp_path / "logs")
     assert two.returncode == 0, two.stderr[-3000:]
     la, lb = ([r for r in read_jsonl(tmp_path / d / "metrics.jsonl")] for d in ("one", "two"))
     for x, y in zip(la, lb, strict=True):

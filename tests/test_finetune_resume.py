@@ -10,13 +10,11 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from forked import Forked, kill_at
+from forked import Forked, forked_ranks, kill_at
 
 from bertforge.cli import main
 from bertforge.errors import BertforgeError
@@ -27,7 +25,6 @@ from bertforge.options import FinetuneOptions
 from bertforge.train.loop import TrainingInterrupted
 from bertforge.train.rundir import claim_run_dir
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 # 24 training examples in batches of 4: 6 steps an epoch, 18 in all; a checkpoint at each epoch's end (the default,
 # every 10 minutes of training, would write none in these runs before the last step)
 ARGS = ["--task", "csv", "--label-column", "label", "--batch-size", "4", "--epochs", "3", "--lr", "1e-3",
@@ -35,20 +32,9 @@ ARGS = ["--task", "csv", "--label-column", "label", "--batch-size", "4", "--epoc
 OPTIONS = FinetuneOptions(batch_size=4, epochs=3.0, lr=1e-3, max_length=16, eval_batch_size=4, save_every=6)  # ARGS'
 
 
-# A torchrun rank: `bertforge` with `kill_at` applied.
-KILLER = f"""
-import sys
-sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-from forked import kill_at
-kill_at(sys.argv[1])
-from bertforge.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
-
-
 @contextlib.contextmanager
 def _one_thread():
-    """Runs compare bitwise with each other and with torchrun's ranks (OMP_NUM_THREADS=1): one thread here too."""
+    """Runs compare bitwise with each other and with two processes' ranks (one thread each): one thread here too."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -264,21 +250,13 @@ def test_a_sweep_resumes_only_as_it_was_started(task, tmp_path, capsys, monkeypa
 
 @pytest.mark.slow
 def test_two_processes_killed_and_resumed_equal_an_uninterrupted_two_process_run(task, tmp_path):
-    pytest.importorskip("torch.distributed.run")
-    killer = tmp_path / "killer.py"
-    killer.write_text(KILLER)
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-
-    def torchrun(*args) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               *[str(a) for a in args]], env=env, capture_output=True, text=True, timeout=240)
-
     base = ["finetune", *task["base"], "--device", "cpu"]
-    full = torchrun("-m", "bertforge", *base, "--out", tmp_path / "full")
+    full = forked_ranks(base + ["--out", tmp_path / "full"], tmp_path / "logs-full")
     assert full.returncode == 0, full.stderr[-3000:]
-    killed = torchrun(killer, "bertforge.train.loop:train_step:8", *base, "--out", tmp_path / "run")
+    killed = forked_ranks(base + ["--out", tmp_path / "run"], tmp_path / "logs-killed",
+                          before=lambda: kill_at("bertforge.train.loop:train_step:8"))
     assert killed.returncode != 0 and not (tmp_path / "run").exists(), killed.stderr[-3000:]
-    resumed = torchrun("-m", "bertforge", *base, "--out", tmp_path / "run", "--resume")
+    resumed = forked_ranks(base + ["--out", tmp_path / "run", "--resume"], tmp_path / "logs-resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "(step 6)" in resumed.stdout, resumed.stdout
     assert _files(tmp_path / "run") == _files(tmp_path / "full")
