@@ -1,12 +1,12 @@
-"""Two gloo processes on the CPU, launched by torchrun: the README's command with evaluation and checkpoints on
-completes, evaluation equals one process's, resume is bitwise equal to an uninterrupted run, and every collective
-gets its tensors on the process group's device. Fine-tuning evaluates under two processes (forked ranks, set up
-as torchrun sets up its workers: tests/forked.py).
+"""Two gloo processes on the CPU: the README's command under torchrun, with evaluation and checkpoints on,
+completes, and its resume is bitwise equal to an uninterrupted run; on two forked ranks (tests/forked.py, set up
+as torchrun sets up its workers) evaluation equals one process's, fine-tuning evaluates, and every collective
+gets its tensors on the process group's device.
 
 The device check has no GPU to run on, so it declares one: the loop is told it runs on the `meta` device, and
 moving to or creating on `meta` gives a CPU tensor tagged as being there. Every torch.distributed collective is
 wrapped to refuse a tensor without the tag, that is one that a GPU run would have left on the CPU, where NCCL
-refuses it. Run as a script, this file is the worker that torchrun starts (see `_worker`).
+refuses it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from bertforge.files import read_jsonl
 pytestmark = pytest.mark.slow  # each test launches torchrun
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-HERE = Path(__file__).resolve()
 DECLARED = torch.device("meta")  # the device the checked run believes it is on
 
 
@@ -94,7 +93,7 @@ def test_two_processes_match_one_with_every_collective_on_the_group_device(prepa
                                                                           one_thread):
     """The same run in one process and in two: the same global batches with exact loss weighting give the same
     losses and weights up to float summation order, and evaluation sharded over the ranks gives one process's
-    figures. The two processes run as the checked worker (see `_worker`), so the same run also shows that every
+    figures. The two processes run as checked ranks (see `_checked_rank`), so the same run also shows that every
     collective, the loop's and evaluation's and the checkpoints', gets its tensors on the group's device."""
     cfg = tiny_config_file(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     args = ["pretrain", "--data", str(prepared), "--model", cfg, "--steps", "4", "--batch-size", "8", "--lr",
@@ -105,8 +104,8 @@ def test_two_processes_match_one_with_every_collective_on_the_group_device(prepa
     assert main([*args, "--out", str(tmp_path / "one")]) == 0  # in this process, on one thread as each rank
     log = tmp_path / "collectives"
     log.mkdir()
-    job = {"argv": [*args, "--out", str(tmp_path / "two"), "--device", str(DECLARED)], "log": str(log)}
-    two = _torchrun(str(HERE), json.dumps(job))
+    two = forked_ranks([*args, "--out", str(tmp_path / "two"), "--device", str(DECLARED)], tmp_path / "logs",
+                       before=lambda: _checked_rank(log))
     assert two.returncode == 0, two.stderr[-3000:]
 
     records = {run: read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("one", "two")}
@@ -224,19 +223,21 @@ def _check_collectives(declared: torch.device, seen: list[dict]) -> None:
             setattr(dist, name, checked(name, getattr(dist, name)))
 
 
-def _worker(job: dict) -> None:
-    """One rank of the checked run: the command line's `job["argv"]`, on the declared device."""
-    seen: list[dict] = []
+class _Logged(list):
+    """A list that writes itself to `path` as JSON at each append: a forked rank ends in `os._exit`, after which
+    nothing of it runs."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+    def append(self, item) -> None:
+        super().append(item)
+        self.path.write_text(json.dumps(self))
+
+
+def _checked_rank(log: Path) -> None:
+    """Makes this process the checked rank: on the declared device, every collective it calls recorded in
+    `log`/rank<RANK>.json."""
     _declare_device(DECLARED)
-    _check_collectives(DECLARED, seen)
-    from bertforge.cli import main
-
-    try:
-        code = main(job["argv"])
-    finally:
-        Path(job["log"], f"rank{os.environ['RANK']}.json").write_text(json.dumps(seen))
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    _worker(json.loads(sys.argv[1]))
+    _check_collectives(DECLARED, _Logged(log / f"rank{os.environ['RANK']}.json"))
