@@ -12,7 +12,6 @@ import functools
 import importlib
 import os
 import signal
-import socket
 import time
 import traceback
 import warnings
@@ -100,23 +99,23 @@ def _child(argv: list[str], log: Path, before: Callable[[], None] | None) -> Non
 def forked_ranks(argv: list, log_dir: Path, *, world: int = 2, before: Callable[[], None] | None = None,
                  timeout: float = 240) -> SimpleNamespace:
     """`bertforge ARGV` as `world` ranks of one gloo process group, each a forked child set up as torchrun sets up
-    its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, and MASTER_ADDR and MASTER_PORT for
-    `init_process_group`'s env:// rendezvous), on one torch thread, `before` run in each first. It spares torchrun's
-    launcher and a fresh interpreter a rank (about 2 s of CPU each) to the tests of what several processes compute;
-    the README's torchrun command itself is run by tests/test_distributed.py and the GPU check. Waits for every rank:
-    once one has failed the others get 20 s to stop (a rank left waiting in a collective would wait for gloo's 30
-    minutes), and after `timeout` seconds every rank left is killed. Returns `returncode` (0, or the first rank's
-    that failed, in rank order), and the ranks' output in rank order as `stdout` and `stderr` (both: each rank
-    writes both into one log)."""
-    with socket.socket() as s:  # a free port on the loopback for rank 0's store
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE; MASTER_ADDR and MASTER_PORT of a store that this
+    process holds, as torchrun's agent holds it, for `init_process_group`'s env:// rendezvous), on one torch
+    thread, `before` run in each first. It spares torchrun's launcher and a fresh interpreter a rank (about 2 s of
+    CPU each) to the tests of what several processes compute; the README's torchrun command itself is run by
+    tests/test_distributed.py and the GPU check. Waits for every rank: once one has failed the others get 20 s to
+    stop (a rank left waiting in a collective would wait for gloo's 30 minutes), and after `timeout` seconds every
+    rank left is killed. Returns `returncode` (0, or the first rank's that failed, in rank order), and the ranks'
+    output in rank order as `stdout` and `stderr` (both: each rank writes both into one log)."""
+    import torch
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # its port is ours until the end
+    port = store.port
 
     def as_rank(rank: int) -> None:
-        import torch
-
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
         torch.set_num_threads(1)
         if before:
             before()
@@ -131,6 +130,7 @@ def forked_ranks(argv: list, log_dir: Path, *, world: int = 2, before: Callable[
             for r in ranks:
                 r.send_signal(signal.SIGKILL)
         time.sleep(0.02)
+    del store
     output = "".join(f"--- rank {n} ---\n{r.output()}" for n, r in enumerate(ranks))
     code = next((r.returncode for r in ranks if r.returncode), 0)
     return SimpleNamespace(returncode=code, stdout=output, stderr=output)
