@@ -125,7 +125,7 @@ def test_two_processes_match_one_with_every_collective_on_the_group_device(prepa
         assert x["mlm_loss"] == pytest.approx(y["mlm_loss"], rel=1e-4)
 
     for rank in (0, 1):
-        seen = json.loads((log / f"rank{rank}.json").read_text())
+        seen = read_jsonl(log / f"rank{rank}.jsonl")
         tensors = [c for c in seen if c["device"] != "none"]
         assert {c["op"] for c in tensors} >= {"all_reduce"}, seen  # the check did see the loop's collectives
         assert {c["device"] for c in tensors} == {str(DECLARED)}, seen
@@ -198,7 +198,7 @@ def _declare_device(declared: torch.device) -> None:
         setattr(torch, name, tagging(getattr(torch, name)))
 
 
-def _check_collectives(declared: torch.device, seen: list[dict]) -> None:
+def _check_collectives(declared: torch.device, seen: _Logged) -> None:
     """Wrap every torch.distributed collective: record the device of what it gets and refuse any tensor that is
     not on `declared`."""
     import torch.distributed as dist
@@ -223,21 +223,20 @@ def _check_collectives(declared: torch.device, seen: list[dict]) -> None:
             setattr(dist, name, checked(name, getattr(dist, name)))
 
 
-class _Logged(list):
-    """A list that writes itself to `path` as JSON at each append: a forked rank ends in `os._exit`, after which
-    nothing of it runs."""
+class _Logged:
+    """Where a rank's collectives go: a line of JSON each, written as it is called (a forked rank ends in
+    `os._exit`, after which nothing of it runs)."""
 
     def __init__(self, path: Path):
-        super().__init__()
         self.path = path
 
-    def append(self, item) -> None:
-        super().append(item)
-        self.path.write_text(json.dumps(self))
+    def append(self, item: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(item) + "\n")
 
 
 def _checked_rank(log: Path) -> None:
     """Makes this process the checked rank: on the declared device, every collective it calls recorded in
-    `log`/rank<RANK>.json."""
+    `log`/rank<RANK>.jsonl."""
     _declare_device(DECLARED)
-    _check_collectives(DECLARED, _Logged(log / f"rank{os.environ['RANK']}.json"))
+    _check_collectives(DECLARED, _Logged(log / f"rank{os.environ['RANK']}.jsonl"))
