@@ -28,7 +28,7 @@ def broken(toy) -> dict[str, Path]:
     """Copies of the toy's model, data and tokenizer, each broken in one way, and other things in wrong places."""
     root = toy["root"] / "broken"
     root.mkdir()
-    model_files = shutil.ignore_patterns(".lock", "checkpoints", "tensorboard", "metrics.jsonl", "*.png")
+    model_files = shutil.ignore_patterns(".lock", "checkpoints", "tensorboard", "metrics.jsonl", "*.svg")
     found = {"run": toy["run"], "data": toy["data_a"], "corpus": toy["corpus"], "csv": labelled_csv(root / "csv")}
     for name in ("cut_weights", "cut_weights_task", "odd_config", "cut_task", "not_utf8_task", "no_task"):
         found[name] = root / name

@@ -105,8 +105,8 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert len(summary["fill_mask"]) == len(demo_module.FILL_MASK_EXAMPLES)
     assert all(len(item["top"]) == 3 for item in summary["fill_mask"])
     report = (out / "report.md").read_text()
-    assert "![pretraining](pretrain/training_curves.png)" in report
-    assert (out / "pretrain" / "training_curves.png").is_file()
+    assert "![pretraining](pretrain/training_curves.svg)" in report
+    assert (out / "pretrain" / "training_curves.svg").is_file()
     assert json.loads((out / "summary.json").read_text())["finetune"] == summary["finetune"]
     # it ends with the command that serves its best small model (test_the_served_model_is_the_best_small_one says
     # which), a model directory that command can load

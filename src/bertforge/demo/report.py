@@ -221,17 +221,17 @@ initialisation's figure in brackets.
 
 ## Pretraining curves
 
-![pretraining](pretrain/training_curves.png)
+![pretraining](pretrain/training_curves.svg)
 
 ## Fine-tuning curves
 
 From the pretrained model (first seed):
 
-![from pretrained](finetune-pretrained/seed0/training_curves.png)
+![from pretrained](finetune-pretrained/seed0/training_curves.svg)
 
 From random initialisation (first seed):
 
-![from scratch](finetune-scratch/seed0/training_curves.png)
+![from scratch](finetune-scratch/seed0/training_curves.svg)
 
 Files: `pretrain/` (the pretrained model, `metrics.jsonl`, `budget_plan.json`, checkpoints),
 `finetune-*/seed*/` (fine-tuned models, `metrics.json`, `scores.json`, dev predictions), `summary.json`

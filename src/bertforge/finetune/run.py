@@ -368,5 +368,5 @@ def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOpti
         for name in ("best", "checkpoints", "last"):
             shutil.rmtree(work / name, ignore_errors=True)
         write_json(work / "metrics.json", result)
-        plot_metrics(work / "metrics.jsonl", work / "training_curves.png")
+        plot_metrics(work / "metrics.jsonl", work / "training_curves.svg")
     return result

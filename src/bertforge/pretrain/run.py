@@ -296,7 +296,7 @@ def _spec(c: PretrainConfig) -> dict:
 
 
 def _report(out_dir: Path, role: Role, plan: BudgetPlan | None, result: TrainResult, started: float) -> None:
-    plot_metrics(out_dir / METRICS_FILE, out_dir / "training_curves.png",
+    plot_metrics(out_dir / METRICS_FILE, out_dir / "training_curves.svg",
                  earlier=role.stack_from / METRICS_FILE if role.stack_from is not None else None)
     if plan is not None:
         took = (budget.now() - started) / 60
