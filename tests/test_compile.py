@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from support import pretrain_config
-from torch._dynamo.utils import counters
 
 from bertforge.files import read_jsonl
 from bertforge.options import DataOptions
@@ -26,6 +25,7 @@ def _losses(prepared: Path, config: str, out: Path, *, compile: bool) -> list[fl
 
 @pytest.mark.slow  # torch.compile takes seconds
 def test_compiled_pretraining_matches_eager_without_recompiling(prepared, tiny_config_file, tmp_path):
+    from torch._dynamo.utils import counters  # here: 1.9 s to import, for the workers that run this file only
     # no dropout: compiled dropout draws other random numbers
     config = tiny_config_file(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch._dynamo.reset()
