@@ -13,7 +13,7 @@ import torch
 
 from bertforge.config import BertConfig
 from bertforge.models import BertForSequenceClassification
-from bertforge.train.optim import build_optimizer, build_scheduler, parameter_groups
+from bertforge.train.optim import _unwrapped, build_optimizer, build_scheduler, parameter_groups
 
 TINY = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
             max_position_embeddings=32, num_labels=3)
@@ -42,6 +42,9 @@ def test_adamw_is_torchs_fused_adamw_bit_for_bit_through_a_state_dict_round_trip
     ref = torch.optim.AdamW(parameter_groups(ref_model, 0.01, lr=1e-3), lr=1e-3, betas=(0.9, 0.999), eps=1e-6,
                             fused=True)
     assert type(ours) is not torch.optim.AdamW and isinstance(ours, torch.optim.AdamW)
+    # torch's AdamW, once built, wraps its class's step once more (the profiler's hook): ours still reaches the
+    # function under every wrapper
+    assert torch.optim.AdamW.step.hooked and not hasattr(_unwrapped(torch.optim.AdamW.step), "__wrapped__")
     schedules = [build_scheduler(o, 2, 8) for o in (ours, ref)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. "lr_scheduler.step() before optimizer.step()": the step is counted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 
@@ -45,8 +46,10 @@ def _layer_scales(model: nn.Module, decay: float):
 
 
 def _unwrapped(method):
-    """`method` without the wrapper torch.optim puts around it for torch.compile (the function it wraps)."""
-    return getattr(method, "__wrapped__", method)
+    """`method` without the wrappers torch.optim puts around it (for torch.compile, and the profiler's hook that a
+    torch optimizer's first construction adds to its class's step): the function they wrap; `method` itself in a
+    torch without them."""
+    return inspect.unwrap(method)
 
 
 class _EagerOptimizer(torch.optim.Optimizer):
