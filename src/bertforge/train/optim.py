@@ -67,9 +67,11 @@ class _EagerOptimizer(torch.optim.Optimizer):
 class AdamW(_EagerOptimizer, torch.optim.AdamW):
     """torch's AdamW, its step the same arithmetic (the same fused kernel), without the compiler's wrapper."""
 
+    _torch_step = staticmethod(_unwrapped(torch.optim.AdamW.step))  # once: every wrapper is unwrapped alike
+
     @torch.no_grad()  # what the wrapper does besides: the step does not record gradients
     def step(self, closure=None):
-        return _unwrapped(torch.optim.AdamW.step)(self, closure)
+        return self._torch_step(self, closure)
 
 
 def build_optimizer(model: nn.Module, *, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
