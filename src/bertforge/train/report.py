@@ -104,16 +104,18 @@ def _panel(x0: float, title: str, ylabel: str, series: list[Series], offset: int
         x = area.px(offset)
         out.append(f'<line x1="{x:.1f}" y1="{area.top}" x2="{x:.1f}" y2="{area.bottom}" stroke="grey" '
                    f'stroke-dasharray="5,4"/>')
-    for i, (label, points, markers) in enumerate(series):
+    pixels = [[[(area.px(x), area.py(y)) for x, y in piece] for piece in _finite_pieces(points)]
+              for _, points, _ in series]  # each series' unbroken runs, in SVG coordinates
+    for i, ((label, _, markers), pieces) in enumerate(zip(series, pixels, strict=True)):
         color = COLORS[i % len(COLORS)]
-        for piece in _finite_pieces(points):
-            coords = " ".join(f"{area.px(x):.1f},{area.py(y):.1f}" for x, y in piece)
+        for piece in pieces:
+            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in piece)
             out.append(f'<polyline class="series" data-label="{escape(label)}" fill="none" stroke="{color}" '
                        f'stroke-width="1.5" points="{coords}"/>')
             if markers:
-                out += [f'<circle cx="{area.px(x):.1f}" cy="{area.py(y):.1f}" r="3" fill="{color}"/>'
-                        for x, y in piece]
-    return out + _legend(area, series)
+                out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in piece]
+    drawn = [point for pieces in pixels for piece in pieces for point in piece]
+    return out + _legend(area, [label for label, _, _ in series], drawn)
 
 
 def _finite_pieces(points: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
@@ -151,20 +153,19 @@ def _axes(area: _Area, title: str, ylabel: str) -> list[str]:
     return out
 
 
-def _legend(area: _Area, series: list[Series]) -> list[str]:
-    """A box with a line of each series' colour and its name, in the plot area's corner that hides the fewest
-    points (top right when they tie)."""
-    if not series:
+def _legend(area: _Area, labels: list[str], inside: list[tuple[float, float]]) -> list[str]:
+    """A box with a line of each series' colour and its name, in the plot area's corner that hides the fewest of
+    the drawn points `inside` (top right when they tie)."""
+    if not labels:
         return []
-    width, height = 34 + 7 * max(len(label) for label, _, _ in series), 8 + 16 * len(series)
-    inside = [(area.px(x), area.py(y)) for _, points, _ in series for x, y in points if math.isfinite(y)]
+    width, height = 34 + 7 * max(map(len, labels)), 8 + 16 * len(labels)
     corners = [(area.right - width - 8, area.top + 8), (area.left + 8, area.top + 8),
                (area.right - width - 8, area.bottom - height - 8), (area.left + 8, area.bottom - height - 8)]
     x, y = min(corners, key=lambda c: sum(c[0] <= px <= c[0] + width and c[1] <= py <= c[1] + height
                                           for px, py in inside))
     out = [f'<rect x="{x:.1f}" y="{y:.1f}" width="{width}" height="{height}" fill="white" fill-opacity="0.85" '
            f'stroke="#ccc"/>']
-    for i, (label, _, _) in enumerate(series):
+    for i, label in enumerate(labels):
         row = y + 14 + 16 * i
         out.append(f'<line x1="{x + 6:.1f}" y1="{row - 4:.1f}" x2="{x + 26:.1f}" y2="{row - 4:.1f}" '
                    f'stroke="{COLORS[i % len(COLORS)]}" stroke-width="2"/>')
