@@ -13,6 +13,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -293,8 +294,8 @@ def test_the_build_follows_the_cpu_and_the_environment(monkeypatch, flags, asked
 
 def test_kernels_off_by_environment_or_without_tools(monkeypatch, capsys, tmp_path):
     """BERTFORGE_KERNELS=0 turns them off quietly, and so does a CPU without AVX-512 or AVX2 + FMA; a build the CPU
-    cannot run asked for by name, a value that is no choice, a missing compiler or ninja are each said in one line
-    on stderr (with what to install), and int8 goes on without them; so is a failed build."""
+    cannot run asked for by name, a value that is no choice, a missing compiler or ninja where a build is needed are
+    each said in one line on stderr (with what to install), and int8 goes on without them; so is a failed build."""
     build = kernels.available.__wrapped__
     monkeypatch.setenv("BERTFORGE_KERNELS", "0")
     assert build() is False and capsys.readouterr().err == ""
@@ -314,17 +315,13 @@ def test_kernels_off_by_environment_or_without_tools(monkeypatch, capsys, tmp_pa
     monkeypatch.setenv("BERTFORGE_KERNELS", "1")
     monkeypatch.setattr(kernels, "_loaded", lambda: False)
     monkeypatch.setattr(kernels, "_put_pip_ninja_on_path", lambda: None)
+    monkeypatch.setattr(kernels, "cache_dir", lambda: tmp_path)  # no finished build: one is needed
     monkeypatch.setattr(kernels.shutil, "which", lambda tool: None if tool == "c++" else "/usr/bin/" + tool)
     assert build() is False
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "apt install g++" in err and "pip install ninja" not in err
     monkeypatch.setattr(kernels.shutil, "which", lambda tool: "/usr/bin/" + tool)
-    monkeypatch.setattr(kernels, "cache_dir", lambda: tmp_path)
-
-    def failing_build(**options):
-        raise RuntimeError("no")
-
-    monkeypatch.setattr(torch.utils.cpp_extension, "load", failing_build)
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", mock.Mock(side_effect=RuntimeError("no")))
     assert build() is False
     err = capsys.readouterr().err
     assert err.count("\n") == 2 and "building" in err and "did not build (no)" in err
@@ -332,14 +329,37 @@ def test_kernels_off_by_environment_or_without_tools(monkeypatch, capsys, tmp_pa
 
 def test_a_build_is_never_reused_on_another_cpu(monkeypatch):
     """The build's name (its cache directory) changes with the ISA it is built for, the CPU's features, torch's
-    version and the sources."""
+    version and commit and the sources; not with where torch is installed."""
     monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     one, avx2 = kernels._build_name("avx512"), kernels._build_name("avx2")
     monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f"}))
     other = kernels._build_name("avx512")
+    monkeypatch.setattr(torch, "__file__", "/another/.venv/torch/__init__.py")  # the same torch elsewhere: shared
+    assert kernels._build_name("avx512") == other
+    monkeypatch.setattr(torch.version, "git_version", "0" * 40)  # another build of torch
+    commit = kernels._build_name("avx512")
     monkeypatch.setattr(torch, "__version__", "0.0.0")
-    assert len({one, avx2, other, kernels._build_name("avx512")}) == 4
+    assert len({one, avx2, other, commit, kernels._build_name("avx512")}) == 5
     assert one.startswith("bertforge_cpu_avx512_") and avx2.startswith("bertforge_cpu_avx2_")
+
+
+def test_a_finished_build_is_loaded_without_ninja_or_a_compiler(monkeypatch, tmp_path):
+    """A .so without its marker (maybe a build under way elsewhere) goes through the build, which leaves the marker;
+    with it, the .so is loaded as it is, with no ninja or compiler, or, where it fails to load (corrupt), rebuilt."""
+    calls, build = [], kernels.available.__wrapped__
+    monkeypatch.setattr(kernels, "isa", lambda: "avx2")
+    monkeypatch.setattr(kernels, "_loaded", lambda: False)
+    monkeypatch.setattr(kernels, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda name, **options: calls.append(name))
+    monkeypatch.setattr(kernels.shutil, "which", lambda tool: "/usr/bin/" + tool)
+    library = tmp_path / "kernels" / kernels._build_name("avx2") / f"{kernels._build_name('avx2')}.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    assert build() is True and len(calls) == 1 and library.exists() and library.with_suffix(".ready").exists()
+    assert build() is True and len(calls) == 2 and not library.exists()  # the empty .so did not load: rebuilt
+    monkeypatch.setattr(torch.ops, "load_library", calls.append)
+    monkeypatch.setattr(kernels.shutil, "which", lambda tool: None)
+    assert build() is True and calls[2:] == [str(library)]
 
 
 def test_every_file_the_build_reads_is_in_its_name(monkeypatch, tmp_path):

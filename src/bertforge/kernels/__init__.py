@@ -8,9 +8,11 @@ fraction of the time torch's generator takes. The kernels are written once over 
 with two implementations, chosen when the file is compiled: AVX-512 (16 floats a vector) and AVX2 + FMA (8). At
 run time the CPU's flags choose the build (`isa`): AVX-512 where the CPU has avx512f (`-march=native`), else AVX2
 where it has avx2 and fma (`-mavx2 -mfma`), each built once with the C++ compiler torch's extensions use (`c++`,
-with ninja), into its own directory of bertforge's cache; about 10 s. Where that cannot happen (neither ISA, no
-compiler, the build fails, or `BERTFORGE_KERNELS=0`), `available()` is False: int8 inference runs on PyTorch's
-operators alone, with the same results up to rounding, and dropout computes the same masks with them, slower.
+with ninja), into its own directory of bertforge's cache; about 10 s. A finished build (its `.ready` marker beside
+it) is then loaded directly, in about 1 ms and with no compiler or ninja, by every process of every environment
+with the same torch. Where none can be loaded (neither ISA, no compiler where a build is needed, the build fails,
+or `BERTFORGE_KERNELS=0`), `available()` is False: int8 inference runs on PyTorch's operators alone, with the same
+results up to rounding, and dropout computes the same masks with them, slower.
 
 `BERTFORGE_KERNELS`: unset or `1` the build the CPU's flags choose; `0` none (PyTorch's operators); `avx2` the AVX2
 build even on an AVX-512 CPU (to test or measure what an AVX2-only CPU runs); `avx512` the AVX-512 build (none
@@ -19,6 +21,7 @@ where the CPU lacks avx512f).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -57,16 +60,18 @@ def isa() -> str | None:
 
 
 def _build_name(isa: str) -> str:
-    """A name unique to the build (`isa`), the sources, torch's version and the CPU's features, so that a cache
-    shared between machines (a home directory on a cluster) never loads a build for another CPU."""
+    """A name unique to the build (`isa`), the sources, the torch it runs on and the CPU's features, so that a cache
+    shared between machines (a home directory on a cluster) never loads a build for another CPU or torch."""
     key = hashlib.sha256()
     for path in FILES:
         key.update(path.name.encode())
         key.update(path.read_bytes())
+    # what decides whether torch can load the build (not where it is installed): two environments with the same
+    # torch (a checkout's .venv and a fresh clone's) share one build, and as a finished build is loaded without
+    # ninja (`_load_finished`), they no longer take turns rebuilding it, its ninja file naming the other's paths
     key.update(torch.__version__.encode())
-    # and the torch it builds against: two environments (a checkout's .venv and a fresh clone's) sharing the cache
-    # would otherwise take turns rebuilding one directory, whose ninja file names the other's include paths
-    key.update(str(Path(torch.__file__).resolve().parent).encode())
+    key.update(str(torch.version.git_version).encode())
+    key.update(str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "")).encode())
     key.update(" ".join(sorted(cpu.cpu_flags())).encode())
     key.update(" ".join(_FLAGS[isa]).encode())
     return f"bertforge_cpu_{isa}_{key.hexdigest()[:16]}"
@@ -99,6 +104,60 @@ def _put_pip_ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([where, os.environ.get("PATH", "")])
 
 
+def _load_finished(name: str, where: Path) -> bool:
+    """Load the build in `where` if it is finished, as torch's `load()` would but without it: `load()` runs ninja
+    to check the build is up to date, 0.2 s a process, where loading the library takes 1 ms and needs no compiler.
+    Finished means its marker is there, written once a build succeeded: a linker writes the .so in place, so a
+    .so alone may be another process's build under way. One that will not load (a corrupt file) is removed, with
+    its marker, for the build to make it again."""
+    marker, library = where / f"{name}.ready", where / f"{name}.so"
+    if not marker.exists():
+        return False
+    try:
+        torch.ops.load_library(str(library))
+    except Exception:
+        marker.unlink(missing_ok=True)
+        library.unlink(missing_ok=True)
+        return False
+    return True
+
+
+def _mark_finished(name: str, where: Path) -> None:
+    """The marker `_load_finished` asks for, written whole (a temporary file beside it, then renamed), so that a
+    process never sees a part of one; where it cannot be written, later processes build (ninja) as before."""
+    temporary = where / f"{name}.ready.{os.getpid()}"
+    with contextlib.suppress(OSError):
+        temporary.write_text("finished\n")
+        os.replace(temporary, where / f"{name}.ready")
+
+
+def _build(chosen: str, name: str, where: Path) -> bool:
+    """Build (or find up to date, ninja says) and load `chosen` in `where`, then mark it finished; False, with one
+    line on stderr, where a tool is missing or the build fails."""
+    _put_pip_ninja_on_path()
+    missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
+    if missing:
+        needs = " and ".join(_INSTALL[tool] for tool in missing)
+        _note(f"int8 and dropout run on PyTorch's operators alone here, slower: its CPU kernels need {needs} to be "
+              "built")
+        return False
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        if not (where / f"{name}.so").exists():
+            _note(f"building its CPU kernels ({chosen}) for this machine (once, about 10 s)")
+        from torch.utils.cpp_extension import load
+
+        load(name=name, sources=[str(SOURCE)], extra_cflags=list(_FLAGS[chosen]), build_directory=str(where),
+             is_python_module=False, verbose=False)
+    except Exception as error:  # a failed build is slower, not a failed run
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        _note(f"int8 and dropout run on PyTorch's operators alone here, slower: its CPU kernels did not build "
+              f"({first}); BERTFORGE_KERNELS=0 skips the attempt")
+        return False
+    _mark_finished(name, where)
+    return True
+
+
 @functools.cache
 def available() -> bool:
     """Are the kernels loaded, the build `isa()` chooses (building it first if this machine has no such build yet)?
@@ -115,26 +174,6 @@ def available() -> bool:
         return False  # PyTorch's operators serve other CPUs
     if _loaded():
         return True
-    _put_pip_ninja_on_path()
-    missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
-    if missing:
-        needs = " and ".join(_INSTALL[tool] for tool in missing)
-        _note(f"int8 and dropout run on PyTorch's operators alone here, slower: its CPU kernels need {needs} to be "
-              "built")
-        return False
     name = _build_name(chosen)
     where = cache_dir() / "kernels" / name
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-        if not (where / f"{name}.so").exists():
-            _note(f"building its CPU kernels ({chosen}) for this machine (once, about 10 s)")
-        from torch.utils.cpp_extension import load
-
-        load(name=name, sources=[str(SOURCE)], extra_cflags=list(_FLAGS[chosen]), build_directory=str(where),
-             is_python_module=False, verbose=False)
-    except Exception as error:  # a failed build is slower, not a failed run
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        _note(f"int8 and dropout run on PyTorch's operators alone here, slower: its CPU kernels did not build "
-              f"({first}); BERTFORGE_KERNELS=0 skips the attempt")
-        return False
-    return True
+    return _load_finished(name, where) or _build(chosen, name, where)
