@@ -93,6 +93,8 @@ ALLOWED = {
     ("distill", "--temperature"): "(0,100]", ("distill", "--alpha"): "[0,1000]",
     ("distill", "--max-transfer-texts"): "[1,1e12]", ("distill", "--transfer-words"): "[1,100000]",
     ("distill", "--teacher-batch-size"): BATCH,
+    ("finetune", "--windows"): "[1,1000]", ("distill", "--windows"): "[1,1000]", ("evaluate", "--windows"): "[1,1000]",
+    ("predict", "--windows"): "[1,1000]",
     ("evaluate", "--batch-size"): BATCH, ("predict", "--batch-size"): BATCH, ("fill-mask", "--top-k"): "[1,4194304]",
     ("export", "--opset"): "[17,100]",
     ("demo", "--finetune-epochs"): "(0,1e4]", ("demo", "--finetune-seeds"): "[1,1000]",

@@ -27,7 +27,7 @@ from bertforge.finetune import run as ft
 from bertforge.finetune import sweep
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.options import FinetuneOptions
-from bertforge.tasks.runner import load_task_model
+from bertforge.tasks.runner import evaluate_examples, load_task_model
 from bertforge.train.rundir import RUN_CONFIG
 
 FILLER = ["the", "a", "film", "story", "plot", "actor", "scene", "city", "river", "house", "game", "book", "night",
@@ -817,6 +817,30 @@ def test_a_tiny_model_learns_a_keyword_task(init_dir, tmp_path):
     labels = [p["label"] for p in predict_records(tmp_path / "run", [{"text": f"the film was {GOOD}"},
                                                                      {"text": f"the film was {BAD}"}])]
     assert labels == ["pos", "neg"] and tm.task.labels == ["neg", "pos"]
+
+
+def test_a_keyword_past_the_first_window_is_read_in_windows(init_dir, tmp_path):
+    """Trained on texts within the sequence length (32), scored on 60-word texts whose keyword is in the second
+    half: read in windows (the default) dev finds it, read to the first 32 tokens (`windows=1`) it is chance."""
+    rng = random.Random(3)
+    d = tmp_path / "data"
+    d.mkdir()
+
+    def long_text(keyword: str) -> str:
+        return " ".join([sentence(rng, 30), sentence(rng, 29, keyword)])
+
+    train = [[sentence(rng, rng.randint(20, 28), GOOD if i % 2 else BAD), "pos" if i % 2 else "neg"]
+             for i in range(192)]
+    _csv(d / "train.csv", [["text", "label"], *train])
+    _csv(d / "dev.csv", [["text", "label"]] + [[long_text(GOOD if i % 2 else BAD), "pos" if i % 2 else "neg"]
+                                              for i in range(64)])
+    options = ft.FinetuneOptions(lr=1e-3, batch_size=16, epochs=16, max_length=32, progress=False, seed=1)
+    result = ft.finetune(FinetuneConfig("csv", d, init_dir, tmp_path / "run", options=options))
+    tm = load_task_model(tmp_path / "run")
+    dev = tm.task.read(str(d), "dev")
+    first_only = evaluate_examples(tm, dev, windows=1)[0]["accuracy"]
+    assert result["metrics"]["accuracy"] >= 90 and first_only <= 70, (result["history"], first_only)
+    assert evaluate_examples(tm, dev)[0] == result["metrics"]  # evaluate's default reads as fine-tuning's dev did
 
 
 def test_a_tiny_model_learns_entities_with_character_spans(init_dir, tmp_path):

@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bertforge.options
+from bertforge.bounds import Bound
 from bertforge.cli import _commands, build_parser, main
 from bertforge.commands.arguments import _unwrap_optional, flag_name
-from bertforge.options import Bound, cli_name, default_of
+from bertforge.options import cli_name, default_of
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,9 +25,10 @@ from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
 
+from bertforge.bounds import Bound
 from bertforge.errors import BertforgeError
 from bertforge.files import read_json_object
-from bertforge.options import Bound, cli_name, default_of, redeclare
+from bertforge.options import cli_name, default_of, redeclare
 
 
 @dataclasses.dataclass(frozen=True)

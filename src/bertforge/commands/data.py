@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from bertforge.bounds import FRACTION, MIN_SEQ_LEN, at_least
 from bertforge.commands.arguments import Command
-from bertforge.options import FRACTION, MIN_SEQ_LEN, at_least, option, seed_option
+from bertforge.options import option, seed_option
 
 
 @dataclasses.dataclass

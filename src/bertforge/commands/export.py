@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bertforge.bounds import at_least
 from bertforge.commands.arguments import Command
-from bertforge.options import at_least, option
+from bertforge.options import option
 
 
 @dataclass

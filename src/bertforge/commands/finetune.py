@@ -17,9 +17,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from bertforge.bounds import at_least
 from bertforge.commands.arguments import Command, check_output_file, command_args, options_from
 from bertforge.finetune.config import FinetuneConfig
-from bertforge.options import FinetuneOptions, at_least, option
+from bertforge.options import DEFAULT_WINDOWS, WINDOWS, FinetuneOptions, option
 
 
 @command_args(FinetuneOptions)
@@ -116,6 +117,9 @@ class EvaluateArgs:
     batch_size: int = option(64, help="sequences per forward pass",
                              bound=at_least(1, "more than 2**20 sequences at once fit no device", at_most=2**20))
     device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    windows: int = option(DEFAULT_WINDOWS, help="a single text longer than the model's sequence length is read in up "
+                          "to this many windows of it, from its start to its end, their outputs averaged "
+                          "(classification, regression); 1: its first tokens only", bound=WINDOWS)
 
 
 def run_evaluate(args: EvaluateArgs) -> int:
@@ -125,7 +129,7 @@ def run_evaluate(args: EvaluateArgs) -> int:
     check_output_file(args.out)
     tm = load_task_model(args.model, device=args.device)
     examples = tm.task.read(args.data, args.split)
-    metrics, predictions = evaluate_examples(tm, examples, batch_size=args.batch_size)
+    metrics, predictions = evaluate_examples(tm, examples, batch_size=args.batch_size, windows=args.windows)
     if metrics:
         _print_metrics(f"{tm.task.name} {args.split} ({len(examples)} examples)", metrics)
     else:

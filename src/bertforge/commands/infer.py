@@ -21,9 +21,10 @@ import io
 import json
 from dataclasses import dataclass
 
+from bertforge.bounds import at_least
 from bertforge.commands.arguments import Command, check_output_file, command_args, emit_jsonl, options_from
 from bertforge.errors import BertforgeError
-from bertforge.options import EngineOptions, at_least, option, same_as
+from bertforge.options import DEFAULT_WINDOWS, WINDOWS, EngineOptions, option, same_as
 
 
 @command_args(EngineOptions)
@@ -38,6 +39,9 @@ class PredictArgs:
     out: str | None = option(None, help="write JSONL predictions here instead of standard output")
     batch_size: int = option(64, help="sequences per forward pass",
                              bound=at_least(1, "more than 2**20 sequences at once fit no device", at_most=2**20))
+    windows: int = option(DEFAULT_WINDOWS, help="a single text longer than the model's sequence length is read in up "
+                          "to this many windows of it, from its start to its end, their outputs averaged "
+                          "(classification, regression); 1: its first tokens only", bound=WINDOWS)
 
 
 def run_predict(args: PredictArgs) -> int:
@@ -50,7 +54,7 @@ def run_predict(args: PredictArgs) -> int:
     check_output_file(args.out)
     records = read_input_records(args.input) if args.input else [
         {"text": t, "text_pair": args.text_pair} for t in args.text]
-    results = predict_records(args.model, records, options, batch_size=args.batch_size)
+    results = predict_records(args.model, records, options, batch_size=args.batch_size, windows=args.windows)
     emit_jsonl(results, args.out, "predictions")
     return 0
 

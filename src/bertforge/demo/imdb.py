@@ -13,8 +13,9 @@ or scored on. Train reviews stay in the corpus, unlabelled, as the Rotten Tomato
 of one movie may fall into different splits (no movie ids to split by), for both sides alike.
 
 Sizes: fine-tuning truncates a review to 128 tokens (the reviews average 234 words: 95% of the training reviews
-are cut), and 2,500 of them make about two thirds of the tokens of an epoch of Rotten Tomatoes' 10,500 snippets
-(316k against 446k with a 2k vocabulary), so a run on the second task costs about what one on the first does.
+are cut; dev and test read them whole, in windows: `bertforge.tasks.features.window_starts`), and 2,500 of them
+make about two thirds of the tokens of an epoch of Rotten Tomatoes' 10,500 snippets (316k against 446k with a 2k
+vocabulary), so a run on the second task costs about what one on the first does.
 2,000 test reviews: one run's accuracy has a standard error of about 0.9 points at 80%, below the spread between
 seeds; 1,000 dev reviews choose among a small grid. The bag-of-words classifier scores 87.6 on dev, 87.3 on test.
 """

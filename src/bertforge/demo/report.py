@@ -209,11 +209,12 @@ TF-IDF weights of each snippet's words and word pairs, trained on the same label
 short sentiment snippets it does about as well as a small BERT fine-tuned from random weights, so a pretrained
 model has to learn more than which words occur to beat it.
 
-The untuned task is the IMDB reviews' own labels (`bertforge.demo.imdb`; half positive), reviews cut to
-their first 128 tokens, its dev and test reviews never pretrained on. No setting of ours was chosen on it: each
-side tries the same learning rates and keeps the one its own dev split prefers. The word-vector rows measure how far
-the pretrained embeddings have collapsed toward one direction (`bertforge.pretrain.isotropy`), a random
-initialisation's figure in brackets.
+The untuned task is the IMDB reviews' own labels (`bertforge.demo.imdb`; half positive), its dev and test reviews
+never pretrained on. The models train on a review's first 128 tokens and are scored reading it whole, in up to 8
+windows of 128 tokens whose outputs are averaged (`--windows`), as bag of words reads every word. No setting of
+ours was chosen on it: each side tries the same learning rates and keeps the one its own dev split prefers. The
+word-vector rows measure how far the pretrained embeddings have collapsed toward one direction
+(`bertforge.pretrain.isotropy`), a random initialisation's figure in brackets.
 
 ## Vocabulary
 

@@ -165,7 +165,7 @@ def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
     examples = [*train, *transfer]
     outputs = _teacher(config, examples, d)
     features = with_targets(task.features(examples, tokenizer, max_length, label_map), outputs.outputs, task.kind)
-    dev_features = task.features(dev, tokenizer, max_length, label_map)
+    dev_features = task.features(dev, tokenizer, max_length, label_map, windows=o.windows)
     task.references(dev)  # a dev split without gold answers fails now, not after the first epoch
     p = Prepared(task, tokenizer, examples, dev, features, dev_features, max_length, labels,
                  task_spec(task, config.task_options, max_length))

@@ -142,7 +142,7 @@ def prepare(config: FinetuneConfig) -> Prepared:
     labels = task.labels if task.kind in ("classification", "token_classification") else None
     label_map = task.label_map() if labels else None
     train_features = task.features(train, tokenizer, max_length, label_map)
-    dev_features = task.features(dev, tokenizer, max_length, label_map)
+    dev_features = task.features(dev, tokenizer, max_length, label_map, windows=o.windows)
     task.references(dev)  # a dev split without gold answers fails now, not after the first epoch
     return Prepared(task, tokenizer, train, dev, train_features, dev_features, max_length, labels,
                     task_spec(task, config.task_options, max_length))

@@ -117,7 +117,7 @@ def trained_and_scored(train: Callable[[Any], dict], config: Any) -> dict:
         test = tm.task.read(config.data_dir, "test")
     except BertforgeError:  # no test split
         test = []
-    test_metrics = evaluate_examples(tm, test)[0] if test else {}
+    test_metrics = evaluate_examples(tm, test, windows=config.options.windows)[0] if test else {}
     record = {"dev": result["metrics"], "test": test_metrics or None,
               "seconds": round(time.perf_counter() - start, 1)}
     write_json(record_file, record)

@@ -23,7 +23,7 @@ from bertforge.errors import BertforgeError
 from bertforge.infer.checks import auto_streams, engine_device
 from bertforge.infer.transforms import prepare
 from bertforge.model_files import load_model
-from bertforge.options import EngineOptions
+from bertforge.options import DEFAULT_WINDOWS, EngineOptions
 from bertforge.ort import load_ort_model
 from bertforge.tasks.runner import TaskModel, load_encoder, load_task, load_task_model, run_model
 from bertforge.tokenizer import Tokenizer
@@ -239,10 +239,13 @@ class Predictor:
 
     @torch.no_grad()
     @_cyclic_gc_paused
-    def predict(self, records: Sequence[dict], *, batch_size: int = 64, streams: int | None = None) -> list[dict]:
+    def predict(self, records: Sequence[dict], *, batch_size: int = 64, streams: int | None = None,
+                windows: int = DEFAULT_WINDOWS) -> list[dict]:
         """One result per record, in order. `streams`: batches run at once, each on its share of the threads
-        (default: 2 on a CPU with 2 or more threads and 4 or more batches, else 1; `bertforge.batching`). Records
-        and results by the task's kind:
+        (default: 2 on a CPU with 2 or more threads and 4 or more batches, else 1; `bertforge.batching`).
+        `windows`: a single text longer than the model's sequence length (classification, regression) is read in up
+        to this many windows of it, from its start to its end, their logits averaged (1: its first tokens only).
+        Records and results by the task's kind:
 
         classification   {"text", "text_pair"?} -> {"label", "score", "probabilities": {label: p}}
         regression       {"text", "text_pair"?} -> {"score"}
@@ -259,7 +262,7 @@ class Predictor:
             ex.id = str(n)
         label_map = task.label_map() if task.labels and task.kind in ("classification", "token_classification") \
             else None
-        features = task.features(examples, tm.tokenizer, tm.max_length, label_map)
+        features = task.features(examples, tm.tokenizer, tm.max_length, label_map, windows=windows)
         device = _device_of(tm.model)
         if streams is None:
             streams = auto_streams(self.backend, device, -(-len(features) // batch_size))
@@ -280,6 +283,8 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _results(task, examples: list, features: list, outputs: Any) -> list[dict]:
+    if task.kind in ("classification", "regression"):
+        outputs = task.per_example(features, outputs, len(examples))
     if task.kind == "classification":
         probs = _softmax(outputs)
         return [{"label": task.labels[int(p.argmax())], "score": float(p.max()),
@@ -299,9 +304,9 @@ def _results(task, examples: list, features: list, outputs: Any) -> list[dict]:
 
 
 def predict_records(path: str | Path, records: Sequence[dict], options: EngineOptions | None = None, *,
-                    batch_size: int = 64) -> list[dict]:
+                    batch_size: int = 64, windows: int = DEFAULT_WINDOWS) -> list[dict]:
     """Predictions of a fine-tuned model directory for input records: `Predictor(path, options).predict(records)`."""
-    return Predictor(path, options).predict(records, batch_size=batch_size)
+    return Predictor(path, options).predict(records, batch_size=batch_size, windows=windows)
 
 
 def _load_ort_task_model(path: Path, quantize: str | None) -> TaskModel:

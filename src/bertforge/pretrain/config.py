@@ -15,20 +15,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from bertforge.bounds import FRACTION, MAX_MINUTES, MIN_SEQ_LEN, PROBABILITY, SHARE, at_least
 from bertforge.errors import BertforgeError
-from bertforge.options import (
-    EMBEDDING_INITS,
-    FRACTION,
-    MAX_MINUTES,
-    MIN_SEQ_LEN,
-    PROBABILITY,
-    SHARE,
-    DataOptions,
-    ElectraOptions,
-    LoopOptions,
-    at_least,
-    option,
-)
+from bertforge.options import EMBEDDING_INITS, DataOptions, ElectraOptions, LoopOptions, option
 
 OBJECTIVES = ("mlm", "electra")
 

@@ -14,11 +14,12 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertforge.bounds import MIN_SEQ_LEN
 from bertforge.config import PRESETS, BertConfig
 from bertforge.data.shards import read_manifest
 from bertforge.errors import BertforgeError
 from bertforge.models import BertForPreTraining
-from bertforge.options import MIN_SEQ_LEN, LoopOptions
+from bertforge.options import LoopOptions
 from bertforge.pretrain.config import PretrainConfig
 from bertforge.train import distributed
 from bertforge.train.rundir import check_stack, used_dir_refusal

@@ -15,7 +15,7 @@ from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
 from bertforge.infer import Encoder, MaskFiller, Predictor
 from bertforge.model_files import model_dir
-from bertforge.options import EngineOptions
+from bertforge.options import DEFAULT_WINDOWS, EngineOptions
 from bertforge.tasks.runner import TASK_FILE
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")
@@ -83,7 +83,10 @@ class ServedModel:
         return self.encoder.max_length
 
     def cost(self, items: list) -> int:
-        """Estimated tokens of `items` (texts, or predict's records), each counted up to the model's max length."""
+        """Estimated tokens of `items` (texts, or predict's records), each counted up to the model's max length, or
+        up to its windows' for a single text that a classifier reads in windows (`Predictor.predict`)."""
+        windowed = self.task is not None and self.task.kind in ("classification", "regression")
+
         def tokens(item: Any) -> int:
             if isinstance(item, str):
                 return min(self.max_length, len(item) // CHARS_PER_TOKEN + 2)
@@ -91,7 +94,8 @@ class ServedModel:
             text = sum(len(v) for k, v in item.items() if isinstance(v, str))
             if choices:  # the context once per choice
                 return sum(min(self.max_length, (text + len(c)) // CHARS_PER_TOKEN + 3) for c in choices)
-            return min(self.max_length, text // CHARS_PER_TOKEN + 3)
+            most = DEFAULT_WINDOWS if windowed and not item.get("text_pair") else 1
+            return min(most * self.max_length, text // CHARS_PER_TOKEN + 3)
 
         return sum(tokens(item) for item in items)
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from bertforge.bounds import Bound, at_least
 from bertforge.errors import BertforgeError
-from bertforge.options import Bound, EngineOptions, at_least, option, same_as
+from bertforge.options import EngineOptions, option, same_as
 
 PORT = Bound(lo=0, hi=65535, why="a TCP port (0: any free one, printed at start)")
 

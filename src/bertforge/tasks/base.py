@@ -160,7 +160,9 @@ class Task:
 
     # --- features, decoding, scoring ---
     def features(self, examples: Sequence[Example], tokenizer: Any, max_length: int,
-                 label_map: dict[str, int] | None = None) -> list[Feature]:
+                 label_map: dict[str, int] | None = None, windows: int = 1) -> list[Feature]:
+        """Model features of examples. `windows`: the most windows a long single text is read in where the task
+        averages them (`SequenceTask`); the other tasks have their own way with long inputs and ignore it."""
         raise NotImplementedError
 
     def decode(self, examples: Sequence[Example], features: Sequence[Feature], outputs: Any) -> Any:

@@ -101,7 +101,7 @@ class ConllTask(Task):
                              spans=[m.span() for m in found], source="<input>")
 
     def features(self, examples: Sequence[TaggedExample], tokenizer: Any, max_length: int,
-                 label_map: dict[str, int] | None = None) -> list[Feature]:
+                 label_map: dict[str, int] | None = None, windows: int = 1) -> list[Feature]:
         if label_map is None:
             if self.labels is None:
                 self.label_list(examples)

@@ -5,8 +5,8 @@ A feature is a dict of plain Python lists, unpadded (padding happens per batch i
     input_ids, token_type_ids   [CLS] A [SEP] (B [SEP]); (C, T) nested lists for multiple choice
     labels                      int (class id) | float (regression) | list[int] per token (tagging; -100 on
                                 specials and on every sub-token but a word's first) | absent (no gold label)
-    example_index               the example a feature came from (tagging and QA may split one example into
-                                several features)
+    example_index               the example a feature came from (tagging, QA and a long single text read in
+                                windows may split one example into several features)
 
 The tokenizer is a bertforge.Tokenizer (or anything with its `encode`, `encode_many`, `encode_batch`, `tokenize_ids`,
 `cls_id`, `sep_id`); offsets are character spans in the text given to `encode`.
@@ -60,14 +60,47 @@ def label_id(label: str, label_map: dict[str, int], source: str) -> int:
                              "train with data that has it") from None
 
 
+def window_starts(n: int, width: int, most: int) -> list[int]:
+    """Where the windows of `width` tokens over a text of `n` start: one from the start, else consecutive windows to
+    its end, the last moved back to end where the text ends (so every window is full); where that would take more
+    than `most`, `most` windows spread evenly from the first tokens to the last."""
+    last = n - width
+    if last <= 0 or most == 1:
+        return [0]
+    count = -(-n // width)
+    if count <= most:
+        return [min(i * width, last) for i in range(count)]
+    return [round(i * last / (most - 1)) for i in range(most)]
+
+
+def window_ids(tokenizer: Any, texts: Sequence[str], max_length: int, windows: int) -> list[tuple[int, list[int]]]:
+    """(text index, ids with specials) for each window of each text (`window_starts`): a text within `max_length`
+    is its one window, the ids `encode_ids` gives it."""
+    width = max_length - 2
+    out = []
+    for i in range(0, len(texts), _BATCH):
+        for j, pieces in enumerate(tokenizer.tokenize_ids(list(texts[i:i + _BATCH])), i):
+            out += [(j, [tokenizer.cls_id, *pieces[s:s + width], tokenizer.sep_id])
+                    for s in window_starts(len(pieces), width, windows)]
+    return out
+
+
 def sequence_features(examples: Sequence[TextExample], tokenizer: Any, max_length: int,
-                      label_map: dict[str, int] | None, regression: bool = False) -> list[Feature]:
-    """Single sentences or sentence pairs, one feature per example."""
+                      label_map: dict[str, int] | None, regression: bool = False, windows: int = 1) -> list[Feature]:
+    """Single sentences or sentence pairs, one feature per example; with `windows` above 1, a single text longer
+    than `max_length` gives up to that many, its windows (`window_starts`), which `SequenceTask` averages."""
     has_pairs = any(ex.text_pair is not None for ex in examples)
-    pairs = [ex.text_pair or "" for ex in examples] if has_pairs else None
-    all_ids, all_types = encode_ids(tokenizer, [ex.text for ex in examples], pairs, max_length)
+    if windows > 1 and not has_pairs:
+        windowed = window_ids(tokenizer, [ex.text for ex in examples], max_length, windows)
+        owners, all_ids = [i for i, _ in windowed], [ids for _, ids in windowed]
+        all_types = [[0] * len(ids) for ids in all_ids]
+    else:
+        pairs = [ex.text_pair or "" for ex in examples] if has_pairs else None
+        all_ids, all_types = encode_ids(tokenizer, [ex.text for ex in examples], pairs, max_length)
+        owners = range(len(examples))
     features = []
-    for i, (ex, ids, types) in enumerate(zip(examples, all_ids, all_types, strict=True)):
+    for i, ids, types in zip(owners, all_ids, all_types, strict=True):
+        ex = examples[i]
         feature: Feature = {"input_ids": ids, "token_type_ids": types, "example_index": i}
         if ex.label is not None:
             if regression:

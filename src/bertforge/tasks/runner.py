@@ -29,6 +29,7 @@ from bertforge.models import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from bertforge.options import DEFAULT_WINDOWS
 from bertforge.tasks.base import QAExample, TaggedExample, Task
 from bertforge.tasks.features import collate
 from bertforge.tasks.registry import get_task
@@ -169,12 +170,14 @@ def is_labelled(example: Any) -> bool:
     return example.label is not None
 
 
-def evaluate_examples(tm: TaskModel, examples: Sequence, *, batch_size: int = 64) -> tuple[dict[str, float], Any]:
+def evaluate_examples(tm: TaskModel, examples: Sequence, *, batch_size: int = 64,
+                      windows: int = DEFAULT_WINDOWS) -> tuple[dict[str, float], Any]:
     """(metrics, predictions) of a task model on examples. Metrics are {} when no example has a gold answer
-    (a test split): then only the predictions are made."""
+    (a test split): then only the predictions are made. `windows`: the most windows a long single text is read in
+    (`bertforge.tasks.features.window_starts`; 1: its first tokens)."""
     labelled = any(is_labelled(ex) for ex in examples)
     label_map = tm.task.label_map() if tm.task.labels else None
-    features = tm.task.features(examples, tm.tokenizer, tm.max_length, label_map)
+    features = tm.task.features(examples, tm.tokenizer, tm.max_length, label_map, windows=windows)
     outputs = run_model(tm.model, features, tm.tokenizer.pad_id, batch_size=batch_size)
     predictions = tm.task.decode(examples, features, outputs)
     if not labelled:

@@ -176,7 +176,7 @@ class SquadTask(Task):
         return QAExample(id="0", question=question, context=context, source="<input>")
 
     def features(self, examples: Sequence[QAExample], tokenizer: Any, max_length: int = 384,
-                 label_map: dict[str, int] | None = None) -> list[Feature]:
+                 label_map: dict[str, int] | None = None, windows: int = 1) -> list[Feature]:
         """Sliding-window features. Each has input_ids, token_type_ids, example_index, example_id,
         offset_mapping ((start, end) characters of the context per token, None outside the context),
         token_is_max_context, and start_positions/end_positions when the example's answer is known."""

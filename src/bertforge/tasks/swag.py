@@ -67,7 +67,7 @@ class SwagTask(Task):
         return ChoiceExample(id="0", context=context, choices=list(choices), source="<input>")
 
     def features(self, examples: Sequence[ChoiceExample], tokenizer: Any, max_length: int,
-                 label_map: dict[str, int] | None = None) -> list[Feature]:
+                 label_map: dict[str, int] | None = None, windows: int = 1) -> list[Feature]:
         return choice_features(examples, tokenizer, max_length)
 
     def decode(self, examples: Sequence[ChoiceExample], features: Sequence[Feature], outputs: Any) -> list[int]:
