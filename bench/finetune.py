@@ -153,12 +153,12 @@ def run_ours(workload: Workload, args: argparse.Namespace, seed: int) -> dict:
             options = FinetuneOptions(lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, warmup_ratio=0.1,
                                       weight_decay=0.01, seed=seed, max_length=args.max_length,
                                       max_train_examples=args.max_train_examples, progress=False,
-                                      device=args.device)
+                                      device=args.device, windows=1)  # as the reference reads: the first tokens
             result = finetune(FinetuneConfig(task="csv", data_dir=str(workload.data), init=str(workload.init),
                                              out_dir=str(out), task_options=dict(workload.task_options),
                                              options=options))
             tm = load_task_model(out, device=args.device)
-            test, _ = evaluate_examples(tm, tm.task.read(workload.data, "test"))
+            test, _ = evaluate_examples(tm, tm.task.read(workload.data, "test"), windows=1)
     finally:
         loop.Trainer._step = original
     return {"dev": result["metrics"]["accuracy"], "test": test["accuracy"],

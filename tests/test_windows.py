@@ -53,12 +53,13 @@ def test_a_long_text_gives_full_windows_and_a_short_one_its_usual_feature(word_t
     words = [ALPHA[i * 7 % len(ALPHA)] for i in range(75)]
     short = TextExample(id="0", text="the film was good", source="t", label="negative")
     long = TextExample(id="1", text=" ".join(words), source="t", label="positive")
-    one = sequence_features([short, long], tok, 32, LABELS)
-    many = sequence_features([short, long], tok, 32, LABELS, windows=8)
-    assert many[0] == one[0]  # a text within the length: as before
+    empty = TextExample(id="2", text="", source="t", label="negative")
+    one = sequence_features([short, long, empty], tok, 32, LABELS)
+    many = sequence_features([short, long, empty], tok, 32, LABELS, windows=8)
+    assert many[0] == one[0] and many[-1] == one[-1]  # a text within the length, and an empty one: as before
     assert one[1]["input_ids"] == [tok.cls_id, *_ids(tok, words[:30]), tok.sep_id]
-    assert [f["example_index"] for f in many] == [0, 1, 1, 1] and all(f["labels"] == 1 for f in many[1:])
-    for f, start in zip(many[1:], (0, 30, 45), strict=True):  # 75 tokens, windows of 30: 0, 30, then 45 to the end
+    assert [f["example_index"] for f in many] == [0, 1, 1, 1, 2] and all(f["labels"] == 1 for f in many[1:4])
+    for f, start in zip(many[1:4], (0, 30, 45), strict=True):  # 75 tokens, windows of 30: 0, 30, then 45 to the end
         assert f["input_ids"] == [tok.cls_id, *_ids(tok, words[start:start + 30]), tok.sep_id]
         assert f["token_type_ids"] == [0] * 32
     pairs = [TextExample(id="0", text=long.text, text_pair="a good film", source="t", label="positive")]
@@ -71,8 +72,9 @@ def test_an_examples_outputs_are_the_mean_of_its_windows():
     merged = SequenceTask.per_example(features, logits, 3)
     assert np.array_equal(merged, np.array([[2, 2], [5, -5], [3, 1]], np.float32))
     alone = [{"example_index": i} for i in range(3)]
-    assert SequenceTask.per_example(alone, logits[:3], 3) is not None
     assert np.array_equal(SequenceTask.per_example(alone, logits[:3], 3), logits[:3])
+    scores = np.array([1.0, 2.0, 4.0, 0.5], np.float32)  # regression: one score a window
+    assert np.array_equal(SequenceTask.per_example(features[:4], scores, 3), np.array([1.5, 4.0, 0.5], np.float32))
 
 
 def test_predict_averages_the_logits_of_a_long_texts_windows(clf_dir, tmp_path):
