@@ -27,6 +27,8 @@ its best dev epoch (bertforge's `finetune` keeps the best dev model; the referen
   bertforge's: their indices come from bertforge's own length-grouped sampler (`FeatureBatches`, the same idea as
   transformers' `group_by_length`: shuffle, sort runs of 50 batches by length, cut, shuffle the batches), so both
   sides compute on the same padded shapes and the ratio is the code's, not the batching's.
+`--precision bf16` runs both sides under bf16 autocast (bertforge's `--precision bf16`; the reference as transformers'
+Trainer runs `bf16=True`), where the device multiplies bf16 natively.
 Both sides run on --device (default cpu) under the same allocator setting (bertforge's training commands
 keep freed memory for reuse, process-wide; the bench makes that setting before either side runs), and bertforge's
 CPU kernels are built and loaded before either side runs (the first dropout would otherwise do it on the clock).
@@ -37,6 +39,7 @@ shows the median time per epoch with min and max over seeds, and the speed ratio
 
     .venv/bin/python bench/finetune.py                                        # 3 epochs, 3 seeds
     .venv/bin/python bench/finetune.py --max-train-examples 500 --epochs 1 --seeds 1   # quick check
+    .venv/bin/python bench/finetune.py --precision bf16                       # both under bf16 autocast
     .venv/bin/python bench/finetune.py --workload base-pairs                  # BERT-base, sentence pairs
     .venv/bin/python bench/finetune.py --workload base-pairs --max-train-examples 64 --epochs 1 --seeds 1 \
         --batch-size 16 --eval-pairs 64                                       # its quick check
@@ -153,7 +156,8 @@ def run_ours(workload: Workload, args: argparse.Namespace, seed: int) -> dict:
             options = FinetuneOptions(lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, warmup_ratio=0.1,
                                       weight_decay=0.01, seed=seed, max_length=args.max_length,
                                       max_train_examples=args.max_train_examples, progress=False,
-                                      device=args.device, windows=1)  # as the reference reads: the first tokens
+                                      device=args.device, precision=args.precision,
+                                      windows=1)  # as the reference reads: the first tokens
             result = finetune(FinetuneConfig(task="csv", data_dir=str(workload.data), init=str(workload.init),
                                              out_dir=str(out), task_options=dict(workload.task_options),
                                              options=options))
@@ -202,14 +206,20 @@ def _to(device: torch.device, batch: dict) -> dict:
 
 
 @torch.no_grad()
-def _reference_accuracy(model, collator, features: list[dict], device: torch.device) -> float:
+def _autocast(device: torch.device, precision: str):
+    """bf16 autocast where asked, as transformers' Trainer runs `bf16=True` (training and evaluation alike)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def _reference_accuracy(model, collator, features: list[dict], device: torch.device, precision: str) -> float:
     model.eval()
     order = np.argsort([-len(f["input_ids"]) for f in features], kind="stable")  # length-sorted, as ours
     right = 0
     for i in range(0, len(order), EVAL_BATCH):
         batch = _to(device, collator([features[j] for j in order[i:i + EVAL_BATCH]]))
         y = batch.pop("labels")
-        right += int((model(**batch).logits.argmax(-1) == y).sum())
+        with _autocast(device, precision):
+            right += int((model(**batch).logits.argmax(-1) == y).sum())
     return 100.0 * right / len(features)
 
 
@@ -235,7 +245,7 @@ def run_reference(workload: Workload, args: argparse.Namespace, seed: int) -> di
     scheduler = transformers.get_linear_schedule_with_warmup(optimizer, round(0.1 * total), total)
 
     def accuracy(features: list[dict]) -> float:
-        return _reference_accuracy(model, collator, features, device)
+        return _reference_accuracy(model, collator, features, device, args.precision)
 
     seconds, step, epoch, best = 0.0, 0, 0, (-1.0, None)
     while step < total:
@@ -246,7 +256,8 @@ def run_reference(workload: Workload, args: argparse.Namespace, seed: int) -> di
             start = time.perf_counter()
             model.train()
             batch = _to(device, collator([train[j] for j in idx]))
-            loss = model(**batch).loss
+            with _autocast(device, args.precision):
+                loss = model(**batch).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -310,6 +321,9 @@ def parse_args() -> argparse.Namespace:
                    help="base-pairs: where the pair task and the BERT-base directory are written (default: a "
                         "temporary directory, removed at the end)")
     p.add_argument("--device", default="cpu", help="where both sides train (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: both sides under bf16 autocast (bertforge's --precision bf16; transformers as its "
+                        "Trainer's bf16=True runs), on a GPU or a CPU with AVX512-BF16 or AMX")
     return p.parse_args()
 
 
@@ -330,7 +344,8 @@ def compare(workload: Workload, args: argparse.Namespace, kept: bool) -> None:
     unit = "pairs" if workload.pairs else "texts"
     print(f"{workload.title}: {min(n_train, args.max_train_examples or n_train)} training examples, "
           f"{args.epochs:g} epoch(s), lr {args.lr:g}, batch {args.batch_size}, seeds {args.seeds}, "
-          f"device {args.device}, torch threads {torch.get_num_threads()}, freed memory kept: {kept}", flush=True)
+          f"device {args.device}, {args.precision}, torch threads {torch.get_num_threads()}, freed memory kept: "
+          f"{kept}", flush=True)
     cut_note = f" (of the {cut} longer than {args.max_length} tokens)" if unit == "pairs" else ""
     print(f"both sides: the same length-grouped batches, each padded to its longest ({100 * share:.1f}% of "
           f"positions are padding); {unit} the two tokenizers cut to different lengths: {differ}{cut_note}",
