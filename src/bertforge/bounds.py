@@ -68,6 +68,7 @@ EPOCHS = Bound(lo=0, hi=10**4, lo_open=True, why="more than 10,000 epochs is a t
 MINUTES = at_least(0, "0: off; a year at most", at_most=MAX_MINUTES)
 KEPT_CHECKPOINTS = at_least(1, "the last checkpoint is what --resume needs; a million at most", at_most=10**6)
 EXAMPLES = at_least(1, "more than 10**12 examples is more than any data set holds", at_most=10**12)
+WINDOWS = at_least(1, "1: only a text's first tokens; a text read in more than 1,000 windows is a book", at_most=1000)
 VOCAB_SIZE = at_least(6, "the 5 special tokens and at least one piece; 2**22 at most, ten times the largest "
                          "vocabulary in use", at_most=2**22)
 

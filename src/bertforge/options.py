@@ -33,6 +33,7 @@ from bertforge.bounds import (
     SEED,
     SHARE,
     VOCAB_SIZE,
+    WINDOWS,
     Bound,
     at_least,
     step_count,
@@ -53,7 +54,6 @@ PRECISIONS = ("auto", "fp32", "bf16")
 # the most windows a long single text is read in (`bertforge.tasks.features.window_starts`): 8 of 128 tokens read 97%
 # of the demo's IMDB test reviews whole, in 3 windows on average
 DEFAULT_WINDOWS = 8
-WINDOWS = at_least(1, "1: only a text's first tokens; a text read in more than 1,000 windows is a book", at_most=1000)
 QUANTIZATIONS = ("int8",)  # --quantize of the inference engines (`bertforge.infer.transforms.quantize_int8`)
 BACKENDS = ("torch", "onnx")  # --backend of the inference engines (`bertforge.ort` for onnx)
 
@@ -95,6 +95,14 @@ def same_as(cls: type, name: str) -> Any:
 def seed_option(default: int, help: str = "random seed") -> Any:
     """A seed: every option class and command takes the same values."""
     return option(default, help=help, bound=SEED)
+
+
+def windows_option(scope: str = "") -> Any:
+    """--windows of the commands that score or predict (`Predictor.predict`, `evaluate_examples`): every one takes
+    the same values; `scope` says where it applies when that is not everywhere."""
+    return option(DEFAULT_WINDOWS, help=f"{scope}a single text longer than the sequence length is read in up to this "
+                  "many windows of it, from its start to its end, the model's outputs averaged (classification, "
+                  "regression); 1: its first tokens only", bound=WINDOWS)
 
 
 @dataclass(frozen=True)
@@ -279,9 +287,7 @@ class FinetuneOptions:
                                 bound=at_least(0, "more layers than any BERT has (large: 24)", at_most=1000))
     max_train_examples: int | None = option(None, help="use only the first N training examples", bound=EXAMPLES)
     eval_batch_size: int = option(64, help="sequences per forward pass when evaluating on dev", bound=BATCH)
-    windows: int = option(DEFAULT_WINDOWS, help="on dev and test, a single text longer than the sequence length is "
-                          "read in up to this many windows of it, from its start to its end, the model's outputs "
-                          "averaged (training reads its first window); 1: its first tokens only", bound=WINDOWS)
+    windows: int = windows_option("on dev and test (training reads a text's first window), ")
     save_every: int | None = option(None, help="also write a checkpoint to --resume from every N steps (one is "
                                     "written every --save-minutes, at the end, and on SIGTERM/SIGINT)",
                                     bound=step_count(1))

@@ -20,7 +20,7 @@ from typing import Any
 from bertforge.bounds import at_least
 from bertforge.commands.arguments import Command, check_output_file, command_args, options_from
 from bertforge.finetune.config import FinetuneConfig
-from bertforge.options import DEFAULT_WINDOWS, WINDOWS, FinetuneOptions, option
+from bertforge.options import FinetuneOptions, option, windows_option
 
 
 @command_args(FinetuneOptions)
@@ -117,9 +117,7 @@ class EvaluateArgs:
     batch_size: int = option(64, help="sequences per forward pass",
                              bound=at_least(1, "more than 2**20 sequences at once fit no device", at_most=2**20))
     device: str | None = option(None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    windows: int = option(DEFAULT_WINDOWS, help="a single text longer than the model's sequence length is read in up "
-                          "to this many windows of it, from its start to its end, their outputs averaged "
-                          "(classification, regression); 1: its first tokens only", bound=WINDOWS)
+    windows: int = windows_option()
 
 
 def run_evaluate(args: EvaluateArgs) -> int:

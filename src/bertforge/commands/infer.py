@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from bertforge.bounds import at_least
 from bertforge.commands.arguments import Command, check_output_file, command_args, emit_jsonl, options_from
 from bertforge.errors import BertforgeError
-from bertforge.options import DEFAULT_WINDOWS, WINDOWS, EngineOptions, option, same_as
+from bertforge.options import EngineOptions, option, same_as, windows_option
 
 
 @command_args(EngineOptions)
@@ -39,9 +39,7 @@ class PredictArgs:
     out: str | None = option(None, help="write JSONL predictions here instead of standard output")
     batch_size: int = option(64, help="sequences per forward pass",
                              bound=at_least(1, "more than 2**20 sequences at once fit no device", at_most=2**20))
-    windows: int = option(DEFAULT_WINDOWS, help="a single text longer than the model's sequence length is read in up "
-                          "to this many windows of it, from its start to its end, their outputs averaged "
-                          "(classification, regression); 1: its first tokens only", bound=WINDOWS)
+    windows: int = windows_option()
 
 
 def run_predict(args: PredictArgs) -> int:
