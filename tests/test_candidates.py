@@ -18,7 +18,14 @@ from safetensors.torch import load_file
 from bertforge.cli import main
 from bertforge.config import BertConfig
 from bertforge.files import read_jsonl
-from bertforge.models import IGNORE_INDEX, BertForPreTraining, masked_lm, sampled_masked_lm
+from bertforge.models import (
+    CANDIDATES_MULTIPLE,
+    HEAD_ROWS_MULTIPLE,
+    IGNORE_INDEX,
+    BertForPreTraining,
+    masked_lm,
+    sampled_masked_lm,
+)
 from bertforge.pretrain.objectives import CandidateSampler, PretrainingObjective
 
 TINY = {"vocab_size": 2000, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -241,3 +248,74 @@ def test_the_gradient_of_a_word_not_drawn_is_zero_in_the_decoder_bias():
     loss.backward()
     moved = set(torch.nonzero(head.bias.grad).flatten().tolist())
     assert moved == {0, 4, 6, 9}
+
+
+def _unpadded_sampled_loss(head, emb, seq, labels, candidates, log_inclusion):
+    """The sampled softmax's loss over exactly the labelled rows and the drawn columns, as it was written before the
+    head's shapes were padded: the reference the padded one must equal."""
+    selected = labels != IGNORE_INDEX
+    hidden = head.transform(seq[selected])
+    targets = labels[selected]
+    w, b = emb.weight, head.bias
+    own = (hidden * w[targets]).sum(-1) + b[targets] - log_inclusion[targets]
+    others = torch.nn.functional.linear(hidden, w[candidates], b[candidates] - log_inclusion[candidates])
+    others = others.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
+    logits = torch.cat([own[:, None], others], 1)
+    return torch.nn.functional.cross_entropy(logits, torch.zeros_like(targets))
+
+
+def test_the_heads_products_take_few_shapes_whatever_a_steps_counts(monkeypatch):
+    """Under bf16 on a CPU oneDNN builds a kernel for every new matrix shape, and a step's count of masked positions and
+    of drawn words changes every step: the head's rows and the candidate columns come padded to multiples, and the
+    loss, its gradient and the logits returned are those of the exact rows and columns."""
+    model = _head(vocab=300, hidden=8, seed=3)
+    head, emb = model.cls.predictions, model.bert.embeddings.word_embeddings
+    rows, columns = set(), set()
+    plain_linear = torch.nn.functional.linear
+
+    def linear(x, weight, bias=None):  # the transform's square product gives the rows, the candidates' the columns
+        (rows.add(x.shape[0]) if weight.shape[0] == x.shape[-1] else columns.add(weight.shape[0]))
+        return plain_linear(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)
+    g = torch.Generator().manual_seed(0)
+    log_inclusion = -torch.rand(300, generator=g)
+    counts = set()
+    for _ in range(25):
+        seq = torch.randn(4, 20, 8, generator=g, requires_grad=True)
+        labels = torch.where(torch.rand(4, 20, generator=g) < torch.rand((), generator=g),
+                             torch.randint(5, 300, (4, 20), generator=g), IGNORE_INDEX)
+        labels[0, 0] = 7  # at least one
+        candidates = torch.unique(torch.randint(5, 300, (int(torch.randint(20, 200, (), generator=g)),), generator=g))
+        logits, loss = sampled_masked_lm(head, emb, seq, labels, candidates, log_inclusion)
+        with monkeypatch.context() as plain:
+            plain.setattr(torch.nn.functional, "linear", plain_linear)
+            reference = _unpadded_sampled_loss(head, emb, seq, labels, candidates, log_inclusion)
+        count = int((labels != IGNORE_INDEX).sum())
+        counts.add((count, candidates.numel()))
+        assert logits.shape == (count, 1 + candidates.numel())
+        assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
+        grad, = torch.autograd.grad(loss, seq)
+        grad_reference, = torch.autograd.grad(reference, seq)
+        assert torch.allclose(grad, grad_reference, atol=1e-7)
+    assert len(counts) > 20  # the counts changed nearly every step, and the shapes did not follow them
+    assert all(r % HEAD_ROWS_MULTIPLE == 0 for r in rows) and len(rows) <= 3
+    assert all(c % CANDIDATES_MULTIPLE == 0 for c in columns) and len(columns) <= 4
+
+
+def test_the_full_softmax_heads_rows_come_padded_and_its_logits_exact():
+    model = _head(vocab=50, hidden=8, seed=4)
+    head, emb = model.cls.predictions, model.bert.embeddings.word_embeddings
+    rows = []
+    hook = head.transform.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    seq = torch.randn(3, 11, 8)
+    labels = torch.full((3, 11), IGNORE_INDEX)
+    labels[0, 2], labels[2, 5], labels[2, 9] = 4, 17, 30
+    logits, loss = masked_lm(head, emb, seq, labels)
+    hook.remove()
+    with torch.no_grad():
+        exact = head(seq[labels != IGNORE_INDEX], emb)  # (3, V), row-major order
+    assert rows == [HEAD_ROWS_MULTIPLE] and logits.shape == (3, 50)
+    assert torch.allclose(logits, exact, atol=1e-6)
+    reference = torch.nn.functional.cross_entropy(exact, torch.tensor([4, 17, 30]))
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-6)

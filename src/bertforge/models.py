@@ -60,20 +60,48 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(config.hidden_size, 2) if nsp else None
 
 
+# The masked-LM head's rows (labelled positions) and a sampled softmax's candidate columns, rounded up to these
+# multiples, the padding left out of the loss: their counts change every step, and under bf16 autocast on a CPU oneDNN
+# builds (and keeps) kernels for every new matrix shape. BERT-tiny's budget-recipe step at batch 16 took 27-28 ms with
+# the exact counts, most of the difference in building kernels and faulting in fresh memory for them (1,000-1,500 page
+# faults a step; the process grew by ~3.5 MB a step), against 16 ms with these; in fp32 (MKL, no kernel per shape)
+# 19-20 ms either way (docs/benchmarks.md, twenty-seventh session).
+HEAD_ROWS_MULTIPLE = 32
+CANDIDATES_MULTIPLE = 64
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def labelled_rows(sequence_output: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(hidden (M', H), targets (M',), M): the M labelled positions' states in row-major (batch, then position)
+    order and their labels, followed by padding rows (the first position's state, label -100) up to M' =
+    `HEAD_ROWS_MULTIPLE`'s next multiple."""
+    flat = labels.reshape(-1)
+    rows = (flat != IGNORE_INDEX).nonzero()[:, 0]
+    count = rows.numel()
+    rows = torch.cat([rows, rows.new_zeros(_round_up(count, HEAD_ROWS_MULTIPLE) - count)])
+    targets = flat[rows]
+    targets[count:] = IGNORE_INDEX
+    return sequence_output.reshape(-1, sequence_output.shape[-1])[rows], targets, count
+
+
 def masked_lm(head: BertLMPredictionHead, word_embeddings: nn.Embedding, sequence_output: torch.Tensor,
               labels: torch.Tensor | None):
     """Run the MLM head, on the labelled positions only when labels are given.
 
     Returns (logits, loss). With labels, logits are (M, V) for the M positions where labels != -100, in
     row-major (batch, then position) order, and loss is their mean cross-entropy: exactly the dense loss,
-    at about 15% of the vocabulary projection's cost. Without labels, logits are (B, T, V) and loss None.
+    at about 15% of the vocabulary projection's cost (the head runs on `labelled_rows`' padded rows). Without labels,
+    logits are (B, T, V) and loss None.
     """
     if labels is None:
         return head(sequence_output, word_embeddings), None
-    selected = labels != IGNORE_INDEX  # (B, T)
-    logits = head(sequence_output[selected], word_embeddings)  # (M, V)
-    loss = F.cross_entropy(logits.float(), labels[selected])
-    return logits, loss
+    hidden, targets, count = labelled_rows(sequence_output, labels)
+    logits = head(hidden, word_embeddings)  # (M', V)
+    loss = F.cross_entropy(logits.float(), targets)  # the padding's -100 left out of the mean
+    return logits[:count], loss
 
 
 def sampled_masked_lm(head: BertLMPredictionHead, word_embeddings: nn.Embedding, sequence_output: torch.Tensor,
@@ -82,16 +110,22 @@ def sampled_masked_lm(head: BertLMPredictionHead, word_embeddings: nn.Embedding,
     against a shared set of sampled words `candidates` (K,) instead of the whole vocabulary, every logit less the
     log of its word's chance to be in the set (`log_inclusion` (V,)), so the expected gradient approaches the full
     softmax's. A candidate equal to the position's word is left out for that position. The decoder's matrix
-    product shrinks from V to K columns. Returns (logits (M, 1 + K): the own word first, loss)."""
-    selected = labels != IGNORE_INDEX
-    hidden = head.transform(sequence_output[selected])  # (M, H)
-    targets = labels[selected]  # (M,)
+    product shrinks from V to K columns. Returns (logits (M, 1 + K): the own word first, loss). The rows are
+    `labelled_rows`' padded ones and the columns padded to `CANDIDATES_MULTIPLE`'s next multiple with logits of
+    -inf, which the softmax gives nothing; both paddings are cut from the logits returned."""
+    hidden, targets, count = labelled_rows(sequence_output, labels)
+    hidden = head.transform(hidden)  # (M', H)
+    words = targets.clamp_min(0)  # the padding rows score word 0, left out of the loss
+    k = candidates.numel()
+    padding = torch.arange(_round_up(k, CANDIDATES_MULTIPLE), device=candidates.device) >= k  # (K',)
+    candidates = torch.cat([candidates, candidates.new_zeros(padding.numel() - k)])
     weight = word_embeddings.weight if head.decoder is None else head.decoder.weight  # (V, H)
-    own = (hidden * weight[targets]).sum(-1) + head.bias[targets] - log_inclusion[targets]  # (M,)
-    others = F.linear(hidden, weight[candidates], head.bias[candidates] - log_inclusion[candidates])  # (M, K)
-    others = others.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
+    own = (hidden * weight[words]).sum(-1) + head.bias[words] - log_inclusion[words]  # (M',)
+    others = F.linear(hidden, weight[candidates], head.bias[candidates] - log_inclusion[candidates])  # (M', K')
+    others = others.masked_fill((candidates[None, :] == words[:, None]) | padding[None, :], float("-inf"))
     logits = torch.cat([own[:, None], others], 1).float()
-    return logits, F.cross_entropy(logits, torch.zeros_like(targets))
+    goal = torch.where(targets == IGNORE_INDEX, IGNORE_INDEX, 0)  # the own word, column 0; -100 on the padding
+    return logits[:count, :k + 1], F.cross_entropy(logits, goal)
 
 
 def bag_of_words(head: BertLMPredictionHead, word_embeddings: nn.Embedding, cls_output: torch.Tensor,
