@@ -1,5 +1,6 @@
 """Every `bertforge` command shown in README.md and docs/ parses with the real command line: a renamed or removed
-option, a missing subcommand or a value of the wrong type fails here. Relative links between the pages resolve."""
+option, a missing subcommand or a value of the wrong type fails here. Relative links between the pages resolve, and so
+do their anchors."""
 
 from __future__ import annotations
 
@@ -49,6 +50,26 @@ def test_relative_links_resolve(page):
     for target in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
         if "://" not in target:
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def heading_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation but hyphens dropped, spaces made hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_heading_anchor_follows_githubs_rule():
+    assert heading_anchor("Pretraining in bf16: the masked-LM head's shapes (2026-12-02)") == \
+        "pretraining-in-bf16-the-masked-lm-heads-shapes-2026-12-02"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_anchors_name_a_heading(page):
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text()):
+        if "://" in target:
+            continue
+        linked = (page.parent / target) if target else page
+        anchors = {heading_anchor(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), flags=re.M)}
+        assert anchor in anchors, f"{page.name} links to {target or page.name}#{anchor}, which names no heading there"
 
 
 README_MAX_LINES = 120
