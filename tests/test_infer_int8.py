@@ -161,3 +161,41 @@ def test_int8_products_do_not_saturate_on_this_cpu():
     assert float((y - exact).abs().max()) < 1e-3 * float(exact.abs().max())
 
 
+
+
+def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):
+    """oneDNN builds kernels for every new row count, and each batch of texts brings one: the product runs on the rows
+    rounded up as a packed batch's are (`packing.packed_rows`), and what comes back is the exact product of the
+    quantized operands for the rows asked, in their shape."""
+    bits = bertforge.cpu.int8_weight_bits()
+    if bits is None or not _has_onednn_ops():
+        pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 24)
+    q = Int8Linear(layer, weight_bits=bits)
+    seen = []
+    product = torch.ops.onednn.qlinear_pointwise
+
+    def recording(codes, *args):
+        seen.append(codes.numel() // codes.shape[-1])  # its rows, whatever its leading shape
+        return product(codes, *args)
+
+    monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", recording)
+    top = 2 ** (bits - 1) - 1
+    w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-top, top)
+    for batch, length in [(1, 1), (3, 7), (5, 9), (43, 31), (64, 33), (2, 300)]:
+        x = torch.randn(batch, length, 32) * 2
+        with torch.no_grad():
+            y = q(x)
+        assert y.shape == (batch, length, 24)
+        codes, scale, zero = activation_codes(x.reshape(-1, 32))
+        exact = ((codes - zero) @ w.T) * scale * q.weight_scale.double() + layer.bias.detach().double()
+        assert float((y.reshape(-1, 24).double() - exact).abs().max()) < 1e-3 * float(exact.abs().max())
+    assert seen == [8, 24, 48, 1344, 2112, 608]  # 1, 21, 45, 1,333, 2,112 (already round) and 600 rows asked
+    counts = set()
+    for rows in range(1, 8193, 7):  # 1,171 row counts up to 8,192 (a batch's token budget) ask for at most 192 kernels
+        seen.clear()
+        with torch.no_grad():
+            q(torch.randn(rows, 32))
+        counts.update(seen)
+    assert len(counts) <= 192

@@ -44,7 +44,8 @@ def packed_rows(tokens: int) -> int:
     memory (0.6 MB for MiniLM's 384 x 1536 product, 1.6 MB for BERT-base's 768 x 3072; 1,024 of them cached). A
     server's groups bring a new token count nearly every time: MiniLM fp32 over 150 groups of 32-290 texts grew from
     750 MB to 1.95 GB resident, still rising. Rounded, at most 192 row counts cover every batch up to 8,192 tokens:
-    the same run levelled off at 1.02 GB after about 80 groups, and a server reuses its primitives."""
+    the same run levelled off at 1.02 GB after about 80 groups, and a server reuses its primitives. The int8 products
+    round their rows the same way (`transforms.Int8Linear`)."""
     granule = max(8, 1 << max(0, tokens.bit_length() - 6))
     return -(-tokens // granule) * granule
 

@@ -20,7 +20,7 @@ from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 from bertforge import cpu, kernels
 from bertforge.encoder import BertEncoder, BertLayer, BertSelfAttention
 from bertforge.infer.checks import inference_dtype
-from bertforge.infer.packing import pack_sequences
+from bertforge.infer.packing import pack_sequences, packed_rows
 from bertforge.options import EngineOptions
 
 
@@ -59,7 +59,11 @@ class Int8Linear(nn.Module):
     (0: never), for the attention's explicit bf16 kernel (`quantize_int8`). `kernels`: fp32 inputs' range and
     codes come from bertforge's kernels (`FusedInt8Encoder` sets it): the same codes up to a code off by one at a
     rounding boundary, faster (on 6,912 x 1,536, one thread: the range 1.3x torch.aminmax's speed, the codes 1.2x
-    torch.quantize_per_tensor's)."""
+    torch.quantize_per_tensor's). The product runs on the input's rows rounded up as a packed batch's are
+    (`packing.packed_rows`; spare rows of code `zero`, their outputs dropped): oneDNN builds kernels for every new row
+    count, and each batch of texts brings one. On groups of 1-64 Rotten Tomatoes snippets predicted one group at a
+    time, as a server's come (300 groups, one stream), the demo's int8 BERT-tiny ran 1.27x faster (3,570-3,667 ->
+    4,600-4,615 texts/s), MiniLM-L6 the same (669-679 -> 677-733)."""
 
     def __init__(self, linear: nn.Linear, weight_bits: int = 8):
         super().__init__()
@@ -86,9 +90,13 @@ class Int8Linear(nn.Module):
         zero = round(-lo / scale)
         codes = torch.ops.bertforge.quantize_u8(x, scale, zero) if self.kernels else _u8_codes(x.float(), scale, zero)
         out = torch.bfloat16 if x.dim() > 2 and x.shape[-2] <= self.bf16_max_positions else torch.float32
-        return torch.ops.onednn.qlinear_pointwise(codes, scale, zero, self.weight, self.weight_scale,
-                                                  self.weight_zero, self.bias, 1.0, 0, out,
-                                                  self.activation, [], "none")
+        count = codes.numel() // self.in_features
+        rows = packed_rows(count)
+        if rows > count:  # spare rows of code `zero`; a row count already rounded costs no extra operator
+            codes = torch.cat([codes.reshape(count, -1), codes.new_full((rows - count, self.in_features), zero)])
+        y = torch.ops.onednn.qlinear_pointwise(codes, scale, zero, self.weight, self.weight_scale, self.weight_zero,
+                                               self.bias, 1.0, 0, out, self.activation, [], "none")
+        return y if rows == count else y[:count].view(*x.shape[:-1], self.out_features)
 
 
 @functools.cache
