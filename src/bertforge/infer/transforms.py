@@ -62,8 +62,9 @@ class Int8Linear(nn.Module):
     torch.quantize_per_tensor's). The product runs on the input's rows rounded up as a packed batch's are
     (`packing.packed_rows`; spare rows of code `zero`, their outputs dropped): oneDNN builds kernels for every new row
     count, and each batch of texts brings one. On groups of 1-64 Rotten Tomatoes snippets predicted one group at a
-    time, as a server's come (300 groups, one stream), the demo's int8 BERT-tiny ran 1.27x faster (3,570-3,667 ->
-    4,600-4,615 texts/s), MiniLM-L6 the same (669-679 -> 677-733)."""
+    time (300 calls, one stream) the demo's int8 BERT-tiny ran 1.24-1.27x faster (3,570-3,667 -> 4,446-4,622
+    texts/s), MiniLM-L6 the same (669-679 -> 677-733); `bench/serve.py` at 32 clients, bound by its HTTP side at
+    ~2,000 requests/s, did not move."""
 
     def __init__(self, linear: nn.Linear, weight_bits: int = 8):
         super().__init__()
