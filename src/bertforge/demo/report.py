@@ -160,31 +160,37 @@ def _two_standard_errors(pre: dict, scr: dict) -> float:
 def _untuned_verdict(u: dict, model: str) -> list[str]:
     """Sentences on the task no setting was chosen on: the difference weighed as the first task's is, then, plainly,
     the BERT rows bag of words is above there."""
+    return [_untuned_difference(u), *_untuned_below_bag_of_words(u, model)]
+
+
+def _untuned_difference(u: dict) -> str:
+    """One sentence on the untuned task's difference, weighed as the first task's difference is."""
     pre, scr = u["finetune"]["pretrained"], u["finetune"]["scratch"]
     diff = pre["test_mean"] - scr["test_mean"]
     head = f"On {u['title']}, where no setting of ours was chosen, "
     if min(len(pre["runs"]), len(scr["runs"])) < 2:
-        lines = [head + f"the difference is {diff:+.1f} points from one seed a side."]
-    else:
-        two_se = _two_standard_errors(pre, scr)
-        if diff > two_se:
-            lines = [head + f"pretraining helped: {diff:+.1f} points (two standard errors: {two_se:.1f})."]
-        elif diff < -two_se:
-            lines = [head + f"random weights did better, by {-diff:.1f} points (two standard errors: {two_se:.1f})."]
-        else:
-            lines = [head + f"the difference ({diff:+.1f} points) is within two standard errors ({two_se:.1f})."]
+        return head + f"the difference is {diff:+.1f} points from one seed a side."
+    two_se = _two_standard_errors(pre, scr)
+    if diff > two_se:
+        return head + f"pretraining helped: {diff:+.1f} points (two standard errors: {two_se:.1f})."
+    if diff < -two_se:
+        return head + f"random weights did better, by {-diff:.1f} points (two standard errors: {two_se:.1f})."
+    return head + f"the difference ({diff:+.1f} points) is within two standard errors ({two_se:.1f})."
+
+
+def _untuned_below_bag_of_words(u: dict, model: str) -> list[str]:
+    """A sentence naming the untuned task's BERT rows below its bag of words, if any."""
     bow = u.get("bag_of_words", {}).get("test")
-    below = [f"{name} ({side['test_mean']:.1f})" for name, side in (("the pretrained model", pre),
-                                                                    ("random weights", scr))
-             if bow is not None and side["test_mean"] < bow]
-    if below:
-        # bench/distill.py --task imdb, 3 seeds, reviews read whole: 87.5 +- 0.3 against bag of words' 87.3
-        known = (" (distilled from a MiniLM-L6 fine-tuned on IMDB, BERT-tiny reached bag of words' level there in our "
-                 "runs: docs/distillation.md)") if model == "tiny" and u["title"] == "IMDB" else ""
-        lines.append(f"On {u['title']} bag of words ({bow:.1f}) is above BERT-{model} fine-tuned from "
-                     f"{' and from '.join(below)}: fine-tuned on the labels alone, BERT-{model} is not worth deploying "
-                     f"there{known}.")
-    return lines
+    sides = (("the pretrained model", u["finetune"]["pretrained"]), ("random weights", u["finetune"]["scratch"]))
+    below = [f"{name} ({side['test_mean']:.1f})" for name, side in sides if bow is not None and side["test_mean"] < bow]
+    if not below:
+        return []
+    # bench/distill.py --task imdb, 3 seeds, reviews read whole: 87.5 +- 0.3 against bag of words' 87.3
+    known = (" (distilled from a MiniLM-L6 fine-tuned on IMDB, BERT-tiny reached bag of words' level there in our "
+             "runs: docs/distillation.md)") if model == "tiny" and u["title"] == "IMDB" else ""
+    return [f"On {u['title']} bag of words ({bow:.1f}) is above BERT-{model} fine-tuned from "
+            f"{' and from '.join(below)}: fine-tuned on the labels alone, BERT-{model} is not worth deploying "
+            f"there{known}."]
 
 
 def _more_time_advice(minutes: float, cpu_bf16: bool) -> list[str]:
