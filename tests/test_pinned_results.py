@@ -2,8 +2,10 @@
 weights they gave before the training paths were moved onto one configuration object (pinned at commit 9e06835).
 
 fp32 arithmetic is made the same on every x86 CPU the suite runs on: one thread, MKL's reproducible code path
-(MKL_CBWR=COMPATIBLE), ATen's portable kernels and oneDNN's AVX2 ones (every CPU this project has seen has AVX2;
-without that setting an AVX-512 CPU rounds differently). A change that is meant to move results updates these
+(MKL_CBWR=COMPATIBLE), ATen's portable kernels, oneDNN's AVX2 ones and OpenBLAS's Haswell ones (every CPU this
+project has seen has AVX2; without these settings an AVX-512 CPU rounds differently, and OpenBLAS, which numpy and
+scipy bring for the co-occurrence embeddings' SVD, picks its kernels by the CPU: SkylakeX ones on the Xeons, Haswell
+ones on a Zen 5 EPYC, and their sums differ). A change that is meant to move results updates these
 digests in the same commit and says why."""
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-# Moved twice, on purpose. The runs with dropout (all but the budget recipe's): dropout's masks since come from a
-# counter-based hash instead of torch's generator (bertforge.dropout; the same bits with or without the kernels). Then
-# every run: the masked-LM head's rows and a sampled softmax's candidates are padded to fixed multiples
-# (models.HEAD_ROWS_MULTIPLE), the padding left out of the loss, so the loss and its gradients are the same to rounding
-# (tests/test_candidates.py) but the products' sums run in another order; the fine-tuning starts from the bert run.
-PINNED = {"bert": "95978326e8678ad7", "budget": "08daf67a19f195c0", "budget-half-depth": "47fbf6900cb7fb2f",
+# Moved twice on purpose, and once by the setting below. The runs with dropout (all but the budget recipe's):
+# dropout's masks since come from a counter-based hash instead of torch's generator (bertforge.dropout; the same bits
+# with or without the kernels). Then every run: the masked-LM head's rows and a sampled softmax's candidates are
+# padded to fixed multiples (models.HEAD_ROWS_MULTIPLE), the padding left out of the loss, so the loss and its
+# gradients are the same to rounding (tests/test_candidates.py) but the products' sums run in another order; the
+# fine-tuning starts from the bert run. Then the budget runs, when OpenBLAS was pinned to its Haswell kernels
+# (SkylakeX ones had given 08daf67a19f195c0 and 47fbf6900cb7fb2f on the Xeons; Haswell ones give these on every CPU).
+PINNED = {"bert": "95978326e8678ad7", "budget": "5857134b1b640cbd", "budget-half-depth": "e82660d509dbd9c0",
           "electra": "16312b0bea01442d", "electra-generator": "c6147c49f8dd8bd5", "finetune": "ff96c35ce195c10e"}
 
 SAME_ON_EVERY_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+                     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "Haswell",
+                     "OPENBLAS_NUM_THREADS": "1"}
 
 
 @pytest.mark.parametrize("kernels", ["1", "0"], ids=["kernels", "no-kernels"])
