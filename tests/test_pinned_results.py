@@ -5,8 +5,9 @@ fp32 arithmetic is made the same on every x86 CPU the suite runs on: one thread,
 (MKL_CBWR=COMPATIBLE), ATen's portable kernels, oneDNN's AVX2 ones and OpenBLAS's Haswell ones (every CPU this
 project has seen has AVX2; without these settings an AVX-512 CPU rounds differently, and OpenBLAS, which numpy and
 scipy bring for the co-occurrence embeddings' SVD, picks its kernels by the CPU: SkylakeX ones on the Xeons, Haswell
-ones on a Zen 5 EPYC, and their sums differ). A change that is meant to move results updates these
-digests in the same commit and says why."""
+ones on a Zen 5 EPYC, and their sums differ). The encoder's fp32 products stay on MKL (bertforge.linear moves them
+to oneDNN on AMD CPUs with AVX-512; tests/test_linear.py checks that path against this one). A change that is meant
+to move results updates these digests in the same commit and says why."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ PINNED = {"bert": "95978326e8678ad7", "budget": "5857134b1b640cbd", "budget-half
 
 SAME_ON_EVERY_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2",
                      "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "Haswell",
-                     "OPENBLAS_NUM_THREADS": "1"}
+                     "OPENBLAS_NUM_THREADS": "1", "BERTFORGE_FP32_PRODUCTS": "mkl"}
 
 
 @pytest.mark.parametrize("kernels", ["1", "0"], ids=["kernels", "no-kernels"])

@@ -15,15 +15,28 @@ import functools
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
+def cpuinfo_field(name: str) -> str:
+    """The first value of the field `name` in /proc/cpuinfo ("flags", "vendor_id", "model name"), or "" where
+    there is none (not Linux, or no such field)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return frozenset()
+    return ""
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    return frozenset(cpuinfo_field("flags").split())
+
+
+def vendor() -> str:
+    """The CPU's vendor_id ("GenuineIntel", "AuthenticAMD"), or "" where it is not known."""
+    return cpuinfo_field("vendor_id")
 
 
 def has_native_bf16() -> bool:

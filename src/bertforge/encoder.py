@@ -19,6 +19,7 @@ from torch import nn
 
 from bertforge.config import BertConfig
 from bertforge.dropout import Dropout, dropout
+from bertforge.linear import Linear
 from bertforge.model_files import load_pretrained, save_pretrained
 
 CLS_INDEX = 0  # the tokenizer puts [CLS] first in every sequence: token 0 is what the pooler reads
@@ -62,7 +63,7 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_size = config.head_size
-        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # rows: query, key, value
+        self.qkv = Linear(config.hidden_size, 3 * config.hidden_size)  # rows: query, key, value
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
@@ -132,11 +133,11 @@ class BertLayer(nn.Module):
         self.pre_ln = config.pre_layer_norm
         H, inner = config.hidden_size, config.intermediate_size
         self.attention = BertSelfAttention(config)
-        self.attention_out = nn.Linear(H, H)
+        self.attention_out = Linear(H, H)
         self.attention_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
-        self.intermediate = nn.Linear(H, inner)
+        self.intermediate = Linear(H, inner)
         self.act = activation(config.hidden_act)
-        self.output = nn.Linear(inner, H)
+        self.output = Linear(inner, H)
         self.output_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
@@ -176,7 +177,7 @@ class BertPooler(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, sequence_output: torch.Tensor, cls_index: int) -> torch.Tensor:
         """sequence_output (B, T, H); cls_index: where [CLS] sits along T."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from bertforge import cpu
 from bertforge.commands.arguments import Command
 from bertforge.options import option
 from bertforge.train import memory
@@ -43,14 +44,7 @@ def _version(package: str) -> str | None:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu.cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def _cuda_devices() -> list[dict[str, Any]]:

@@ -1,0 +1,86 @@
+"""The encoder's Linear layers, with fp32 products on oneDNN's kernels where torch's default (MKL) runs a slower
+code path.
+
+torch multiplies fp32 matrices on the CPU with MKL, which on AMD CPUs runs its AVX2 code even where the CPU has
+AVX-512; oneDNN, which torch also carries, uses AVX-512 there. On a 2-core Zen 5 EPYC (torch 2.13, the layers of a
+MiniLM-L6 fine-tuning batch of 864 rows) oneDNN ran the forward and the input's gradient products 2.0-2.6x as fast
+as MKL, and the weight's gradient 1.4-2.2x (bench/fp32_products.py). So there (`fp32_on_onednn`)
+the layers' forward and both backward products run on `torch.ops.mkldnn._linear_pointwise`, the operator
+torch's own compiler emits for CPU linear layers, on the weights as they are (no reordering: they change every
+step). Elsewhere (Intel CPUs, whose MKL runs AVX-512 itself; CPUs without AVX-512; GPUs; bf16 autocast, where
+oneDNN runs the products already; under torch.compile and while traced for an ONNX export) `Linear` is exactly
+`nn.Linear`.
+
+`BERTFORGE_FP32_PRODUCTS=onednn|mkl` overrides the choice (tests/test_pinned_results.py pins MKL so that its
+digests are the same on every CPU)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertforge import cpu
+
+ENV = "BERTFORGE_FP32_PRODUCTS"
+
+
+@functools.cache
+def fp32_on_onednn() -> bool:
+    """Do fp32 training products run on oneDNN here: an AMD CPU with AVX-512 and a torch with the operator, or as
+    `BERTFORGE_FP32_PRODUCTS` says."""
+    chosen = os.environ.get(ENV, "").strip().lower()
+    if chosen not in ("", "onednn", "mkl"):
+        raise ValueError(f"{ENV} must be onednn or mkl, not {chosen!r}")
+    available = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    if chosen:
+        return chosen == "onednn" and available
+    return available and cpu.vendor() == "AuthenticAMD" and "avx512f" in cpu.cpu_flags()
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T + bias on oneDNN; either operand may be a transposed view."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """F.linear with its three products (y = x W^T + b, dx = dy W, dW = dy^T x) on oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        y = _product(x.reshape(-1, x.shape[-1]), weight, bias)
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = _product(g, weight.t(), None).view(*grad.shape[:-1], weight.shape[1])
+        if ctx.needs_input_grad[1]:
+            dw = _product(g.t(), x.reshape(-1, x.shape[-1]).t(), None)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = g.sum(0)
+        return dx, dw, db
+
+
+def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and fp32_on_onednn())
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, state dict and initialisation), its fp32 CPU products on oneDNN where
+    `fp32_on_onednn`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _applies(x, self.weight):
+            return _OneDnnLinear.apply(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)

@@ -1,0 +1,158 @@
+"""bertforge.linear: the encoder's Linear, its fp32 CPU products on oneDNN where MKL runs slower code. The oneDNN
+path is forced on whatever CPU runs the suite and checked against nn.Linear, forward and backward; the choice of
+path is checked by CPU vendor and flags and by the environment override."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from bertforge import cpu, linear
+from bertforge.linear import Linear
+
+pytestmark = pytest.mark.skipif(not (torch.backends.mkldnn.is_available()
+                                     and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
+                                reason="this torch build has no oneDNN linear operator: Linear is nn.Linear")
+
+
+@pytest.fixture
+def onednn(monkeypatch):
+    """The oneDNN path on, whatever this CPU is; the cached choice cleared before and after."""
+    linear.fp32_on_onednn.cache_clear()
+    monkeypatch.setenv(linear.ENV, "onednn")
+    yield
+    linear.fp32_on_onednn.cache_clear()
+
+
+def _pair(n_in: int, n_out: int, bias: bool = True) -> tuple[Linear, nn.Linear]:
+    torch.manual_seed(0)
+    ours = Linear(n_in, n_out, bias=bias)
+    ref = nn.Linear(n_in, n_out, bias=bias)
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def _backward_both(ours, ref, x):
+    x_ours, x_ref = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    y_ours, y_ref = ours(x_ours), ref(x_ref)
+    grad = torch.randn_like(y_ref)
+    y_ours.backward(grad)
+    y_ref.backward(grad)
+    return (y_ours, y_ref), (x_ours.grad, x_ref.grad)
+
+
+@pytest.mark.parametrize("shape", [(4, 27, 96), (70, 96), (2, 3, 5, 96)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_outputs_and_gradients_match_nn_linear(onednn, shape, bias):
+    assert linear.fp32_on_onednn()
+    ours, ref = _pair(96, 160, bias)
+    calls = []
+    product = linear._product
+    try:
+        linear._product = lambda *a: calls.append(1) or product(*a)
+        (y_ours, y_ref), (dx_ours, dx_ref) = _backward_both(ours, ref, torch.randn(*shape))
+    finally:
+        linear._product = product
+    assert len(calls) == 3  # forward, the input's gradient, the weight's: all on oneDNN
+    assert y_ours.shape == y_ref.shape and dx_ours.shape == dx_ref.shape
+    torch.testing.assert_close(y_ours, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx_ours, dx_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-4)
+    assert ours.weight.grad.is_contiguous()
+    if bias:
+        torch.testing.assert_close(ours.bias.grad, ref.bias.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_a_non_contiguous_input_and_a_frozen_weight(onednn):
+    ours, ref = _pair(48, 32)
+    ours.weight.requires_grad_(False)
+    ref.weight.requires_grad_(False)
+    x = torch.randn(48, 5, 7).permute(1, 2, 0)  # (5, 7, 48), strided
+    (y_ours, y_ref), (dx_ours, dx_ref) = _backward_both(ours, ref, x)
+    torch.testing.assert_close(y_ours, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx_ours, dx_ref, rtol=1e-5, atol=1e-5)
+    assert ours.weight.grad is None
+
+
+def test_bf16_autocast_bf16_weights_and_tracing_take_torch_path(onednn, monkeypatch):
+    ours, ref = _pair(32, 16)
+    monkeypatch.setattr(linear, "_OneDnnLinear", None)  # any use of the oneDNN path would fail
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ours(torch.randn(3, 32)).dtype == torch.bfloat16
+    traced = torch.jit.trace(ours, torch.randn(3, 32), check_trace=False)  # as the ONNX export traces: torch ops
+    x = torch.randn(5, 32)
+    torch.testing.assert_close(traced(x), ref(x))
+    assert ours.to(torch.bfloat16)(torch.randn(3, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_the_model_trains_the_same_on_either_path(onednn, monkeypatch):
+    """A few optimizer steps of a small encoder on each path end within fp32 rounding of each other."""
+    from bertforge.config import BertConfig
+    from bertforge.models import BertForSequenceClassification
+
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, num_labels=2)
+    ids, labels = torch.randint(5, 100, (8, 12)), torch.randint(0, 2, (8,))
+    weights = []
+    for path in ("onednn", "mkl"):
+        monkeypatch.setenv(linear.ENV, path)
+        linear.fp32_on_onednn.cache_clear()
+        torch.manual_seed(1)
+        model = BertForSequenceClassification(config)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(3):
+            model(input_ids=ids, labels=labels).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        weights.append(model.state_dict())
+    assert any(isinstance(m, Linear) for m in model.modules())
+    for name, w in weights[0].items():
+        torch.testing.assert_close(w, weights[1][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(("vendor", "flags", "env", "expected"), [
+    ("AuthenticAMD", {"avx512f", "avx2"}, "", True),
+    ("AuthenticAMD", {"avx2"}, "", False),
+    ("GenuineIntel", {"avx512f", "avx2", "amx_bf16"}, "", False),
+    ("", set(), "", False),
+    ("GenuineIntel", {"avx512f"}, "onednn", True),
+    ("AuthenticAMD", {"avx512f"}, "mkl", False),
+    ("AuthenticAMD", {"avx512f"}, " MKL ", False),
+])
+def test_the_path_is_chosen_by_cpu_and_environment(monkeypatch, vendor, flags, env, expected):
+    monkeypatch.setattr(cpu, "vendor", lambda: vendor)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setenv(linear.ENV, env)
+    linear.fp32_on_onednn.cache_clear()
+    try:
+        assert linear.fp32_on_onednn() is expected
+    finally:
+        linear.fp32_on_onednn.cache_clear()
+
+
+def test_an_unknown_override_is_refused(monkeypatch):
+    monkeypatch.setenv(linear.ENV, "fast")
+    linear.fp32_on_onednn.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="BERTFORGE_FP32_PRODUCTS must be onednn or mkl, not 'fast'"):
+            linear.fp32_on_onednn()
+    finally:
+        linear.fp32_on_onednn.cache_clear()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n", "AuthenticAMD"),
+    ("processor\t: 0\nvendor_id : GenuineIntel\n", "GenuineIntel"),
+    ("processor\t: 0\nmodel name\t: some ARM core\n", ""),
+])
+def test_the_vendor_is_read_from_cpuinfo(monkeypatch, text, expected):
+    monkeypatch.setattr(cpu, "open", lambda *a, **k: io.StringIO(text), raising=False)
+    cpu.cpuinfo_field.cache_clear()
+    try:
+        assert cpu.vendor() == expected
+    finally:
+        cpu.cpuinfo_field.cache_clear()
