@@ -18,7 +18,8 @@ after `torch.manual_seed(seed)`. Each side evaluates on dev after every epoch an
 its best dev epoch (bertforge's `finetune` keeps the best dev model; the reference loop does the same by hand).
 
 - bertforge: `bertforge.finetune.run.finetune(FinetuneConfig(task="csv", ...))` (pairs: `task_options=
-  {"text_pair_column": "text_pair"}`): tokenized once, batches grouped by length and padded to their own longest.
+  {"text_pair_column": "text_pair"}`): tokenized once, batches grouped by length and padded to their own longest;
+  on AMD CPUs with AVX-512 its fp32 products run on oneDNN (`bertforge.linear`), the reference's on torch's MKL.
 - reference: `transformers.BertForSequenceClassification.from_pretrained(dir, num_labels=2,
   attn_implementation="sdpa")` in a plain PyTorch loop, in its strongest ordinary setup: tokenized once
   (`tok(texts, pairs, truncation=True, max_length=...)`; pairs by transformers' Python BERT tokenizer, which cuts
