@@ -3,7 +3,7 @@ weights, same batch (32 x 128 tokens, 15% of positions masked, NSP labels), same
 BERT's parameter groups), dropout on, the reference with SDPA attention, both on --device (default cpu).
 Prints tokens/s for each side, the ratios, and each side's MFU: model FLOPs per second over this machine's
 matmul peak, which is measured here (into a preallocated output, so it is the arithmetic's peak, not the
-allocator's).
+allocator's; on a CPU the faster of torch's product and oneDNN's, which differ on AMD CPUs: bertforge.linear).
 
 The allocator matters on CPU: bertforge's training commands keep freed memory for reuse (glibc;
 `bertforge.train.memory`), which makes big activations cheaper for any model. So every side runs both ways,
@@ -41,6 +41,7 @@ printed on its own line and is not part of the timed steps.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -57,19 +58,24 @@ from bertforge.train.optim import build_optimizer
 
 
 def matmul_peak(device: torch.device, seconds: float = 1.0) -> float:
-    """Best fp32 GFLOP/s over square and BERT-shaped matmuls on `device`."""
+    """Best fp32 GFLOP/s over square and BERT-shaped matmuls on `device`: torch's (MKL on a CPU) and, on a CPU,
+    oneDNN's too, which runs AVX-512 on AMD CPUs where MKL runs AVX2 (`bertforge.linear`)."""
     best = 0.0
     for m, k, n in [(2048, 2048, 2048), (4096, 768, 3072), (4096, 3072, 768), (4096, 1024, 4096)]:
         a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
         c = torch.empty(m, n, device=device)
-        torch.mm(a, b, out=c)
-        sync(device)
-        reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds / 4:
-            torch.mm(a, b, out=c)
+        calls = [functools.partial(torch.mm, a, b, out=c)]
+        if device.type == "cpu" and hasattr(torch.ops.mkldnn, "_linear_pointwise"):  # b.t(): a Linear's weight
+            calls.append(functools.partial(torch.ops.mkldnn._linear_pointwise, a, b.t(), None, "none", [], ""))
+        for call in calls:
+            call()
             sync(device)
-            reps += 1
-        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9)
+            reps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds / 4:
+                call()
+                sync(device)
+                reps += 1
+            best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9)
     return best
 
 

@@ -88,28 +88,51 @@ def test_bf16_autocast_bf16_weights_and_tracing_take_torch_path(onednn, monkeypa
     assert ours.to(torch.bfloat16)(torch.randn(3, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
-def test_the_model_trains_the_same_on_either_path(onednn, monkeypatch):
-    """A few optimizer steps of a small encoder on each path end within fp32 rounding of each other."""
-    from bertforge.config import BertConfig
-    from bertforge.models import BertForSequenceClassification
-
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, num_labels=2)
-    ids, labels = torch.randint(5, 100, (8, 12)), torch.randint(0, 2, (8,))
-    weights = []
+def _train_both_paths(monkeypatch, build, loss_of) -> tuple[list[dict], set]:
+    """The state dicts after 3 AdamW steps of `build()` on `loss_of(model)`, on the oneDNN path and on torch's;
+    the shapes of the weights the oneDNN path multiplied forward."""
+    weights, shapes = [], set()
+    product = linear._product
+    monkeypatch.setattr(linear, "_product", lambda x, w, b: shapes.add(tuple(w.shape)) or product(x, w, b))
     for path in ("onednn", "mkl"):
         monkeypatch.setenv(linear.ENV, path)
         linear.fp32_on_onednn.cache_clear()
         torch.manual_seed(1)
-        model = BertForSequenceClassification(config)
+        model = build()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         for _ in range(3):
-            model(input_ids=ids, labels=labels).loss.backward()
+            loss_of(model).backward()
             opt.step()
             opt.zero_grad()
         weights.append(model.state_dict())
     assert any(isinstance(m, Linear) for m in model.modules())
+    return weights, shapes
+
+
+CONFIG = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48,
+              max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+@pytest.mark.parametrize("head", ["classifier", "masked-lm", "sampled-softmax"])
+def test_a_model_trains_the_same_on_either_path(onednn, monkeypatch, head):
+    """A few optimizer steps of a small model on each path end within fp32 rounding of each other: the encoder,
+    a classifier, the masked-LM head's product with the tied word embeddings, and its sampled softmax's."""
+    from bertforge.config import BertConfig
+    from bertforge.models import BertForPreTraining, BertForSequenceClassification
+
+    ids = torch.randint(5, 100, (8, 12), generator=torch.Generator().manual_seed(3))
+    labels = torch.where(torch.rand(8, 12, generator=torch.Generator().manual_seed(4)) < 0.3, ids, -100)
+    if head == "classifier":
+        weights, shapes = _train_both_paths(monkeypatch, lambda: BertForSequenceClassification(BertConfig(**CONFIG)),
+                                            lambda m: m(input_ids=ids, labels=ids[:, 0] % 2).loss)
+        assert {(96, 32), (48, 32), (32, 48), (32, 32)} <= shapes  # qkv, intermediate, output, attention out
+    else:
+        candidates = (torch.arange(0, 100, 3), torch.zeros(100)) if head == "sampled-softmax" else None
+        weights, shapes = _train_both_paths(monkeypatch, lambda: BertForPreTraining(BertConfig(**CONFIG)),
+                                            lambda m: m(input_ids=ids, mlm_labels=labels, nsp_labels=ids[:, 0] % 2,
+                                                        mlm_candidates=candidates).loss)
+        # the tied vocabulary product (100 words), or the sampled one (34 candidates padded to 64)
+        assert ((64, 32) if candidates else (100, 32)) in shapes
     for name, w in weights[0].items():
         torch.testing.assert_close(w, weights[1][name], rtol=1e-4, atol=1e-5, msg=name)
 

@@ -1,5 +1,5 @@
-"""The encoder's Linear layers, with fp32 products on oneDNN's kernels where torch's default (MKL) runs a slower
-code path.
+"""The encoder's and the masked-LM head's Linear layers, with fp32 products on oneDNN's kernels where torch's
+default (MKL) runs a slower code path.
 
 torch multiplies fp32 matrices on the CPU with MKL, which on AMD CPUs runs its AVX2 code even where the CPU has
 AVX-512; oneDNN, which torch also carries, uses AVX-512 there. On a 2-core Zen 5 EPYC (torch 2.13, the layers of a
@@ -76,11 +76,17 @@ def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not torch.jit.is_tracing() and fp32_on_onednn())
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, its fp32 CPU products on oneDNN where `fp32_on_onednn` (the masked-LM head's product with the
+    tied word embeddings or its sampled rows)."""
+    if _applies(x, weight):
+        return _OneDnnLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 class Linear(nn.Linear):
     """nn.Linear (same parameters, state dict and initialisation), its fp32 CPU products on oneDNN where
     `fp32_on_onednn`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _applies(x, self.weight):
-            return _OneDnnLinear.apply(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)

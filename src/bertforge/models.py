@@ -17,6 +17,7 @@ from torch import nn
 from bertforge.config import BertConfig
 from bertforge.dropout import Dropout
 from bertforge.encoder import CLS_INDEX, BertModel, BertPreTrainedModel, activation
+from bertforge.linear import Linear, linear
 
 IGNORE_INDEX = -100
 
@@ -26,7 +27,7 @@ class BertPredictionHeadTransform(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
         self.act = activation(config.hidden_act)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -41,8 +42,8 @@ class BertLMPredictionHead(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
-        self.decoder = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
-                                                                         bias=False)
+        self.decoder = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size,
+                                                                      bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden: torch.Tensor, word_embeddings: nn.Embedding) -> torch.Tensor:
@@ -50,7 +51,7 @@ class BertLMPredictionHead(nn.Module):
         than held, so the tied matrix has one owner and appears once in state_dict."""
         if self.decoder is not None:  # a module call, so inference's Linear swaps (packed, int8) apply to it
             return self.decoder(self.transform(hidden)) + self.bias
-        return F.linear(self.transform(hidden), word_embeddings.weight, self.bias)
+        return linear(self.transform(hidden), word_embeddings.weight, self.bias)
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -121,7 +122,7 @@ def sampled_masked_lm(head: BertLMPredictionHead, word_embeddings: nn.Embedding,
     candidates = torch.cat([candidates, candidates.new_zeros(padding.numel() - k)])
     weight = word_embeddings.weight if head.decoder is None else head.decoder.weight  # (V, H)
     own = (hidden * weight[words]).sum(-1) + head.bias[words] - log_inclusion[words]  # (M',)
-    others = F.linear(hidden, weight[candidates], head.bias[candidates] - log_inclusion[candidates])  # (M', K')
+    others = linear(hidden, weight[candidates], head.bias[candidates] - log_inclusion[candidates])  # (M', K')
     others = others.masked_fill((candidates[None, :] == words[:, None]) | padding[None, :], float("-inf"))
     logits = torch.cat([own[:, None], others], 1).float()
     goal = torch.where(targets == IGNORE_INDEX, IGNORE_INDEX, 0)  # the own word, column 0; -100 on the padding
