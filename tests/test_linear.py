@@ -77,6 +77,15 @@ def test_a_non_contiguous_input_and_a_frozen_weight(onednn):
     assert ours.weight.grad is None
 
 
+@pytest.mark.parametrize("shape", [(0, 32), (2, 0, 32)])
+def test_an_empty_input_gives_empty_outputs_and_zero_gradients(onednn, shape):
+    """oneDNN refuses a product without rows; a batch with no masked positions gives the head one."""
+    ours, ref = _pair(32, 16)
+    (y_ours, y_ref), (dx_ours, dx_ref) = _backward_both(ours, ref, torch.randn(*shape))
+    assert y_ours.shape == y_ref.shape == (*shape[:-1], 16) and dx_ours.shape == dx_ref.shape
+    assert not ours.weight.grad.any() and not ours.bias.grad.any()
+
+
 def test_bf16_autocast_bf16_weights_and_tracing_take_torch_path(onednn, monkeypatch):
     ours, ref = _pair(32, 16)
     monkeypatch.setattr(linear, "_OneDnnLinear", None)  # any use of the oneDNN path would fail

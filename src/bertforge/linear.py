@@ -71,7 +71,9 @@ class _OneDnnLinear(torch.autograd.Function):
 
 
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    # oneDNN refuses empty products (a batch without masked positions reaches the head with no rows)
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.numel() > 0 and weight.numel() > 0
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
             and not torch.jit.is_tracing() and fp32_on_onednn())
 
