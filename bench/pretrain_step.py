@@ -52,6 +52,7 @@ import torch
 from measure import pin_device, ratio, spread, sync
 
 from bertforge import BertConfig, BertForPreTraining
+from bertforge.linear import has_onednn_linear
 from bertforge.model_files import to_hf_state_dict
 from bertforge.train.memory import keep_freed_memory
 from bertforge.train.optim import build_optimizer
@@ -65,7 +66,7 @@ def matmul_peak(device: torch.device, seconds: float = 1.0) -> float:
         a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
         c = torch.empty(m, n, device=device)
         calls = [functools.partial(torch.mm, a, b, out=c)]
-        if device.type == "cpu" and hasattr(torch.ops.mkldnn, "_linear_pointwise"):  # b.t(): a Linear's weight
+        if device.type == "cpu" and has_onednn_linear():  # b.t(): a Linear's weight
             calls.append(functools.partial(torch.ops.mkldnn._linear_pointwise, a, b.t(), None, "none", [], ""))
         for call in calls:
             call()

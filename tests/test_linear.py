@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from bertforge import cpu, linear
+from bertforge.errors import BertforgeError
 from bertforge.linear import Linear
 
-pytestmark = pytest.mark.skipif(not (torch.backends.mkldnn.is_available()
-                                     and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
+pytestmark = pytest.mark.skipif(not linear.has_onednn_linear(),
                                 reason="this torch build has no oneDNN linear operator: Linear is nn.Linear")
 
 
@@ -46,16 +46,13 @@ def _backward_both(ours, ref, x):
 
 @pytest.mark.parametrize("shape", [(4, 27, 96), (70, 96), (2, 3, 5, 96)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_outputs_and_gradients_match_nn_linear(onednn, shape, bias):
+def test_outputs_and_gradients_match_nn_linear(onednn, monkeypatch, shape, bias):
     assert linear.fp32_on_onednn()
     ours, ref = _pair(96, 160, bias)
     calls = []
     product = linear._product
-    try:
-        linear._product = lambda *a: calls.append(1) or product(*a)
-        (y_ours, y_ref), (dx_ours, dx_ref) = _backward_both(ours, ref, torch.randn(*shape))
-    finally:
-        linear._product = product
+    monkeypatch.setattr(linear, "_product", lambda *a: calls.append(1) or product(*a))
+    (y_ours, y_ref), (dx_ours, dx_ref) = _backward_both(ours, ref, torch.randn(*shape))
     assert len(calls) == 3  # forward, the input's gradient, the weight's: all on oneDNN
     assert y_ours.shape == y_ref.shape and dx_ours.shape == dx_ref.shape
     torch.testing.assert_close(y_ours, y_ref, rtol=1e-5, atol=1e-5)
@@ -170,7 +167,8 @@ def test_an_unknown_override_is_refused(monkeypatch):
     monkeypatch.setenv(linear.ENV, "fast")
     linear.fp32_on_onednn.cache_clear()
     try:
-        with pytest.raises(ValueError, match="BERTFORGE_FP32_PRODUCTS must be onednn or mkl, not 'fast'"):
+        with pytest.raises(BertforgeError, match="BERTFORGE_FP32_PRODUCTS='fast' is not a choice: set it to onednn "
+                                                 "or mkl, or unset it to choose by the CPU"):
             linear.fp32_on_onednn()
     finally:
         linear.fp32_on_onednn.cache_clear()

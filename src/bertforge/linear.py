@@ -24,8 +24,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge import cpu
+from bertforge.errors import BertforgeError
 
 ENV = "BERTFORGE_FP32_PRODUCTS"
+
+
+@functools.cache
+def has_onednn_linear() -> bool:
+    """Does this torch build have oneDNN's linear operator (torch's own compiler calls it for CPU code; it is not
+    a public API, so its absence means torch's operators)?"""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 @functools.cache
@@ -34,11 +42,11 @@ def fp32_on_onednn() -> bool:
     `BERTFORGE_FP32_PRODUCTS` says."""
     chosen = os.environ.get(ENV, "").strip().lower()
     if chosen not in ("", "onednn", "mkl"):
-        raise ValueError(f"{ENV} must be onednn or mkl, not {chosen!r}")
-    available = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        raise BertforgeError(f"{ENV}={chosen!r} is not a choice: set it to onednn or mkl, or unset it to choose by "
+                             "the CPU")
     if chosen:
-        return chosen == "onednn" and available
-    return available and cpu.vendor() == "AuthenticAMD" and "avx512f" in cpu.cpu_flags()
+        return chosen == "onednn" and has_onednn_linear()
+    return has_onednn_linear() and cpu.vendor() == "AuthenticAMD" and "avx512f" in cpu.cpu_flags()
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -71,11 +79,12 @@ class _OneDnnLinear(torch.autograd.Function):
 
 
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    # the cached choice first: on every other CPU each layer call stops there
     # oneDNN refuses empty products (a batch without masked positions reaches the head with no rows)
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and x.numel() > 0 and weight.numel() > 0
+    return (fp32_on_onednn() and x.device.type == "cpu" and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and x.numel() > 0 and weight.numel() > 0
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing() and fp32_on_onednn())
+            and not torch.jit.is_tracing())
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

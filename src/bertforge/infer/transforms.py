@@ -21,15 +21,15 @@ from bertforge import cpu, kernels
 from bertforge.encoder import BertEncoder, BertLayer, BertSelfAttention
 from bertforge.infer.checks import inference_dtype
 from bertforge.infer.packing import pack_sequences, packed_rows
+from bertforge.linear import has_onednn_linear
 from bertforge.options import EngineOptions
 
 
 @functools.cache
 def _has_onednn_ops() -> bool:
-    """Does this torch build have the oneDNN operators `PackedLinear` and `Int8Linear` call (torch's own
-    compiler calls them for CPU code; they are not a public API, so their absence means plain nn.Linear)?"""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and hasattr(torch.ops.onednn, "qlinear_pointwise"))
+    """Does this torch build have the oneDNN operators `PackedLinear` and `Int8Linear` call (see
+    `linear.has_onednn_linear`; their absence means plain nn.Linear)?"""
+    return has_onednn_linear() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
 class PackedLinear(nn.Module):
