@@ -79,12 +79,12 @@ class _OneDnnLinear(torch.autograd.Function):
 
 
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    # the cached choice first: on every other CPU each layer call stops there
-    # oneDNN refuses empty products (a batch without masked positions reaches the head with no rows)
-    return (fp32_on_onednn() and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.numel() > 0 and weight.numel() > 0
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing())
+    # Compiling and tracing first: TorchDynamo must not reach the cached choice (a call into functools' cache
+    # breaks its graph); then the choice, where every other CPU stops. oneDNN refuses empty products (a batch
+    # without masked positions reaches the head with no rows).
+    return (not torch.compiler.is_compiling() and not torch.jit.is_tracing() and fp32_on_onednn()
+            and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.numel() > 0 and weight.numel() > 0 and not torch.is_autocast_enabled("cpu"))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
