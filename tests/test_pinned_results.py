@@ -7,7 +7,13 @@ project has seen has AVX2; without these settings an AVX-512 CPU rounds differen
 scipy bring for the co-occurrence embeddings' SVD, picks its kernels by the CPU: SkylakeX ones on the Xeons, Haswell
 ones on a Zen 5 EPYC, and their sums differ). The encoder's fp32 products stay on MKL (bertforge.linear moves them
 to oneDNN on AMD CPUs with AVX-512; tests/test_linear.py checks that path against this one). A change that is meant
-to move results updates these digests in the same commit and says why."""
+to move results updates these digests in the same commit and says why.
+
+The budget recipe's two runs still round differently on one CPU family with all of this: a Zen 5 EPYC gives one
+pair of digests, the Xeons and a Zen 3 EPYC (AVX2 only) another. It is not OpenBLAS's kernels (the Zen 3 gives its
+pair with them pinned to Haswell, as the Zen 5 did) and not bertforge's kernels (both parametrisations agree on
+each CPU); the cause is not isolated yet. Both pairs are pinned, each with the CPUs that gave it: a change that moves
+results gives a third pair and fails."""
 
 from __future__ import annotations
 
@@ -21,15 +27,17 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-# Moved twice on purpose, and once by the setting below. The runs with dropout (all but the budget recipe's):
+# Moved twice on purpose. The runs with dropout (all but the budget recipe's):
 # dropout's masks since come from a counter-based hash instead of torch's generator (bertforge.dropout; the same bits
 # with or without the kernels). Then every run: the masked-LM head's rows and a sampled softmax's candidates are
 # padded to fixed multiples (models.HEAD_ROWS_MULTIPLE), the padding left out of the loss, so the loss and its
 # gradients are the same to rounding (tests/test_candidates.py) but the products' sums run in another order; the
-# fine-tuning starts from the bert run. Then the budget runs, when OpenBLAS was pinned to its Haswell kernels
-# (SkylakeX ones had given 08daf67a19f195c0 and 47fbf6900cb7fb2f on the Xeons; Haswell ones give these on every CPU).
-PINNED = {"bert": "95978326e8678ad7", "budget": "5857134b1b640cbd", "budget-half-depth": "e82660d509dbd9c0",
-          "electra": "16312b0bea01442d", "electra-generator": "c6147c49f8dd8bd5", "finetune": "ff96c35ce195c10e"}
+# fine-tuning starts from the bert run.
+PINNED = {"bert": "95978326e8678ad7", "electra": "16312b0bea01442d", "electra-generator": "c6147c49f8dd8bd5",
+          "finetune": "ff96c35ce195c10e"}
+# The budget recipe's runs (the module's docstring says why there are two pairs).
+PINNED_BUDGET = {"Zen 5 EPYC": {"budget": "5857134b1b640cbd", "budget-half-depth": "e82660d509dbd9c0"},
+                 "Xeons, Zen 3 EPYC": {"budget": "08daf67a19f195c0", "budget-half-depth": "47fbf6900cb7fb2f"}}
 
 SAME_ON_EVERY_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2",
                      "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "Haswell",
@@ -44,4 +52,7 @@ def test_fixed_step_runs_give_the_pinned_weights(tmp_path, kernels):
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == PINNED
+    digests = json.loads(done.stdout.strip().splitlines()[-1])
+    budget = {name: digests.pop(name, None) for name in ("budget", "budget-half-depth")}
+    assert digests == PINNED
+    assert budget in PINNED_BUDGET.values(), f"budget runs moved: {budget}"
