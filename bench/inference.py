@@ -145,15 +145,16 @@ def onnx_models(model_dir: Path, optimize: bool) -> tuple[Path, Path]:
 
 
 def uniform_texts(texts: list[str], tokenizer, n: int, seed: int = 0) -> list[str]:
-    """n texts whose token counts (with [CLS]/[SEP]) are uniform in 16..128: runs of words cut from the
-    concatenated reviews."""
+    """n texts whose token counts (with [CLS]/[SEP]) come close to targets uniform in 16..128: runs of words cut
+    from the concatenated reviews, each ending before the word that would pass its target, so no text passes 128
+    (the other sides cut there, and ours would read on)."""
     words = " ".join(texts).split()
     counts = [len(ids) for ids in tokenizer.tokenize_ids(words)]
     rng = np.random.default_rng(seed)
     out, pos = [], 0
     for target in rng.integers(16, MAX_LENGTH + 1, size=n):
         start, total = pos, 2
-        while total < target:
+        while pos == start or total + counts[pos % len(words)] <= target:
             total += counts[pos % len(words)]
             pos += 1
         out.append(" ".join(words[i % len(words)] for i in range(start, pos)))

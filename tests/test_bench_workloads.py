@@ -1,0 +1,32 @@
+"""The texts bench/inference.py's uniform workload makes: every side reads the same tokens only if no text passes
+the length the other sides cut at (ours reads a text whole)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+class WordPieces:
+    """A stand-in tokenizer: a word of n letters is (n mod 5) + 1 pieces, so words of 1 to 5 pieces mix."""
+
+    @staticmethod
+    def tokenize_ids(words: list[str]) -> list[list[int]]:
+        return [[0] * (len(w) % 5 + 1) for w in words]
+
+    @staticmethod
+    def count(text: str) -> int:
+        return 2 + sum(len(w) % 5 + 1 for w in text.split())  # with [CLS] and [SEP]
+
+
+def test_uniform_texts_never_pass_the_cut_and_spread_over_its_range(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import inference
+
+    reviews = [" ".join("abcdefgh"[: 1 + (i * 7 + j) % 8] for j in range(40)) for i in range(50)]
+    texts = inference.uniform_texts(reviews, WordPieces, 400)
+    counts = [WordPieces.count(t) for t in texts]
+    assert len(texts) == 400 and all(t.strip() for t in texts)
+    assert max(counts) <= inference.MAX_LENGTH
+    assert min(counts) < 24 and max(counts) > inference.MAX_LENGTH - 6  # the whole range, not one length
