@@ -130,15 +130,16 @@ SIDES = {
 }
 
 
-def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: str, device: torch.device
-                 ) -> tuple[float, float]:
-    """(cold first step, seconds per training step) of one side of SIDES, in this process."""
+def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: str, device: torch.device,
+                 vocab_size: int | None = None) -> tuple[float, float]:
+    """(cold first step, seconds per training step) of one side of SIDES, in this process; `vocab_size` replaces
+    the preset's (the GPU check's dry run)."""
     import transformers
 
     _, ours, kept = SIDES[side]
     if kept and not keep_freed_memory():
         sys.exit("the allocator setting is unavailable here (glibc only)")
-    config = BertConfig.from_preset(preset)
+    config = BertConfig.from_preset(preset, **({"vocab_size": vocab_size} if vocab_size else {}))
     torch.manual_seed(0)
     model = BertForPreTraining(config).train()  # the same initial weights on every side
     bf16 = precision == "bf16" and side != "ours-fp32"

@@ -18,7 +18,6 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
-import torch.utils.cpp_extension
 from infer_support import activation_codes
 
 import bertforge.cpu
@@ -321,7 +320,7 @@ def test_kernels_off_by_environment_or_without_tools(monkeypatch, capsys, tmp_pa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "apt install g++" in err and "pip install ninja" not in err
     monkeypatch.setattr(kernels.shutil, "which", lambda tool: "/usr/bin/" + tool)
-    monkeypatch.setattr(torch.utils.cpp_extension, "load", mock.Mock(side_effect=RuntimeError("no")))
+    monkeypatch.setattr("torch.utils.cpp_extension.load", mock.Mock(side_effect=RuntimeError("no")))
     assert build() is False
     err = capsys.readouterr().err
     assert err.count("\n") == 2 and "building" in err and "did not build (no)" in err
@@ -350,7 +349,7 @@ def test_a_finished_build_is_loaded_without_ninja_or_a_compiler(monkeypatch, tmp
     monkeypatch.setattr(kernels, "isa", lambda: "avx2")
     monkeypatch.setattr(kernels, "_loaded", lambda: False)
     monkeypatch.setattr(kernels, "cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda name, **options: calls.append(name))
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda name, **options: calls.append(name))
     monkeypatch.setattr(kernels.shutil, "which", lambda tool: "/usr/bin/" + tool)
     library = tmp_path / "kernels" / kernels._build_name("avx2") / f"{kernels._build_name('avx2')}.so"
     library.parent.mkdir(parents=True)

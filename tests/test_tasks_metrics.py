@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from scipy.stats import pearsonr, spearmanr
-from sklearn.metrics import f1_score, matthews_corrcoef
 
 from bertforge.tasks import get_task
 from bertforge.tasks import metrics as M
@@ -18,6 +16,8 @@ def _labels(rng: random.Random, n: int, classes: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_classification_metrics_match_sklearn(seed):
+    from sklearn.metrics import f1_score, matthews_corrcoef  # here: scipy and sklearn take 1 s of collection
+
     rng = random.Random(seed)
     refs = _labels(rng, 200, ["0", "1"])
     preds = [r if rng.random() < 0.7 else rng.choice(["0", "1"]) for r in refs]
@@ -33,6 +33,8 @@ def test_classification_metrics_match_sklearn(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_correlations_match_scipy(seed):
+    from scipy.stats import pearsonr, spearmanr
+
     rng = random.Random(seed)
     refs = [rng.uniform(0, 5) for _ in range(100)]
     preds = [r + rng.gauss(0, 1.5) for r in refs]
@@ -49,6 +51,8 @@ def test_undefined_scores_are_zero_not_nan():
 
 
 def test_glue_task_metrics_by_paper():
+    from sklearn.metrics import f1_score
+
     assert get_task("cola").main_metric == "mcc"
     assert get_task("stsb").main_metric == "spearman"
     assert get_task("mrpc").main_metric == get_task("qqp").main_metric == "f1"

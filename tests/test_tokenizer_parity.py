@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 from bertforge.tokenizer import Tokenizer, VocabOptions
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference (test dependency)")
-from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer  # noqa: E402
 
 N_TEXTS = 10_000
 
@@ -259,6 +258,8 @@ def test_offsets_map_tokens_back_to_text(sample, minilm_dir):
     covers one whole word); pieces advance through the word, and between them lie only characters the
     reference drops. (Pieces may share a character: uncased Hangul syllables decompose into jamo pieces.)"""
     tok = Tokenizer.from_pretrained(minilm_dir)
+    from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer  # here: half a second to import
+
     basic = BasicTokenizer(do_lower_case=True)
     specials = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}
     checked = 0
@@ -345,6 +346,8 @@ def test_every_character_is_handled_like_the_reference(lowercase):
     code point in context, compared with the reference's BasicTokenizer in chunks of 300 characters."""
     tok = Tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], lowercase=lowercase)
     normalizer, pre_tokenizer = tok._tk.normalizer, tok._tk.pre_tokenizer
+    from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer
+
     basic = BasicTokenizer(do_lower_case=lowercase)
 
     def ours(text: str) -> list[str]:
