@@ -3,7 +3,9 @@
 
 Each part is a function (the `PARTS` table) that runs in a child process of its own under a time box, so a part
 that crashes, hangs or runs the card out of memory records its error and the check goes on to the next part.
-A part saves its figures as it goes, so a part stopped by its time box still reports what it measured.
+A part saves its figures as it goes, so a part stopped by its time box still reports what it measured. The dry
+run forks its parts (and their `bertforge` commands but torchrun's) from its own process, which imports torch and
+transformers once (`gpu_check_fork`): the check's logic is the same, without eight seconds of imports a process.
 
     PYTHONPATH=src python3 bench/gpu_check.py --out gpu-report          # on the GPU machine, everything
     PYTHONPATH=src python3 bench/gpu_check.py --out r --parts env speed  # some parts
@@ -42,6 +44,7 @@ PARTS: dict[str, tuple[str, str, int]] = {
     "inference": ("gpu_check_speed", "inference_speed", 20),
     "data_wait": ("gpu_check_journey", "data_wait", 40),
 }
+REFERENCE_PARTS = {"speed", "finetune", "inference"}  # the parts that run transformers' BERT beside ours
 DRY_RUN_BOX = 300  # seconds per part in the dry run: only a guard against a hang (a busy 2-core CI runner is slow)
 GRACE = 10  # seconds past its time box before a part is stopped (it saves what it has at its deadline); at most
 #             the box itself, so a part boxed in seconds (the check's own hang test) is stopped in seconds
@@ -78,21 +81,39 @@ def env_for_children(dry: bool) -> dict[str, str]:
 
 
 def run_child(name: str, args: argparse.Namespace, work: Path, box: float) -> dict:
-    """One part in a child process under its time box; its saved figures, with ok, seconds and any error."""
+    """One part in a child process under its time box; its saved figures, with ok, seconds and any error. The dry
+    run forks the child from this process, which has torch imported (`gpu_check_fork`)."""
     result_file = work / f"{name}.json"
     result_file.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--work", str(work),
-           "--deadline", str(time.time() + box)] + (["--cpu-dry-run"] if args.cpu_dry_run else [])
+    child_args = ["--child", name, "--work", str(work), "--deadline", str(time.time() + box)] + (
+        ["--cpu-dry-run"] if args.cpu_dry_run else [])
     start = time.time()
     error = None
-    # A session of its own, so a part stopped by its time box takes the processes it started (torchrun, pytest)
-    # with it rather than leaving them on the GPU for the next part.
-    proc = subprocess.Popen(cmd, env=env_for_children(args.cpu_dry_run), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=box + min(GRACE, box))
-        if proc.returncode:
-            error = f"exit {proc.returncode}: " + _tail(err or out)
+        run = _start_child(child_args, box + min(GRACE, box), args.cpu_dry_run)
+        if run.returncode:
+            error = f"exit {run.returncode}: " + _tail(run.stderr or run.stdout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        error = f"stopped by its time box of {box:.0f} s: " + _tail(err)
+    figures = json.loads(result_file.read_text()) if result_file.is_file() else {}
+    if figures.get("error") and error is None:
+        error = figures["error"]
+    return {"ok": error is None, "seconds": round(time.time() - start, 1), "error": error, **figures}
+
+
+def _start_child(child_args: list[str], timeout: float, dry: bool) -> subprocess.CompletedProcess:
+    """This script with `child_args`, in a session of its own, so that a part stopped by its time box takes the
+    processes it started (torchrun, pytest) with it rather than leaving them on the GPU for the next part."""
+    if dry:
+        from gpu_check_fork import forked
+
+        return forked(lambda: child(parse_args(child_args)), ["gpu_check.py", *child_args], timeout)
+    cmd = [sys.executable, str(Path(__file__).resolve()), *child_args]
+    proc = subprocess.Popen(cmd, env=env_for_children(dry), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -100,11 +121,8 @@ def run_child(name: str, args: argparse.Namespace, work: Path, box: float) -> di
             _, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:  # a process outside the group holds the pipe: its output is lost
             err = ""
-        error = f"stopped by its time box of {box:.0f} s: " + _tail(err)
-    figures = json.loads(result_file.read_text()) if result_file.is_file() else {}
-    if figures.get("error") and error is None:
-        error = figures["error"]
-    return {"ok": error is None, "seconds": round(time.time() - start, 1), "error": error, **figures}
+        raise subprocess.TimeoutExpired(cmd, timeout, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _tail(text: str, lines: int = 12) -> str:
@@ -155,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bertforge-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.cpu_dry_run:  # its parts are forked from this process, with torch and transformers imported once
+        from gpu_check_fork import preload
+
+        preload(env_for_children(True), reference=bool(REFERENCE_PARTS & set(args.parts)))
     start = time.time()
     report = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "dry_run": args.cpu_dry_run,
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "work": str(work), "parts": {}}

@@ -74,8 +74,13 @@ def cuda_tests(ctx) -> dict:
 
 
 def environment(ctx) -> None:
-    env = subprocess.run([sys.executable, "-m", "bertforge", "env", "--json"], capture_output=True, text=True,
-                         timeout=60)
+    cmd = [sys.executable, "-m", "bertforge", "env", "--json"]
+    if ctx.dry:  # forked from this process, torch imported (`gpu_check_fork`)
+        from gpu_check_fork import bertforge_main, forked
+
+        env = forked(bertforge_main(cmd[3:]), cmd, 60)
+    else:
+        env = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     ctx.save(bertforge_env=json.loads(env.stdout) if env.returncode == 0 else env.stderr[-2000:], **card(ctx.device))
     n = 256 if ctx.dry else 8192
     rate = matmul_rate(ctx.device, n)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from gpu_check_fork import bertforge_main, forked  # noqa: E402
 from support import make_documents, write_doc_corpus  # noqa: E402  (tests/support.py: the synthetic corpus)
 
 # The resumed run's logged losses and final weights against the uninterrupted run's, where they are not bitwise
@@ -34,11 +35,16 @@ PROB_ATOL = 0.01  # one model's probabilities on two devices (TF32 matmuls on th
 
 
 def cli(ctx, *args: str, timeout: float | None = None, launcher: list[str] | None = None) -> str:
-    """Runs `python -m bertforge ARGS` (or under `launcher`); its stdout. A failure raises naming the command."""
+    """Runs `python -m bertforge ARGS` (or under `launcher`); its stdout. A failure raises naming the command. The
+    dry run forks `bertforge ARGS` from this process instead of starting an interpreter (`gpu_check_fork`)."""
     cmd = (launcher or [sys.executable, "-m", "bertforge"]) + list(args)
     start = time.time()
+    timeout = timeout or max(5.0, ctx.left() - 2)
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout or max(5.0, ctx.left() - 2))
+        if ctx.dry and launcher is None:
+            run = forked(bertforge_main(list(args)), cmd, timeout)
+        else:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"`{' '.join(args[:2])}` was still running at the part's deadline, after "
                            f"{time.time() - start:.0f} s") from None
