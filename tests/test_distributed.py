@@ -52,9 +52,9 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def test_the_readme_command_completes_and_its_resume_is_bitwise_equal_to_an_uninterrupted_run(prepared, tmp_path):
-    """The README's command with evaluation and checkpoints on completes. Resumed from its step-3 checkpoint, it
-    ends bitwise where it ended: dropout is on (the preset's), so each rank draws its own masks, and the resumed
-    ranks must continue their own streams."""
+    """The README's command with evaluation and checkpoints on completes under torchrun. Resumed from its step-3
+    checkpoint (on two forked ranks), it ends bitwise where it ended: dropout is on (the preset's), so each rank
+    draws its own masks, and the resumed ranks must continue their own streams."""
     args = ["pretrain", "--data", str(prepared), "--model", "tiny", "--steps", "6", "--batch-size", "8",
             "--warmup-steps", "2", "--eval-every", "3", "--eval-batches", "2", "--save-every", "3", "--log-every",
             "1", "--no-progress"]
@@ -74,7 +74,8 @@ def test_the_readme_command_completes_and_its_resume_is_bitwise_equal_to_an_unin
                                                if r["step"] <= 3))
     rng = torch.load(cut / "checkpoints" / "step-3" / "trainer_state.pt", weights_only=True)["rng"]
     assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
-    resumed = _torchrun("-m", "bertforge", *args, "--out", str(cut), "--resume")
+    # resumed on two forked ranks, set up as torchrun sets up its workers (the launcher itself ran above)
+    resumed = forked_ranks([*args, "--out", str(cut), "--resume"], tmp_path / "logs")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = _weights(full), _weights(cut)
     assert a.keys() == b.keys()
