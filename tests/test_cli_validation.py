@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -217,6 +218,9 @@ def test_every_command_refuses_each_numeric_option_below_and_above_its_range(cap
             assert_one_error_line(code, err, f"argument {flag}")
 
 
+whole_parser = functools.cache(build_parser)  # built once for the many examples: argparse keeps no state between them
+
+
 @pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(option=st.sampled_from(sorted(ALLOWED)), data=st.data())
@@ -231,7 +235,7 @@ def test_the_parser_accepts_exactly_the_allowed_values(option, data):
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
         try:
-            ns = build_parser().parse_args(with_option(command, flag, repr(value)))
+            ns = whole_parser().parse_args(with_option(command, flag, repr(value)))
         except SystemExit as e:
             assert e.code == 2
             assert not allowed(spec, value), f"{command} {flag} {value!r} was refused: {stderr.getvalue()}"

@@ -107,7 +107,7 @@ def ran(monkeypatch) -> list:
     commands = [dataclasses.replace(cmd, run=calls.append, keeps_freed_memory=False) for cmd in _commands()]
     monkeypatch.setattr("bertforge.cli._commands", lambda: commands)
     parser = build_parser()  # once for the test's many command lines (argparse keeps no state between them)
-    monkeypatch.setattr("bertforge.cli.build_parser", lambda: parser)
+    monkeypatch.setattr("bertforge.cli.build_parser", lambda command=None: parser)
     return calls
 
 

@@ -188,12 +188,12 @@ def test_default_warmup_is_one_percent_of_the_steps(prepared, tmp_path):
 
 @pytest.mark.slow
 def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared, tmp_path, capsys):
-    # The one budget on the wall clock, end to end (12 seconds); the others run on a simulated clock
+    # The one budget on the wall clock, end to end (6 seconds); the others run on a simulated clock
     # (tests/simulated_clock.py).
     out = tmp_path / "budget"  # one stage: a stacked budget's planning is tested in test_stacking.py
     given = {"batch_size": 2, "max_seq_len": 16, "mask_prob": 0.3, "eval_batches": 2, "log_every": 1,
              "stack_fraction": 0}
-    _pretrain("budget", prepared, out, minutes=0.2, **given)
+    _pretrain("budget", prepared, out, minutes=0.1, **given)
     plan = BudgetPlan(**json.loads((out / "budget_plan.json").read_text()))
     config = json.loads((out / RUN_CONFIG).read_text())
     records = read_jsonl(out / "metrics.jsonl")
@@ -201,8 +201,8 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     steps = len(train)  # the first plan, moved to where the steps' measured time puts the deadline
     assert plan.steps == config["loop"]["steps"] and train[-1]["planned_steps"] == steps == train[-1]["step"]
     assert config["loop"]["warmup_steps"] == round(0.06 * plan.steps)
-    took = float(re.search(r"pretraining took ([0-9.]+) min of a 0.2-minute budget", capsys.readouterr().out)[1])
-    assert took <= 0.2 + 0.15  # the final evaluation and saves are all that may run over
+    took = float(re.search(r"pretraining took ([0-9.]+) min of a 0.1-minute budget", capsys.readouterr().out)[1])
+    assert took <= 0.1 + 0.15  # the final evaluation and saves are all that may run over
     assert config["recipe"]["name"] == "budget" and config["dropout"] == 0.0
     assert config["data_options"]["nsp"] is False and config["data_options"]["masked_lm_prob"] == 0.3  # flag wins
     assert config["model"]["pre_layer_norm"] is True and config["loop"]["betas"] == [0.9, 0.98]
@@ -217,8 +217,8 @@ def test_budget_recipe_run_is_planned_to_its_budget_and_decays_to_zero(prepared,
     # --resume keeps the plan: a finished run refuses to go on rather than planning a new schedule, and a new
     # budget is a change of schedule, refused with the difference named.
     with pytest.raises(BertforgeError, match=re.escape(f"is complete (checkpoint at step {steps} of {steps})")):
-        _pretrain("budget", prepared, out, minutes=0.2, resume=True, **given)
-    with pytest.raises(BertforgeError, match=re.escape("budget (--minutes): 0.2 -> 5.0")):
+        _pretrain("budget", prepared, out, minutes=0.1, resume=True, **given)
+    with pytest.raises(BertforgeError, match=re.escape("budget (--minutes): 0.1 -> 5.0")):
         _pretrain("budget", prepared, out, minutes=5, resume=True, **given)
 
 
