@@ -3,6 +3,7 @@ here (the MFU denominator of the speed part), and `pytest -m cuda` on tests/test
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_check_fork import bertforge_main, forked
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,10 +59,13 @@ def card(device: torch.device) -> dict:
 def cuda_tests(ctx) -> dict:
     # without ../shared, conftest's `prepared` trains on synthetic documents when asked, so the CUDA tests run
     env = {**os.environ, "BERTFORGE_TESTS_SYNTHETIC_CORPUS": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cuda.py"]
+    timeout = max(10, ctx.left() - 5)
     try:
-        run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
-                              "tests/test_cuda.py"], cwd=REPO, capture_output=True, text=True, env=env,
-                             timeout=max(10, ctx.left() - 5))
+        if ctx.dry:  # pytest forked from this process, torch imported (`gpu_check_fork`)
+            run = forked(functools.partial(_pytest_here, cmd[3:], env), cmd, timeout)
+        else:
+            run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         run = subprocess.CompletedProcess(e.cmd, -1, out + "\n= error: pytest stopped by the time box =", "")
@@ -73,11 +78,17 @@ def cuda_tests(ctx) -> dict:
             "tail": "\n".join(lines[-30:]) if run.returncode not in (0, 5) else ""}
 
 
+def _pytest_here(args: list[str], env: dict[str, str]) -> int:
+    import pytest
+
+    os.chdir(REPO)
+    os.environ.update(env)
+    return int(pytest.main(args))
+
+
 def environment(ctx) -> None:
     cmd = [sys.executable, "-m", "bertforge", "env", "--json"]
     if ctx.dry:  # forked from this process, torch imported (`gpu_check_fork`)
-        from gpu_check_fork import bertforge_main, forked
-
         env = forked(bertforge_main(cmd[3:]), cmd, 60)
     else:
         env = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -8,6 +8,7 @@ are checked on conftest's tiny classifier.
 """
 
 import csv
+import functools
 import json
 
 import numpy as np
@@ -48,7 +49,8 @@ def pooled(model: BertForSequenceClassification, tokenizer: Tokenizer, texts: li
 
 @pytest.fixture(scope="module")
 def sentiment(tmp_path_factory, minilm_dir, shared_data):
-    """(model directory, the fp32 reference model, test texts, their fp32 pooled vectors, the head's w)."""
+    """(model directory, the fp32 reference model, test texts, their fp32 pooled vectors (a function: only the
+    bf16 tests, on CPUs with bf16 dot products, need them), the head's w)."""
     tokenizer = Tokenizer.from_pretrained(minilm_dir)
     model = BertForSequenceClassification.from_pretrained(
         minilm_dir, num_labels=2, id2label=dict(enumerate(LABELS)), verbose=False).eval()
@@ -66,7 +68,7 @@ def sentiment(tmp_path_factory, minilm_dir, shared_data):
     (path / "task.json").write_text(json.dumps({"task": "csv", "kind": "classification", "options": {},
                                                 "labels": LABELS, "max_length": 128}))
     texts = [r["text"] for r in rows(shared_data, "test", 200)]
-    return path, model, texts, pooled(model, tokenizer, texts), w[:-1]
+    return path, model, texts, functools.partial(pooled, model, tokenizer, texts), w[:-1]
 
 
 def margins(predictor: Predictor, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +110,8 @@ def test_bf16_margins_within_bf16_rounding_of_fp32_and_the_same_labels(sentiment
     at most U = 2^-8 of itself. Independent roundings add up like a random walk, so each p_i errs by at most
     sqrt(n) U |p_i| (one standard deviation), and the margin w . p + b by sqrt(n) U ||w * p||_2; the test
     allows 4 of those per text. Where fp32's margin exceeds that tolerance, bf16 must give the same label."""
-    path, model, texts, p, w = sentiment
+    path, model, texts, test_pooled, w = sentiment
+    p = test_pooled()
     fp32, fp32_labels = fp32_margins
     bf16_predictor = Predictor(path, EngineOptions(precision="bf16"))
     assert bf16_predictor.task_model.model.bert.encoder.layer[0].output_norm.weight.dtype == torch.bfloat16
