@@ -108,11 +108,15 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert "![pretraining](pretrain/training_curves.svg)" in report
     assert (out / "pretrain" / "training_curves.svg").is_file()
     assert json.loads((out / "summary.json").read_text())["finetune"] == summary["finetune"]
-    # it ends with the command that serves its best small model (test_the_served_model_is_the_best_small_one says
-    # which), a model directory that command can load
-    served = text.rstrip().rsplit("bertforge serve --model ", 1)[1]
-    assert served == demo_module.serve_command(out, summary["finetune"], summary["distill"]).rsplit(" ", 1)[1]
-    assert (Path(served) / "task.json").is_file()
+    # it ends with the command that serves the model its summary says to deploy (test_the_last_line_serves_the_
+    # model_the_summary_says_to_deploy says which), a model directory that command can load, or says there is none
+    last = text.rstrip().splitlines()[-1]
+    assert last == demo_module.serve_command(out, summary)
+    served = last.rsplit("bertforge serve --model ", 1)[1]
+    if "serve --model DIR" in last:  # no BERT above bag of words on this tiny run's figures
+        assert "bag of words is above every one" in last
+    else:
+        assert (Path(served) / "task.json").is_file()
 
     before = {p: p.stat().st_mtime_ns for p in (out / "pretrain" / "model.safetensors",
                                                  out / "finetune-scratch" / "seed1" / "model.safetensors")}
@@ -310,13 +314,28 @@ def test_the_summary_says_which_model_to_deploy_and_where_bag_of_words_is_above_
     assert verdict({**s, "untuned": {"title": "IMDB", "finetune": s["finetune"]}})[-4:-1] == deploy_verdict(s)
 
 
-def test_the_served_model_is_the_best_small_one(tmp_path):
-    def runs(*dev: float) -> list[dict]:
-        return [{"dev": d} for d in dev]
-    finetuned = {"pretrained": {"runs": runs(77.0, 78.5, 77.9), "dev_mean": 77.8}}
-    distilled = {"student": {"runs": runs(80.1, 80.8, 80.7), "dev_mean": 80.5}}
-    serve = "bertforge serve --model "
-    assert demo_module.serve_command(tmp_path, finetuned) == f"{serve}{tmp_path / 'finetune-pretrained' / 'seed1'}"
-    assert demo_module.serve_command(tmp_path, finetuned, distilled) == f"{serve}{tmp_path / 'distill' / 'seed1'}"
-    worse = {"student": {"runs": runs(76.0, 77.5, 77.0), "dev_mean": 76.8}}
-    assert demo_module.serve_command(tmp_path, finetuned, worse).endswith("finetune-pretrained/seed1")
+def test_the_last_line_serves_the_model_the_summary_says_to_deploy(tmp_path):
+    def with_dev(side: dict, *dev: float) -> None:
+        side["runs"] = [{**run, "dev": d} for run, d in zip(side["runs"], dev, strict=True)]
+
+    serve = "(pip install 'bertforge[serve]'): bertforge serve --model "
+    s = _deployable(84.9, [82.1, 82.9, 82.5], direct=78.2, scratch=75.4, bow=78.5)
+    with_dev(s["distill"]["student"], 80.1, 80.7, 80.8)
+    with_dev(s["finetune"]["pretrained"], 77.0, 78.5)
+    # the distilled student, its seed best on dev (not on test)
+    got = demo_module.serve_command(tmp_path, s)
+    assert got == f"serve the distilled BERT-tiny {serve}{tmp_path / 'distill' / 'seed2'}"
+    # the teacher, where the student is no better than bag of words
+    s["distill"]["student"]["test_mean"] = 78.3
+    assert demo_module.serve_command(tmp_path, s) == f"serve the teacher MiniLM-L6 {serve}{tmp_path / 'teacher'}"
+    # no BERT above bag of words: no command, and why
+    s["distill"]["teacher"]["test"] = 78.0
+    assert demo_module.serve_command(tmp_path, s).startswith(
+        "no BERT of this run to serve: bag of words is above every one on Rotten Tomatoes")
+    # without the distillation stage: the pretrained side's fine-tuning where it is above bag of words
+    del s["distill"]
+    s["bag_of_words"]["test"] = 78.0
+    assert demo_module.serve_command(tmp_path, s) == (
+        f"serve BERT-tiny fine-tuned from the pretrained model {serve}{tmp_path / 'finetune-pretrained' / 'seed1'}")
+    s["bag_of_words"]["test"] = 79.0
+    assert demo_module.serve_command(tmp_path, s).startswith("no BERT of this run to serve")

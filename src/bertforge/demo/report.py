@@ -88,6 +88,20 @@ def _distill_rows(s: dict) -> list[tuple[str, str]]:
     ]
 
 
+def deployed(s: dict) -> str:
+    """The Rotten Tomatoes model the summary tells a user to deploy, by test accuracy: "distilled" (the distilled
+    student, above bag of words and the same model fine-tuned on the labels alone), else "teacher" where the teacher
+    is above bag of words; without a distillation stage "finetuned" (the pretrained model fine-tuned) where it is
+    above bag of words; else "bag of words"."""
+    bow, direct = s["bag_of_words"]["test"], s["finetune"]["pretrained"]["test_mean"]
+    if "distill" not in s:
+        return "finetuned" if direct > bow else "bag of words"
+    student = s["distill"]["student"]["test_mean"]
+    if student > bow and student >= direct:
+        return "distilled"
+    return "teacher" if s["distill"]["teacher"]["test"] > bow else "bag of words"
+
+
 def deploy_verdict(s: dict) -> list[str]:
     """Which Rotten Tomatoes model a user should deploy, and why, in sentences: the distilled student when it beats
     the other small models and bag of words; plainly, every BERT row that bag of words is above."""
@@ -106,14 +120,15 @@ def deploy_verdict(s: dict) -> list[str]:
         if below else []
     speedup = d["texts_per_s"]["student"] / d["texts_per_s"]["teacher"]
     direct = s["finetune"]["pretrained"]["test_mean"]
-    if student > bow and student >= direct:
+    choice = deployed(s)
+    if choice == "distilled":
         lines.append(f"Deploy the distilled {model}: {student:.1f} test accuracy, {100 * student / teacher:.0f}% of "
                      f"the teacher's {teacher:.1f} at {speedup:.0f}x its speed, {student - direct:+.1f} points over "
                      f"{model} fine-tuned on the labels alone and {student - bow:+.1f} over bag of words.")
         if teacher - student > 2:
             lines.append(f"Where {teacher - student:.1f} more points matter more than speed, serve the teacher "
                          f"({d['texts_per_s']['teacher']:,.0f} texts/s).")
-    elif teacher > bow:
+    elif choice == "teacher":
         beaten = "bag of words" if student <= bow else f"{model} fine-tuned on the labels alone"
         lines.append(f"Deploy the teacher MiniLM-L6 ({teacher:.1f}, {d['texts_per_s']['teacher']:,.0f} texts/s on this "
                      f"CPU): the distilled {model} did not beat {beaten} here.")

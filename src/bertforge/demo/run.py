@@ -35,7 +35,7 @@ from bertforge.data.prepare import PrepareOptions, prepare
 from bertforge.demo import data as demo_data
 from bertforge.demo.budget import parse_demo_minutes, plan_minutes
 from bertforge.demo.distill import check_reused_run, distill_stage
-from bertforge.demo.report import report, table
+from bertforge.demo.report import deployed, report, table
 from bertforge.errors import BertforgeError
 from bertforge.files import cache_dir, read_jsonl, write_json, write_text
 from bertforge.finetune.compare import Run, Side, SideResult, compare_sides, score_run
@@ -160,18 +160,26 @@ def run_demo(o: DemoOptions) -> dict:
     write_text(out / "report.md", report(summary, out))
     print(table(summary))
     print(f"\nreport: {out / 'report.md'}")
-    print(f"serve the best small model (pip install 'bertforge[serve]'): {serve_command(out, results, distilled)}")
+    print(serve_command(out, summary))
     return summary
 
 
-def serve_command(out: Path, results: dict[str, Any], distilled: dict[str, Any] | None = None) -> str:
-    """The command that serves the small model of the best dev score: the distilled student's best seed when the
-    distillation stage ran and its seeds beat the pretrained side's fine-tunings on dev, else that side's best."""
-    runs, where = results["pretrained"]["runs"], out / "finetune-pretrained"
-    if distilled and distilled["student"]["dev_mean"] > results["pretrained"]["dev_mean"]:
-        runs, where = distilled["student"]["runs"], out / "distill"
-    best = max(range(len(runs)), key=lambda k: runs[k]["dev"])
-    return f"bertforge serve --model {where / f'seed{best}'}"
+def serve_command(out: Path, summary: dict[str, Any]) -> str:
+    """The demo's last line: the command that serves the model its summary says to deploy (`report.deployed`; of
+    several seeds, the one best on dev), or, where that is bag of words, that no BERT of the run is worth serving."""
+    choice, model = deployed(summary), f"BERT-{summary['model']}"
+    if choice == "bag of words":
+        return ("no BERT of this run to serve: bag of words is above every one on Rotten Tomatoes (above); "
+                "`bertforge serve --model DIR` serves any fine-tuned directory")
+    if choice == "teacher":
+        what, where = "the teacher MiniLM-L6", out / "teacher"
+    else:
+        what, runs, where = ((f"the distilled {model}", summary["distill"]["student"]["runs"], out / "distill")
+                             if choice == "distilled" else (f"{model} fine-tuned from the pretrained model",
+                                                            summary["finetune"]["pretrained"]["runs"],
+                                                            out / "finetune-pretrained"))
+        where = where / f"seed{max(range(len(runs)), key=lambda k: runs[k]['dev'])}"
+    return f"serve {what} (pip install 'bertforge[serve]'): bertforge serve --model {where}"
 
 
 def _corpus(o: DemoOptions, out: Path, data: demo_data.DemoData) -> list[str]:
