@@ -93,9 +93,8 @@ def run_child(name: str, args: argparse.Namespace, work: Path, box: float) -> di
         run = _start_child(child_args, box + min(GRACE, box), args.cpu_dry_run)
         if run.returncode:
             error = f"exit {run.returncode}: " + _tail(run.stderr or run.stdout)
-    except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        error = f"stopped by its time box of {box:.0f} s: " + _tail(err)
+    except subprocess.TimeoutExpired as e:  # both ways of starting the child give its stderr as text
+        error = f"stopped by its time box of {box:.0f} s: " + _tail(e.stderr or "")
     figures = json.loads(result_file.read_text()) if result_file.is_file() else {}
     if figures.get("error") and error is None:
         error = figures["error"]

@@ -112,11 +112,10 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     # model_the_summary_says_to_deploy says which), a model directory that command can load, or says there is none
     last = text.rstrip().splitlines()[-1]
     assert last == demo_module.serve_command(out, summary)
-    served = last.rsplit("bertforge serve --model ", 1)[1]
     if "serve --model DIR" in last:  # no BERT above bag of words on this tiny run's figures
         assert "bag of words is above every one" in last
     else:
-        assert (Path(served) / "task.json").is_file()
+        assert (Path(last.rsplit("bertforge serve --model ", 1)[1]) / "task.json").is_file()
 
     before = {p: p.stat().st_mtime_ns for p in (out / "pretrain" / "model.safetensors",
                                                  out / "finetune-scratch" / "seed1" / "model.safetensors")}

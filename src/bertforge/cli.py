@@ -58,7 +58,7 @@ def build_parser(command: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole command line; with `command` (the words at the head of `main`'s argv) the parser `main` needs:
     the command they name alone, or where they name none every command with only its name and help (for
     `bertforge --help` and an unknown command's error). On a 2-core Zen 3 the whole parser takes ~20 ms to build,
-    one command's ~1 ms: the tests call `main` over a thousand times."""
+    one command's 2-3 ms: the tests call `main` over a thousand times."""
     parser = ArgumentParser(
         prog="bertforge", description="Train BERT end to end: vocabulary, pretraining, fine-tuning, inference.",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -174,11 +174,12 @@ def serve_command(out: Path, summary: dict[str, Any]) -> str:
     if choice == "teacher":
         what, where = "the teacher MiniLM-L6", out / "teacher"
     else:
-        what, runs, where = ((f"the distilled {model}", summary["distill"]["student"]["runs"], out / "distill")
-                             if choice == "distilled" else (f"{model} fine-tuned from the pretrained model",
-                                                            summary["finetune"]["pretrained"]["runs"],
-                                                            out / "finetune-pretrained"))
-        where = where / f"seed{max(range(len(runs)), key=lambda k: runs[k]['dev'])}"
+        if choice == "distilled":
+            what, runs, seeds = f"the distilled {model}", summary["distill"]["student"]["runs"], out / "distill"
+        else:
+            what, runs = f"{model} fine-tuned from the pretrained model", summary["finetune"]["pretrained"]["runs"]
+            seeds = out / "finetune-pretrained"
+        where = seeds / f"seed{max(range(len(runs)), key=lambda k: runs[k]['dev'])}"
     return f"serve {what} (pip install 'bertforge[serve]'): bertforge serve --model {where}"
 
 
