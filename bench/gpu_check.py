@@ -4,8 +4,9 @@
 Each part is a function (the `PARTS` table) that runs in a child process of its own under a time box, so a part
 that crashes, hangs or runs the card out of memory records its error and the check goes on to the next part.
 A part saves its figures as it goes, so a part stopped by its time box still reports what it measured. The dry
-run forks its parts (and their `bertforge` commands but torchrun's) from its own process, which imports torch and
-transformers once (`gpu_check_fork`): the check's logic is the same, without eight seconds of imports a process.
+run forks its parts and their `bertforge` commands (torchrun's one rank too) from its own process, which imports
+torch and transformers once (`gpu_check_fork`): the check's logic is the same, without eight seconds of imports a
+process.
 
     PYTHONPATH=src python3 bench/gpu_check.py --out gpu-report          # on the GPU machine, everything
     PYTHONPATH=src python3 bench/gpu_check.py --out r --parts env speed  # some parts

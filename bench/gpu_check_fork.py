@@ -6,7 +6,10 @@ rot between the rare runs on a GPU, runs the same functions with the same argume
 the check's process: a fresh interpreter spent ~2.8 s importing torch and ~5.4 s more importing transformers' BERT
 (three parts compare against it) on a 2-core Zen 3 EPYC, about half of the dry run's 80 s. A forked child is a
 real process all the same: a session of its own (a time box kills its process group), its own exit status, its
-stdout and stderr captured. Commands under torchrun still start fresh interpreters in the dry run too.
+stdout and stderr captured. A command the GPU run starts under `torchrun --nproc-per-node 1` is forked too, with
+the variables torchrun gives its one rank (`one_rank`): the launcher's own interpreter (~3.5 s a launch) is all it
+leaves out, and a world of one process sets up no process group, so the rank runs as it would under torchrun
+(`make test` runs the README's torchrun command under the real launcher).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -62,17 +66,24 @@ def _child(run: Callable[[], int | None], out: Path, err: Path) -> None:
         os._exit(code)
 
 
+def start(run: Callable[[], int | None], out: Path, err: Path) -> int:
+    """Forks a child that runs `run()` in a session of its own (its pid is its process group's), its stdout and
+    stderr written to `out` and `err`; the child's pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(run, out, err)
+    return pid
+
+
 def forked(run: Callable[[], int | None], name: list[str], timeout: float) -> subprocess.CompletedProcess:
     """`run()` in a forked child in a session of its own; its return value is the exit status. Read like
     `subprocess.run(name, capture_output=True, text=True, timeout=timeout)`: a child still running after
     `timeout` seconds is killed with its process group and TimeoutExpired raised with what it printed."""
     with tempfile.TemporaryDirectory(prefix="gpu-check-fork-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(run, out, err)
+        pid = start(run, out, err)
         deadline = time.monotonic() + timeout
         while not (done := os.waitpid(pid, os.WNOHANG))[0]:
             if time.monotonic() > deadline:
@@ -93,5 +104,20 @@ def bertforge_main(args: list[str]) -> Callable[[], int]:
         from bertforge.cli import main
 
         return main(list(args))
+
+    return run
+
+
+def one_rank(args: list[str]) -> Callable[[], int]:
+    """`torchrun --standalone --nproc-per-node 1 -m bertforge ARGS` as a function for `forked`: the rank's
+    variables as torchrun sets them (a free loopback port for its rendezvous), then `bertforge ARGS`."""
+
+    def run() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="gpu-check-dry-run")
+        return bertforge_main(args)()
 
     return run

@@ -1,7 +1,7 @@
 """The GPU check's journey part (what a user runs, through the command line, on a synthetic corpus the check
 writes itself) and its data-wait part (how long each training step waits for its batch).
 
-Journey: `vocab train`, `prepare`, `pretrain` under `torchrun --nproc-per-node 1` (NCCL on a GPU, gloo on the CPU)
+Journey: `vocab train`, `prepare`, `pretrain` under `torchrun --nproc-per-node 1` (the dry run forks its one rank)
 with evaluation and checkpoints, the same run SIGKILLed after a checkpoint and continued with --resume and
 compared with the uninterrupted run, `finetune` on a synthetic CSV task, `predict` on the device and on the CPU
 (a model trained on the GPU read on the CPU), `export` to ONNX and `predict --backend onnx` against torch.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from gpu_check_fork import bertforge_main, forked  # noqa: E402
+from gpu_check_fork import bertforge_main, forked, one_rank, start  # noqa: E402
 from support import make_documents, write_doc_corpus  # noqa: E402  (tests/support.py: the synthetic corpus)
 
 # The resumed run's logged losses and final weights against the uninterrupted run's, where they are not bitwise
@@ -34,15 +34,16 @@ LOSS_RTOL, WEIGHT_ATOL = 0.02, 0.01
 PROB_ATOL = 0.01  # one model's probabilities on two devices (TF32 matmuls on the GPU) or two engines
 
 
-def cli(ctx, *args: str, timeout: float | None = None, launcher: list[str] | None = None) -> str:
-    """Runs `python -m bertforge ARGS` (or under `launcher`); its stdout. A failure raises naming the command. The
-    dry run forks `bertforge ARGS` from this process instead of starting an interpreter (`gpu_check_fork`)."""
-    cmd = (launcher or [sys.executable, "-m", "bertforge"]) + list(args)
+def cli(ctx, *args: str, timeout: float | None = None, torchrun: bool = False) -> str:
+    """Runs `python -m bertforge ARGS` (or under `torchrun_command()`); its stdout. A failure raises naming the
+    command. The dry run forks `bertforge ARGS` (or torchrun's one rank) from this process instead of starting an
+    interpreter (`gpu_check_fork`)."""
+    cmd = (torchrun_command() if torchrun else [sys.executable, "-m", "bertforge"]) + list(args)
     start = time.time()
     timeout = timeout or max(5.0, ctx.left() - 2)
     try:
-        if ctx.dry and launcher is None:
-            run = forked(bertforge_main(list(args)), cmd, timeout)
+        if ctx.dry:
+            run = forked((one_rank if torchrun else bertforge_main)(list(args)), cmd, timeout)
         else:
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -81,7 +82,7 @@ def pretrain_args(ctx, data: Path, model: Path, out: Path) -> list[str]:
             "--device", ctx.device.type, "--no-progress"]
 
 
-def torchrun() -> list[str]:
+def torchrun_command() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "bertforge"]
 
 
@@ -98,19 +99,45 @@ def _children(pid: int) -> list[int]:
 
 
 def killed_run(ctx, args: list[str], out: Path, after: int) -> dict:
-    """Starts the run under torchrun, SIGKILLs its processes once checkpoint `after` exists; what it saw."""
-    proc = subprocess.Popen(torchrun() + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    target = out / "checkpoints" / f"step-{after}"
-    while not target.is_dir() and proc.poll() is None and ctx.left() > 5:
-        time.sleep(0.02)
-    for pid in _children(proc.pid) + [proc.pid]:  # the worker first: a crash of the training process itself
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
+    """Starts the run under torchrun (the dry run: its one rank forked), SIGKILLs its processes once checkpoint
+    `after` exists; what it saw."""
+    if ctx.dry:
+        code = _killed_fork(ctx, args, out / "checkpoints" / f"step-{after}")
+    else:
+        proc = subprocess.Popen(torchrun_command() + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        _wait_for(ctx, out / "checkpoints" / f"step-{after}", lambda: proc.poll() is None)
+        for pid in _children(proc.pid) + [proc.pid]:  # the worker first: a crash of the training process itself
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        code = proc.wait()
     steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
     return {"killed_after_checkpoints": steps, "finished_before_kill": (out / "model.safetensors").is_file(),
-            "exit": proc.returncode}
+            "exit": code}
+
+
+def _wait_for(ctx, target: Path, running) -> None:
+    while not target.is_dir() and running() and ctx.left() > 5:
+        time.sleep(0.02)
+
+
+def _killed_fork(ctx, args: list[str], target: Path) -> int:
+    """The dry run's killed run: torchrun's one rank forked, SIGKILLed with its process group; its exit status."""
+    pid, status = start(one_rank(args), Path(os.devnull), ctx.work / "killed-run.log"), None
+
+    def running() -> bool:  # reaps the child once it has ended; its status kept
+        nonlocal status
+        if status is None:
+            done, code = os.waitpid(pid, os.WNOHANG)
+            status = code if done else None
+        return status is None
+
+    _wait_for(ctx, target, running)
+    if running():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        status = os.waitpid(pid, 0)[1]
+    return os.waitstatus_to_exitcode(status)
 
 
 def _losses(run: Path) -> dict[int, float]:
@@ -139,15 +166,14 @@ def pretrain_and_resume(ctx, data: Path, model: Path) -> Path:
     # The uninterrupted run beside the one to kill: two runs of a tiny model share the card (or two CPU cores)
     # and the part takes one run's time less. The runs do not meet: each has its own --out and rendezvous port.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        uninterrupted = pool.submit(cli, ctx, *args, launcher=torchrun())
+        uninterrupted = pool.submit(cli, ctx, *args, torchrun=True)
         kill = killed_run(ctx, pretrain_args(ctx, data, model, broken), broken, after)
         uninterrupted.result()
     evals = [json.loads(x)["step"] for x in (whole / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
-    ctx.save(backend="nccl" if ctx.device.type == "cuda" else "gloo", eval_steps=evals,
-             checkpoints=sorted(p.name for p in (whole / "checkpoints").iterdir()), kill=kill)
+    ctx.save(eval_steps=evals, checkpoints=sorted(p.name for p in (whole / "checkpoints").iterdir()), kill=kill)
     if kill["finished_before_kill"] or not kill["killed_after_checkpoints"]:
         raise RuntimeError(f"the SIGKILL did not land mid-run: {kill}")
-    cli(ctx, *pretrain_args(ctx, data, model, broken), "--resume", launcher=torchrun())
+    cli(ctx, *pretrain_args(ctx, data, model, broken), "--resume", torchrun=True)
     resume = compare_runs(whole, broken, max(kill["killed_after_checkpoints"]))
     ctx.save(resume=resume)
     if not (resume["bitwise_equal"] or resume["within_tolerance"]):
