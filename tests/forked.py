@@ -100,13 +100,14 @@ def forked_ranks(argv: list, log_dir: Path, *, world: int = 2, before: Callable[
                  timeout: float = 240) -> SimpleNamespace:
     """`bertforge ARGV` as `world` ranks of one gloo process group, each a forked child set up as torchrun sets up
     its workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE; MASTER_ADDR and MASTER_PORT of a store that this
-    process holds, as torchrun's agent holds it, for `init_process_group`'s env:// rendezvous), on one torch
-    thread, `before` run in each first. It spares torchrun's launcher and a fresh interpreter a rank (about 2 s of
-    CPU each) to the tests of what several processes compute; the README's torchrun command itself is run by
-    tests/test_distributed.py and the GPU check. Waits for every rank: once one has failed the others get 20 s to
-    stop (a rank left waiting in a collective would wait for gloo's 30 minutes), and after `timeout` seconds every
-    rank left is killed. Returns `returncode` (0, or the first rank's that failed, in rank order), and the ranks'
-    output in rank order as `stdout` and `stderr` (both: each rank writes both into one log)."""
+    process holds, as torchrun's agent holds it, for `init_process_group`'s env:// rendezvous), on one torch thread,
+    `before` run in each first. It spares torchrun's launcher and a fresh interpreter a rank (about 2 s of CPU each)
+    to the tests of what several processes compute; the README's torchrun command itself is run by
+    tests/test_distributed.py (and by the GPU check on a GPU; its CPU dry run forks its one rank). Waits for every
+    rank: once one has failed the others get 20 s to stop (a rank left waiting in a collective would wait for gloo's
+    30 minutes), and after `timeout` seconds every rank left is killed. Returns `returncode` (0, or the first rank's
+    that failed, in rank order), and the ranks' output in rank order as `stdout` and `stderr` (both: each rank
+    writes both into one log)."""
     import torch
     import torch.distributed as dist
 
