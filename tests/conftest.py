@@ -13,6 +13,7 @@ docs/development.md.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -48,6 +49,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker("slow"))
     items.sort(key=lambda item: -slow[item.path])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A test process ends as `bertforge` does (cli.run): its heap frozen, out of the garbage collection Python's
+    shutdown runs. A suite worker's heap (torch, transformers, compiled graphs, the tests' models) took that
+    collection 2-4 s, which `make test` spent waiting for the workers to exit."""
+    gc.freeze()
 
 
 @pytest.fixture

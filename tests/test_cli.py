@@ -1,10 +1,11 @@
+import gc
 import subprocess
 import sys
 
 import pytest
 
 from bertforge import __version__
-from bertforge.cli import main
+from bertforge.cli import main, run
 
 
 def test_help_and_version(capsys):
@@ -19,6 +20,21 @@ def test_help_and_version(capsys):
 def test_module_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "bertforge", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("bertforge ")
+
+
+def test_the_program_exits_with_its_heap_frozen(monkeypatch, capsys):
+    """`bertforge` (cli.run) freezes what the command left alive before it exits, so that Python's shutdown does
+    not collect it; `main`, which the tests call in-process, freezes nothing."""
+    monkeypatch.setattr(sys, "argv", ["bertforge", "model", "info", "--model", "tiny"])
+    gc.unfreeze()
+    try:
+        assert main(sys.argv[1:]) == 0 and gc.get_freeze_count() == 0
+        with pytest.raises(SystemExit) as e:
+            run()
+        assert e.value.code == 0 and gc.get_freeze_count() > 0
+        assert "parameters:" in capsys.readouterr().out
+    finally:
+        gc.unfreeze()
 
 
 def test_model_info_counts_base_parameters(capsys):

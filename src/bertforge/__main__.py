@@ -1,5 +1,3 @@
-import sys
+from bertforge.cli import run
 
-from bertforge.cli import main
-
-sys.exit(main())
+run()

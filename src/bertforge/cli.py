@@ -14,6 +14,7 @@ Under torchrun (DDP; gloo on CPU, NCCL on GPUs), the same commands:
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 import typing
@@ -126,5 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> typing.NoReturn:
+    """The `bertforge` program (the installed command, `python -m bertforge`, torchrun's ranks): `main`, then an
+    exit that leaves the command's heap to the operating system. Python's shutdown runs a garbage collection over
+    every object still alive (torch's modules, a model, compiled graphs): on a 2-core Zen 3, 0.6 s after
+    `bertforge predict` had printed its answer, 2 s after a compiled training. Frozen (`gc.freeze`), they are
+    out of that collection, and the command ends 0.1-0.2 s after its last line; atexit handlers and the modules'
+    own finalisation still run, and every file the command writes is closed before `main` returns."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
