@@ -55,6 +55,10 @@ def _child(run: Callable[[], int | None], out: Path, err: Path) -> None:
         os.setsid()
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        # Python's streams onto those descriptors, whatever the parent had put in their place (a test's capture);
+        # open until os._exit below
+        sys.stdout, sys.stderr = (open(fd, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+                                  for fd in (1, 2))
         code = run() or 0
     except SystemExit as e:
         code = _exit_code(e)

@@ -1,5 +1,7 @@
-"""bench/gpu_check.py, the prepared GPU check (issue 44), run as CI runs it: `--cpu-dry-run`, every part on the
-CPU at tiny sizes, so the script cannot rot between the rare runs on a GPU."""
+"""bench/gpu_check.py, the prepared GPU check (issue 44), with `--cpu-dry-run` as CI runs it: every part on the CPU
+at tiny sizes, so the script cannot rot between the rare runs on a GPU. Its `main` runs in the test's process (see
+`run_check`); one test starts the script as a command.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +10,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 pytestmark = pytest.mark.slow  # each test runs the check, which starts many processes
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "bench" / "gpu_check.py"
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+import gpu_check  # noqa: E402
+
 PARTS = ["env", "journey", "bf16", "speed", "finetune", "inference", "data_wait"]
 # figures each part must report when it is ok (beyond its headline)
 FIGURES = {
@@ -29,10 +34,20 @@ FIGURES = {
 }
 
 
-def run_check(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
-    cmd = [sys.executable, str(SCRIPT), "--cpu-dry-run", "--out", str(tmp_path / "out"), "--work",
-           str(tmp_path / "work"), *args]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+def run_check(tmp_path: Path, capsys, *args: str) -> tuple[SimpleNamespace, dict]:
+    """The check with `--cpu-dry-run`, its `main` called in this test's process: the dry run forks its parts (and
+    their commands) from the process that runs it, here this one, which has torch and transformers imported
+    already (a fresh interpreter spent ~8 s on them). Its exit status and what it printed, as `subprocess.run`
+    gives them, and its report; the environment variables it sets for its children are put back after."""
+    saved = dict(os.environ)
+    try:
+        code = gpu_check.main(["--cpu-dry-run", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                               *args])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    printed = capsys.readouterr()
+    run = SimpleNamespace(returncode=code, stdout=printed.out, stderr=printed.err)
     return run, json.loads((tmp_path / "out" / "report.json").read_text())
 
 
@@ -43,8 +58,8 @@ def table_of(stdout: str) -> list[str]:
     return lines[start:]
 
 
-def test_the_dry_run_runs_every_part_and_prints_the_table_last(tmp_path):
-    run, report = run_check(tmp_path)
+def test_the_dry_run_runs_every_part_and_prints_the_table_last(tmp_path, capsys):
+    run, report = run_check(tmp_path, capsys)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert report["dry_run"] and list(report["parts"]) == PARTS
     for name, part in report["parts"].items():
@@ -62,10 +77,12 @@ def test_the_dry_run_runs_every_part_and_prints_the_table_last(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.json", "summary.md"]
 
 
-def test_a_failing_part_and_one_past_its_time_box_are_recorded_and_the_check_goes_on(tmp_path):
+def test_a_failing_part_and_one_past_its_time_box_are_recorded_and_the_check_goes_on(tmp_path, capsys,
+                                                                                      monkeypatch):
     """env fails, then bf16 (the next part, so the check went on) hangs and is stopped by its box of 1 s."""
-    run, report = run_check(tmp_path, "--parts", "env", "bf16", "--time-box", "1", GPU_CHECK_FAIL="env",
-                            GPU_CHECK_HANG="bf16")
+    monkeypatch.setenv("GPU_CHECK_FAIL", "env")
+    monkeypatch.setenv("GPU_CHECK_HANG", "bf16")
+    run, report = run_check(tmp_path, capsys, "--parts", "env", "bf16", "--time-box", "1")
     assert run.returncode == 1
     env, bf16 = report["parts"]["env"], report["parts"]["bf16"]
     assert not env["ok"] and "env failed on purpose (GPU_CHECK_FAIL)" in env["error"]
@@ -73,3 +90,9 @@ def test_a_failing_part_and_one_past_its_time_box_are_recorded_and_the_check_goe
     rows = table_of(run.stdout)[3:]
     assert [row.split("|")[1].strip() for row in rows] == ["env", "bf16"]
     assert all(row.split("|")[2].strip() == "FAILED" for row in rows) and "failed on purpose" in rows[0]
+
+
+def test_the_script_runs_as_a_command_and_refuses_a_missing_out():
+    run = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--cpu-dry-run"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "error: --out is required" in run.stderr
