@@ -37,8 +37,8 @@ lint: $(STAMP)
 # run torch on one thread (tests/conftest.py's one_thread), so two workers on 2 cores do not oversubscribe them.
 # 2-core Xeon with AVX512-BF16 and AMX, 2026-12-02: 128-140 s of tests with two workers (193-258 s in the VM's slower
 # hours); test-fast 26 s; 2-core Zen 5 EPYC (AVX-512, no AMX), 2026-12-02: 226-232 s, test-fast 47-52 s; 2-core
-# Zen 3 EPYC (AVX2 only), 2026-12-03: 213-244 s (fresh clones, 48 minutes apart; 226 s in a used checkout), test-fast
-# 50-52 s; a fresh machine's first run also builds the int8 kernels and inductor's cache.
+# Zen 3 EPYC (AVX2 only), 2026-12-03: 214-231 s (four fresh clones, setup just before; 206-220 s in a used checkout),
+# test-fast 50 s; a fresh machine's first run also builds the int8 kernels and inductor's cache.
 CORES := $(shell nproc 2>/dev/null || echo 1)
 WORKERS := $(if $(filter 1,$(CORES)),,-n $(CORES) --dist loadfile --no-loadscope-reorder)
 FAST_WORKERS := $(if $(filter 1,$(CORES)),,-n $(CORES))  # test by test: no long file to wait for
