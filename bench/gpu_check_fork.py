@@ -29,13 +29,18 @@ from pathlib import Path
 
 def preload(env: dict[str, str], reference: bool) -> None:
     """The dry run's parent, once before its first fork: `env` (one thread a process) set first, so that torch
-    reads it as a fresh child would, then torch and bertforge imported, and with `reference` transformers' BERT
-    (for the parts that compare against it)."""
+    reads it as a fresh child would, then torch (on one thread) and bertforge imported, and with `reference`
+    transformers' BERT (for the parts that compare against it)."""
     os.environ.update(env)
     src = env.get("PYTHONPATH", "").split(os.pathsep)[0]
     if src and src not in sys.path:
         sys.path.insert(0, src)
-    import torch  # noqa: F401
+    import torch
+
+    # Where torch was imported before (a test's process), the variable came too late: one thread set here, so that
+    # no forked part starts OpenMP threads of its own, which a command it forks in turn would find gone, waiting
+    # forever on their lock (seen with two threads, the root's OpenMP team up before the first fork).
+    torch.set_num_threads(1)
 
     import bertforge.cli  # noqa: F401
 

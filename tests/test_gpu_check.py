@@ -14,11 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 
-pytestmark = pytest.mark.slow  # each test runs the check, which starts many processes
+# each test runs the check, which starts many processes; the check sets torch to one thread in the process it
+# forks its parts from, here this one, and `one_thread` puts the test's count back after
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 import gpu_check  # noqa: E402
+import gpu_check_fork  # noqa: E402
+import torch  # noqa: E402
 
 PARTS = ["env", "journey", "bf16", "speed", "finetune", "inference", "data_wait"]
 # figures each part must report when it is ok (beyond its headline)
@@ -96,3 +100,12 @@ def test_the_script_runs_as_a_command_and_refuses_a_missing_out():
     run = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--cpu-dry-run"], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 2 and "error: --out is required" in run.stderr
+
+
+def test_the_process_the_parts_are_forked_from_runs_torch_on_one_thread():
+    """Even where torch came in before the check (this process): on two threads, with OpenMP's started, a command
+    forked from a forked part waited forever on a lock of threads the fork had not copied."""
+    torch.set_num_threads(2)
+    torch.randn(512, 512) @ torch.randn(512, 512)
+    gpu_check_fork.preload(dict(os.environ), reference=False)
+    assert torch.get_num_threads() == 1
