@@ -4,8 +4,8 @@ tokenization.py (in transformers 5, `BertTokenizer` is the Rust one, which is no
 On a varied sample of 10k texts built here (State of the Union prose plus accents, CJK, Arabic, Cyrillic,
 Greek, emoji, control and zero-width characters, odd whitespace, very long words, numbers and punctuation
 runs), ids must be 100% identical: uncased and cased, on the MiniLM package's vocab.txt and on vocabularies
-we train (on half the sample), single texts and truncated pairs. A sweep over every assigned code point checks the basic
-tokenization character by character.
+we train (on half the sample), single texts and truncated pairs. A sweep over every assigned code point checks
+the basic tokenization character by character.
 """
 
 from __future__ import annotations
@@ -147,35 +147,11 @@ def _remember_words(basic) -> None:
     """The reference's basic tokenization remembering the results of its steps on each whitespace-separated word
     (accents stripped, split at punctuation), which the sample repeats many times. A split depends on the word and
     on whether it is one never to split, nothing else."""
-    strip, split = basic._run_strip_accents, basic._run_split_on_punc
-    stripped: dict[str, str] = {}
-    pieces: dict[tuple[str, bool], list[str]] = {}
-
-    def run_strip_accents(word: str) -> str:
-        if word not in stripped:
-            stripped[word] = strip(word)
-        return stripped[word]
-
-    def run_split_on_punc(word: str, never_split=None) -> list[str]:
-        key = (word, never_split is not None and word in never_split)
-        if key not in pieces:
-            pieces[key] = split(word, never_split)
-        return list(pieces[key])
-
-    basic._run_strip_accents, basic._run_split_on_punc = run_strip_accents, run_split_on_punc
-
-
-class _Ids:
-    """The reference's conversion of tokens to ids, each distinct token converted once (by the reference)."""
-
-    def __init__(self, ref):
-        self.ref, self.ids = ref, {}
-
-    def __call__(self, tokens: list[str]) -> list[int]:
-        for token in tokens:
-            if token not in self.ids:
-                self.ids[token] = self.ref.convert_tokens_to_ids(token)
-        return [self.ids[t] for t in tokens]
+    basic._run_strip_accents = functools.cache(basic._run_strip_accents)
+    original = basic._run_split_on_punc
+    split = functools.cache(lambda word, kept: original(word, {word} if kept else None))
+    basic._run_split_on_punc = lambda word, never_split=None: list(
+        split(word, never_split is not None and word in never_split))
 
 
 @pytest.fixture(scope="module")
@@ -229,8 +205,8 @@ MAX_LENGTHS = [4, 8, 13, 16, 32, 64, 128, 512]
 def test_ids_identical_to_reference(name, sample, minilm_dir, trained_dir, shared_basic):
     ours, ref = _pair(minilm_dir, trained_dir, name, shared_basic)
     sample = sample[:CONFIGS[name]]
-    ids = _Ids(ref)
-    ref_ids = [ids(ref.tokenize(t)) for t in sample]
+    token_id = functools.cache(ref.convert_tokens_to_ids)  # each distinct token converted once, by the reference
+    ref_ids = [[token_id(token) for token in ref.tokenize(t)] for t in sample]
     our_ids = ours.tokenize_ids(sample)
     mismatches = [(t, r, o) for t, r, o in zip(sample, ref_ids, our_ids, strict=True) if r != o]
     assert not mismatches, f"{len(mismatches)} of {len(sample)} differ; first: {mismatches[0]!r}"
