@@ -83,6 +83,35 @@ def test_the_loaded_build_is_the_one_chosen():
     assert torch.ops.bertforge.lanes() == {"avx512": 16, "avx2": 8}[kernels.isa()]
 
 
+@needs_kernels
+def test_the_kernels_run_on_torchs_threads_with_the_same_results():
+    """The kernels' loops share out their rows (sequences, values) over torch's intra-op threads, which needs a build
+    with OpenMP: without it each ran on the calling thread alone, whatever torch's thread count. Their outputs on
+    two threads are those on one, bit for bit."""
+    torch.manual_seed(0)
+    ops = torch.ops.bertforge
+    qkv, x, residual = torch.randn(6, 27, 3 * 4 * 16), torch.randn(300, 64), torch.randn(300, 64)
+    weight, bias = torch.randn(64), torch.randn(64)
+    big = torch.randn(200_000)
+
+    def outputs() -> list[torch.Tensor]:
+        return [*ops.attention(qkv, 4, None, None), *ops.add_layer_norm(x, residual, weight, bias, 1e-12),
+                ops.value_range(big), ops.quantize_u8(big, 0.02, 128), ops.keep_mask(200_000, 0.1, 7),
+                ops.apply_keep_mask(big, 0.1, 7)]
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = outputs()
+        assert ops.parallel_threads() == 1
+        torch.set_num_threads(2)
+        assert ops.parallel_threads() == 2
+        two = outputs()
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, two, strict=True):
+        assert torch.equal(a, b)
+
 # the int8 engine's test that runs on the kernels (the rest of test_infer_int8.py runs on PyTorch's operators), and
 # dropout's masks from the kernel against torch's operators
 ENGINE_TESTS = (Path(__file__).with_name("test_infer_int8.py").as_posix() + "::test_int8_stays_close_to_fp32",

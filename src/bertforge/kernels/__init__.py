@@ -38,10 +38,13 @@ SOURCE = Path(__file__).with_name("cpu_kernels.cpp")  # the one translation unit
 # every file the build reads, hashed into its name
 FILES = tuple(sorted(SOURCE.parent.glob("*.cpp")) + sorted(SOURCE.parent.glob("*.h")))
 # Each build's compiler flags, in the order of preference. AVX-512 for this CPU (-march=native); AVX2 + FMA alone, so
-# that the AVX2 build forced on an AVX-512 CPU is the one an AVX2-only CPU runs (-mtune only schedules).
+# that the AVX2 build forced on an AVX-512 CPU is the one an AVX2-only CPU runs (-mtune only schedules). -fopenmp
+# (compiling and linking) makes at::parallel_for share a kernel's rows over torch's threads (the same libgomp torch
+# loaded): without it every kernel ran on the calling thread alone (attention over 64 x 40 tokens, 12 heads: 7.3 ms
+# on two Zen 3 threads, 3.9 ms with it).
 _FLAGS = {
-    "avx512": ("-O3", "-march=native", "-fno-math-errno"),
-    "avx2": ("-O3", "-mavx2", "-mfma", "-mtune=native", "-fno-math-errno"),
+    "avx512": ("-O3", "-march=native", "-fno-math-errno", "-fopenmp"),
+    "avx2": ("-O3", "-mavx2", "-mfma", "-mtune=native", "-fno-math-errno", "-fopenmp"),
 }
 _NEEDS = {"avx512": {"avx512f"}, "avx2": {"avx2", "fma"}}  # the CPU flags each build runs on
 
@@ -147,8 +150,8 @@ def _build(chosen: str, name: str, where: Path) -> bool:
             _note(f"building its CPU kernels ({chosen}) for this machine (once, about 10 s)")
         from torch.utils.cpp_extension import load
 
-        load(name=name, sources=[str(SOURCE)], extra_cflags=list(_FLAGS[chosen]), build_directory=str(where),
-             is_python_module=False, verbose=False)
+        load(name=name, sources=[str(SOURCE)], extra_cflags=list(_FLAGS[chosen]), extra_ldflags=["-fopenmp"],
+             build_directory=str(where), is_python_module=False, verbose=False)
     except Exception as error:  # a failed build is slower, not a failed run
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         _note(f"int8 and dropout run on PyTorch's operators alone here, slower: its CPU kernels did not build "

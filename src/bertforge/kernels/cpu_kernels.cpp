@@ -251,6 +251,18 @@ at::Tensor apply_keep_mask(const at::Tensor& x, double p, int64_t key) {
 // Floats in one vector of this build: 16 (AVX-512) or 8 (AVX2).
 int64_t lanes() { return kLanes; }
 
+// How many threads the kernels' parallel loops run on now: torch's intra-op threads where the build has OpenMP (a
+// build without it runs every at::parallel_for on the calling thread alone).
+int64_t parallel_threads() {
+  std::vector<int> used(std::max(1, at::get_num_threads()), 0);
+  at::parallel_for(0, static_cast<int64_t>(used.size()), 1, [&](int64_t, int64_t) {
+    used[std::min<int64_t>(at::get_thread_num(), static_cast<int64_t>(used.size()) - 1)] = 1;
+  });
+  int64_t n = 0;
+  for (int u : used) n += u;
+  return n;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(bertforge, m) {
@@ -263,6 +275,7 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("keep_mask(int n, float p, int key) -> Tensor", &keep_mask);
   m.def("apply_keep_mask(Tensor x, float p, int key) -> Tensor");
   m.def("lanes() -> int", &lanes);
+  m.def("parallel_threads() -> int", &parallel_threads);
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
