@@ -9,6 +9,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from infer_support import MASKED, TEXTS, activation_codes, cosines
 from torch import nn
 
@@ -17,7 +18,7 @@ import bertforge.infer.transforms
 import bertforge.kernels
 from bertforge import BertforgeError
 from bertforge.infer import Encoder, EngineOptions, Int8Linear, MaskFiller, quantize_int8
-from bertforge.infer.transforms import _has_onednn_ops
+from bertforge.infer.transforms import FEW_ROWS, _has_onednn_ops
 
 # --- int8 ----------------------------------------------------------------------------------------------
 
@@ -152,13 +153,51 @@ def test_int8_products_do_not_saturate_on_this_cpu():
         layer.weight.copy_(torch.randn(256, 384).sign() * 0.1)  # every weight code at +-(2^(bits-1) - 1)
     x = 3 + torch.rand(32, 384)  # codes from about 190 to 255, all positive: pairs of large products
     q = Int8Linear(layer, weight_bits=bits)
-    with torch.no_grad():
-        y = q(x).double()
     codes, scale, _ = activation_codes(x)  # all positive: the range [0, max], zero point 0
     top = 2 ** (bits - 1) - 1
     w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-top, top)
     exact = (codes @ w.T) * scale * q.weight_scale.double() + layer.bias.detach().double()
-    assert float((y - exact).abs().max()) < 1e-3 * float(exact.abs().max())
+    for few_rows in {q.few_rows, None}:  # 32 rows: fbgemm's kernels where it takes them, and oneDNN's
+        q.few_rows = few_rows
+        with torch.no_grad():
+            y = q(x).double()
+        assert float((y - exact).abs().max()) < 1e-3 * float(exact.abs().max())
+
+
+def test_few_rows_run_on_fbgemm_with_the_same_codes(monkeypatch):
+    """With 7-bit weights (CPUs without int8 dot products) up to FEW_ROWS rows, a text or two, run on fbgemm's
+    int8 kernels, 1.2-2.5x oneDNN's speed there, on the same codes: activations quantized to all 8 bits by their
+    range, so the exact product of the quantized operands, the GELU after it where the layer has it inside."""
+    if not _has_onednn_ops():
+        pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 40)
+    q = Int8Linear(layer, weight_bits=7)
+    if q.few_rows is None:
+        pytest.skip("this torch has no fbgemm")
+    assert Int8Linear(layer, weight_bits=8).few_rows is None  # int8 dot products: oneDNN alone
+    used = []
+    product = torch.ops.quantized.linear_dynamic
+
+    def recording(x, *args):
+        used.append(x.shape[0])
+        return product(x, *args)
+
+    monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", recording)
+    w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-63, 63)
+    for activation in ("none", "gelu"):
+        q.activation = activation
+        for shape in [(1, 48), (3, 9, 48), (FEW_ROWS, 48), (FEW_ROWS + 1, 48)]:
+            used.clear()
+            x = torch.randn(shape) * 2
+            with torch.no_grad():
+                y = q(x)
+            assert y.shape == (*shape[:-1], 40)
+            codes, scale, zero = activation_codes(x.reshape(-1, 48))
+            exact = ((codes - zero) @ w.T) * scale * q.weight_scale.double() + layer.bias.detach().double()
+            exact = F.gelu(exact) if activation == "gelu" else exact
+            assert float((y.reshape(-1, 40).double() - exact).abs().max()) < 1e-3 * float(exact.abs().max())
+            assert used == ([] if x.numel() > FEW_ROWS * 48 else [x.numel() // 48])
 
 
 
@@ -173,6 +212,7 @@ def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):
     torch.manual_seed(0)
     layer = nn.Linear(32, 24)
     q = Int8Linear(layer, weight_bits=bits)
+    q.few_rows = None  # oneDNN at every row count (few rows may run on fbgemm: the test below)
     seen = []
     product = torch.ops.onednn.qlinear_pointwise
 
