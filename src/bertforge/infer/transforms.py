@@ -65,9 +65,10 @@ class Int8Linear(nn.Module):
     time (300 calls, one stream) the demo's int8 BERT-tiny ran 1.24-1.27x faster (3,570-3,667 -> 4,446-4,622
     texts/s), MiniLM-L6 the same (669-679 -> 677-733); `bench/serve.py` at 32 clients, bound by its HTTP side at
     ~2,000 requests/s, did not move. With 7-bit weights (no int8 dot products), up to `FEW_ROWS` rows (a text or
-    two) run on fbgemm's int8 kernels instead, on the same codes (`few_rows`, None where torch lacks fbgemm): on
-    oneDNN's AVX2 code so few rows ran at a third of its speed on a full batch's, and the single-text latency of int8
-    MiniLM-L6 on a Zen 3 EPYC went from 15 to 8 ms."""
+    two) run on fbgemm's int8 kernels instead, on the same codes (`few_rows`: a second copy of the int8 weight, packed
+    for fbgemm, one more byte a weight; None where torch lacks fbgemm): on oneDNN's AVX2 code so few rows ran at a
+    third of its speed on a full batch's, and the single-text latency of int8 MiniLM-L6 on a Zen 3 EPYC went from 15
+    to 8 ms."""
 
     def __init__(self, linear: nn.Linear, weight_bits: int = 8):
         super().__init__()
