@@ -1,0 +1,157 @@
+// A candidate int8 product for AVX2 CPUs without VNNI, measured by bench/int8_u7.py against bertforge's Int8Linear
+// (oneDNN): not part of the package. Activations are quantized per row (token) to 7 bits (codes 0-127, each row's
+// range holding 0) and weights per output channel to 7 bits (+-63), so four u7 x s7 products sum within int16
+// (4 x 127 x 63 = 32,004): two vpmaddubsw are added in int16 before one vpmaddwd widens them, 3 multiplying
+// instructions per 64 multiply-adds where an 8-bit activation needs 4. y = (sum - zero_row * colsum) * scale_row *
+// scale_col + bias.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+constexpr int64_t MR = 6, NR = 8, MC = 96;
+
+// Weight codes (N, K) int8 within +-63 -> panels of NR columns: [panel][k/8][2 halves][NR cols][4 bytes]; K padded
+// to 8 with zeros. Also column sums of the codes (for the activations' zero points).
+std::vector<at::Tensor> pack_weight(const at::Tensor& codes) {
+  const int64_t N = codes.size(0), K = codes.size(1), Kp = (K + 7) / 8 * 8, panels = (N + NR - 1) / NR;
+  at::Tensor out = at::zeros({panels * Kp * NR}, at::kChar);
+  at::Tensor sums = at::zeros({panels * NR}, at::kInt);
+  const int8_t* w = codes.data_ptr<int8_t>();
+  int8_t* o = out.data_ptr<int8_t>();
+  int32_t* s = sums.data_ptr<int32_t>();
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t j = 0; j < NR; ++j) {
+      const int64_t n = p * NR + j;
+      if (n >= N) continue;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = k / 8, h = (k % 8) / 4, b = k % 4;
+        o[p * Kp * NR + g * 64 + h * 32 + j * 4 + b] = w[n * K + k];
+        s[n] += w[n * K + k];
+      }
+    }
+  return {out, sums};
+}
+
+// x (M, K) fp32 -> u7 codes (M, Kp) with per-row scale and zero point (range always holding 0).
+static void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, uint8_t* q, float* scale, int32_t* zero) {
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = x + r * K;
+      __m256 lo8 = _mm256_setzero_ps(), hi8 = lo8;
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8) {
+        const __m256 v = _mm256_loadu_ps(row + k);
+        lo8 = _mm256_min_ps(lo8, v); hi8 = _mm256_max_ps(hi8, v);
+      }
+      alignas(32) float l[8], h[8];
+      _mm256_store_ps(l, lo8); _mm256_store_ps(h, hi8);
+      float lo = 0.f, hi = 0.f;
+      for (int i = 0; i < 8; ++i) { lo = std::min(lo, l[i]); hi = std::max(hi, h[i]); }
+      for (; k < K; ++k) { lo = std::min(lo, row[k]); hi = std::max(hi, row[k]); }
+      float s = (hi - lo) / 127.f;
+      if (s == 0.f) s = 1.f;
+      const int32_t z = static_cast<int32_t>(std::nearbyint(-lo / s));
+      const __m256 inv = _mm256_set1_ps(1.f / s), zf = _mm256_set1_ps(float(z)), top = _mm256_set1_ps(127.f),
+                   zero8 = _mm256_setzero_ps();
+      uint8_t* out = q + r * Kp;
+      k = 0;
+      for (; k + 8 <= K; k += 8) {
+        __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), inv),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm256_min_ps(top, _mm256_max_ps(zero8, _mm256_add_ps(v, zf)));
+        const __m256i i32 = _mm256_cvtps_epi32(v);
+        const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + k), _mm_packus_epi16(i16, i16));
+      }
+      for (; k < K; ++k) {
+        const float v = std::nearbyint(row[k] / s) + z;
+        out[k] = static_cast<uint8_t>(std::min(127.f, std::max(0.f, v)));
+      }
+      for (k = K; k < Kp; ++k) out[k] = 0;
+      scale[r] = s;
+      zero[r] = z;
+    }
+  });
+}
+
+static inline __m256i step(__m256i acc, __m256i a0, __m256i a1, __m256i b0, __m256i b1, __m256i ones) {
+  const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(a0, b0), _mm256_maddubs_epi16(a1, b1));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(t, ones));
+}
+
+// acc (rows x NR int32) over Kp for rows of q starting at row r, panel p
+static void micro(const uint8_t* q, int64_t Kp, const int8_t* panel, int64_t rows, int32_t* out /* MR x NR */) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+  const uint8_t* q0 = q;
+  const uint8_t* q1 = q + Kp * std::min<int64_t>(1, rows - 1);
+  const uint8_t* q2 = q + Kp * std::min<int64_t>(2, rows - 1);
+  const uint8_t* q3 = q + Kp * std::min<int64_t>(3, rows - 1);
+  const uint8_t* q4 = q + Kp * std::min<int64_t>(4, rows - 1);
+  const uint8_t* q5 = q + Kp * std::min<int64_t>(5, rows - 1);
+  for (int64_t k = 0; k < Kp; k += 8) {
+    const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel));
+    const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + 32));
+    panel += 64;
+#define ROW(c, qq) c = step(c, _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(qq + k)), \
+                            _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(qq + k + 4)), b0, b1, ones);
+    ROW(c0, q0) ROW(c1, q1) ROW(c2, q2) ROW(c3, q3) ROW(c4, q4) ROW(c5, q5)
+  }
+  __m256i cs[6] = {c0, c1, c2, c3, c4, c5};
+  for (int64_t i = 0; i < rows; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * NR), cs[i]);
+}
+
+at::Tensor linear_u7(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sums, const at::Tensor& wscale,
+                     const at::Tensor& bias, int64_t N) {
+  const int64_t K = x.size(-1), M = x.numel() / K, Kp = (K + 7) / 8 * 8, panels = (N + NR - 1) / NR;
+  std::vector<uint8_t> qbuf(M * Kp + 64);
+  std::vector<float> xs(M);
+  std::vector<int32_t> xz(M);
+  const at::Tensor xc = x.contiguous();
+  quantize_rows(xc.data_ptr<float>(), M, K, Kp, qbuf.data(), xs.data(), xz.data());
+  at::Tensor y = at::empty({M, N}, x.options());
+  float* yp = y.data_ptr<float>();
+  const int8_t* wp = packed.data_ptr<int8_t>();
+  const int32_t* sp = sums.data_ptr<int32_t>();
+  const float* ws = wscale.data_ptr<float>();
+  const float* bp = bias.data_ptr<float>();
+  const int64_t mblocks = (M + MC - 1) / MC;
+  at::parallel_for(0, mblocks * panels, 1, [&](int64_t t0, int64_t t1) {
+    alignas(32) int32_t tile[MR * NR];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t mb = t / panels, p = t % panels;
+      const int8_t* panel = wp + p * Kp * NR;
+      for (int64_t r = mb * MC; r < std::min(M, (mb + 1) * MC); r += MR) {
+        const int64_t rows = std::min(MR, M - r);
+        micro(qbuf.data() + r * Kp, Kp, panel, rows, tile);
+        const int64_t n0 = p * NR;
+        if (n0 + NR <= N) {
+          const __m256 colsum = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + n0)));
+          const __m256 wsv = _mm256_loadu_ps(ws + n0), bv = _mm256_loadu_ps(bp + n0);
+          for (int64_t i = 0; i < rows; ++i) {
+            const __m256 acc = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(tile + i * NR)));
+            const __m256 centred = _mm256_fnmadd_ps(_mm256_set1_ps(float(xz[r + i])), colsum, acc);
+            _mm256_storeu_ps(yp + (r + i) * N + n0,
+                             _mm256_fmadd_ps(centred, _mm256_mul_ps(_mm256_set1_ps(xs[r + i]), wsv), bv));
+          }
+        } else {
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < NR && n0 + j < N; ++j) {
+              const int64_t n = n0 + j;
+              yp[(r + i) * N + n] = (tile[i * NR + j] - xz[r + i] * sp[n]) * xs[r + i] * ws[n] + bp[n];
+            }
+        }
+      }
+    }
+  });
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pack_weight", &pack_weight);
+  m.def("linear_u7", &linear_u7);
+}

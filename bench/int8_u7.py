@@ -1,0 +1,193 @@
+"""A candidate int8 scheme for AVX2 CPUs without VNNI, against bertforge's int8 products as they are: its speed at an
+encoder's shapes, and, with --model, what it would do to a classifier's accuracy.
+
+    .venv/bin/python bench/int8_u7.py                                      # MiniLM-L6's shapes, 1,920 / 256 / 32 rows
+    .venv/bin/python bench/int8_u7.py --model .cache/bench-inference/rt-minilm-4000-lr5e-05 --data DIR
+
+The scheme (bench/int8_u7.cpp, built here with torch's extension builder; not part of the package): activations
+quantized per row (each token its own range, holding 0) to 7 bits, weights per output channel to 7 bits, so that
+two `vpmaddubsw` results add in int16 before one `vpmaddwd`: 3 multiplying instructions per 64 multiply-adds, where
+bertforge's `Int8Linear` (8-bit activations per tensor, on oneDNN) needs 4; bench/cpu_peak.py's loops put the two
+sequences at about 195-200 and 140-153 giga multiply-adds a second on a 2-core Zen 3. The kernel: a 6 x 8 micro-tile,
+weights packed once into 8-column panels, rows quantized in one vectorized pass, the dequantizing epilogue in
+vectors, tiles shared over torch's threads (OpenMP).
+
+Speed: y = x W^T + b at the encoder's four Linear shapes for each --rows, giga multiply-adds a second, the median of
+--rounds rounds with the two sides alternating; `Int8Linear` runs oneDNN at every row count here (its few-row fbgemm
+path off), each side's activation quantizing included. Exactness: the candidate's output against its scheme computed
+in float64 (largest difference over the largest output; ~1e-3 where a value falls on a rounding boundary and
+the kernel's float32 division puts it one code away).
+
+Accuracy (--model, a fine-tuned classifier; --data, a directory with dev.csv and test.csv of text,label): every
+Linear layer replaced by the scheme computed exactly in float64 (fake quantization: codes, then integer sums), for
+8 and 7 activation bits, per tensor (a batch's range, as `Int8Linear`) and per row, 7-bit weights; accuracy on each
+split next to fp32's and the int8 engine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from bertforge import cpu  # noqa: E402
+from bertforge.files import cache_dir  # noqa: E402
+from bertforge.infer.engines import Predictor  # noqa: E402
+from bertforge.infer.transforms import Int8Linear  # noqa: E402
+from bertforge.options import EngineOptions  # noqa: E402
+from bertforge.tasks.runner import load_task_model  # noqa: E402
+
+SOURCE = Path(__file__).with_name("int8_u7.cpp")
+
+
+def build():
+    from torch.utils.cpp_extension import load
+
+    where = cache_dir() / "bench-int8-u7"
+    where.mkdir(parents=True, exist_ok=True)
+    return load("bertforge_bench_int8_u7", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                extra_ldflags=["-fopenmp"], build_directory=str(where), verbose=False)
+
+
+class U7Linear:
+    """The candidate: 7-bit per-channel weight codes packed once, activations quantized per row on each call."""
+
+    def __init__(self, module, linear: nn.Linear):
+        w = linear.weight.detach().float()
+        self.module, self.out_features = module, w.shape[0]
+        self.weight_scale = w.abs().amax(1).clamp(min=1e-12) / 63
+        self.codes = (w / self.weight_scale[:, None]).round().clamp(-63, 63).to(torch.int8).contiguous()
+        self.packed, self.column_sums = module.pack_weight(self.codes)
+        self.bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(self.out_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module.linear_u7(x, self.packed, self.column_sums, self.weight_scale, self.bias,
+                                     self.out_features)
+
+
+def exact(x: torch.Tensor, codes: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor, bits: int,
+          per_row: bool) -> torch.Tensor:
+    """The scheme in float64: activation codes of `bits` bits (per row or per tensor, the range holding 0), weight
+    codes as given, integer sums, dequantized."""
+    x = x.double().reshape(-1, x.shape[-1])
+    lo = (x.amin(1, keepdim=True) if per_row else x.min()).clamp(max=0)
+    hi = (x.amax(1, keepdim=True) if per_row else x.max()).clamp(min=0)
+    top = 2 ** bits - 1
+    scale = ((hi - lo) / top).clamp(min=1e-12)
+    zero = (-lo / scale).round()
+    q = (x / scale + zero).round().clamp(0, top)
+    return ((q - zero) @ codes.double().T) * scale * weight_scale.double() + bias.double()
+
+
+def rate(call, macs: float, rounds: int) -> list[float]:
+    call()
+    call()
+    found = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(5):
+            call()
+        found.append(5 * macs / (time.perf_counter() - start) / 1e9)
+    return found
+
+
+def speed(module, rows_list: list[int], hidden: int, intermediate: int, rounds: int) -> None:
+    shapes = [(hidden, 3 * hidden), (hidden, hidden), (hidden, intermediate), (intermediate, hidden)]
+    print("giga multiply-adds a second, median (min-max); candidate against Int8Linear (oneDNN)")
+    for rows in rows_list:
+        for k, n in shapes:
+            torch.manual_seed(k + n)
+            linear, x = nn.Linear(k, n), torch.randn(rows, k)
+            candidate, current = U7Linear(module, linear), Int8Linear(linear, weight_bits=7)
+            current.few_rows = None
+            reference = exact(x, candidate.codes, candidate.weight_scale, candidate.bias, 7, True)
+            difference = float((candidate(x).double() - reference).abs().max() / reference.abs().max())
+            ours, theirs = [], []
+            with torch.inference_mode():
+                for _ in range(rounds):
+                    ours += rate(lambda f=candidate, x=x: f(x), rows * k * n, 1)
+                    theirs += rate(lambda f=current, x=x: f(x), rows * k * n, 1)
+            print(f"  {rows:5d} x {k:4d} -> {n:4d}: candidate {statistics.median(ours):6.1f} ({min(ours):.1f}-"
+                  f"{max(ours):.1f})  Int8Linear {statistics.median(theirs):6.1f} ({min(theirs):.1f}-{max(theirs):.1f})"
+                  f"  {statistics.median(ours) / statistics.median(theirs):.2f}x  exactness {difference:.1e}")
+
+
+class FakeLinear(nn.Module):
+    def __init__(self, linear: nn.Linear, bits: int, per_row: bool):
+        super().__init__()
+        w = linear.weight.detach().double()
+        self.weight_scale = w.abs().amax(1).clamp(min=1e-12) / 63
+        self.codes = (w / self.weight_scale[:, None]).round().clamp(-63, 63)
+        self.bias = linear.bias.detach().double()
+        self.bits, self.per_row = bits, per_row
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = exact(x, self.codes, self.weight_scale, self.bias, self.bits, self.per_row)
+        return y.float().reshape(*x.shape[:-1], -1)
+
+
+def _swap(model: nn.Module, make) -> None:
+    for name, child in model.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(model, name, make(child))
+        else:
+            _swap(child, make)
+
+
+def accuracy(model: str, data: Path) -> None:
+    splits = {}
+    for split in ("dev", "test"):
+        with open(data / f"{split}.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        splits[split] = ([{"text": r["text"]} for r in rows], [r["label"] for r in rows])
+
+    def score(predictor: Predictor) -> str:
+        parts = []
+        for split, (records, labels) in splits.items():
+            got = [o["label"] for o in predictor.predict(records)]
+            parts.append(f"{split} {100 * np.mean([a == b for a, b in zip(got, labels, strict=True)]):.2f}")
+        return "  ".join(parts)
+
+    print(f"accuracy (%), {model}")
+    print(f"  {'fp32':34s}{score(Predictor(model))}")
+    print(f"  {'int8 engine (Int8Linear)':34s}{score(Predictor(model, EngineOptions(quantize='int8')))}")
+    for bits, per_row in ((8, False), (7, False), (8, True), (7, True)):
+        predictor = Predictor(model)
+        task_model = load_task_model(model, device="cpu")
+        task_model.model.eval()
+        _swap(task_model.model, lambda linear, b=bits, r=per_row: FakeLinear(linear, b, r))
+        predictor.task_model = task_model
+        name = f"u{bits} {'per row' if per_row else 'per tensor'} x s7 (exact)"
+        print(f"  {name:34s}{score(predictor)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1920, 256, 32])
+    parser.add_argument("--hidden", type=int, default=384)
+    parser.add_argument("--intermediate", type=int, default=1536)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--model", help="a fine-tuned classifier directory: also score the schemes' accuracy")
+    parser.add_argument("--data", type=Path, help="a directory with dev.csv and test.csv (text,label), for --model")
+    args = parser.parse_args(argv)
+    if not {"avx2", "fma"} <= cpu.cpu_flags():
+        parser.error("the candidate kernel needs AVX2 and FMA")
+    if args.model and not args.data:
+        parser.error("--model needs --data")
+    print(f"CPU: {cpu.cpuinfo_field('model name')}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    speed(build(), args.rows, args.hidden, args.intermediate, args.rounds)
+    if args.model:
+        accuracy(args.model, args.data)
+
+
+if __name__ == "__main__":
+    main()
