@@ -12,10 +12,10 @@
 #include <cmath>
 #include <vector>
 
-constexpr int64_t MR = 6, NR = 8, MC = 96;
+constexpr int64_t MR = 4, NR = 16, MC = 96;
 
-// Weight codes (N, K) int8 within +-63 -> panels of NR columns: [panel][k/8][2 halves][NR cols][4 bytes]; K padded
-// to 8 with zeros. Also column sums of the codes (for the activations' zero points).
+// Weight codes (N, K) int8 within +-63 -> panels of NR columns: [panel][k/8][2 halves of 4 k][NR cols][4 bytes];
+// K padded to 8 with zeros. Also column sums of the codes (for the activations' zero points).
 std::vector<at::Tensor> pack_weight(const at::Tensor& codes) {
   const int64_t N = codes.size(0), K = codes.size(1), Kp = (K + 7) / 8 * 8, panels = (N + NR - 1) / NR;
   at::Tensor out = at::zeros({panels * Kp * NR}, at::kChar);
@@ -29,7 +29,7 @@ std::vector<at::Tensor> pack_weight(const at::Tensor& codes) {
       if (n >= N) continue;
       for (int64_t k = 0; k < K; ++k) {
         const int64_t g = k / 8, h = (k % 8) / 4, b = k % 4;
-        o[p * Kp * NR + g * 64 + h * 32 + j * 4 + b] = w[n * K + k];
+        o[p * Kp * NR + g * 128 + h * 64 + j * 4 + b] = w[n * K + k];
         s[n] += w[n * K + k];
       }
     }
@@ -86,23 +86,28 @@ static inline __m256i step(__m256i acc, __m256i a0, __m256i a1, __m256i b0, __m2
 // acc (rows x NR int32) over Kp for rows of q starting at row r, panel p
 static void micro(const uint8_t* q, int64_t Kp, const int8_t* panel, int64_t rows, int32_t* out /* MR x NR */) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+  __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
   const uint8_t* q0 = q;
   const uint8_t* q1 = q + Kp * std::min<int64_t>(1, rows - 1);
   const uint8_t* q2 = q + Kp * std::min<int64_t>(2, rows - 1);
   const uint8_t* q3 = q + Kp * std::min<int64_t>(3, rows - 1);
-  const uint8_t* q4 = q + Kp * std::min<int64_t>(4, rows - 1);
-  const uint8_t* q5 = q + Kp * std::min<int64_t>(5, rows - 1);
   for (int64_t k = 0; k < Kp; k += 8) {
-    const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel));
-    const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + 32));
-    panel += 64;
-#define ROW(c, qq) c = step(c, _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(qq + k)), \
-                            _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(qq + k + 4)), b0, b1, ones);
-    ROW(c0, q0) ROW(c1, q1) ROW(c2, q2) ROW(c3, q3) ROW(c4, q4) ROW(c5, q5)
+    const __m256i b00 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel));       // k..k+3, cols 0-7
+    const __m256i b01 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + 32));  // k..k+3, cols 8-15
+    const __m256i b10 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + 64));  // k+4..k+7, cols 0-7
+    const __m256i b11 = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + 96));
+    panel += 128;
+#define ROW(ca, cb, qq) { \
+      const __m256i a0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(qq + k)); \
+      const __m256i a1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(qq + k + 4)); \
+      ca = step(ca, a0, a1, b00, b10, ones); cb = step(cb, a0, a1, b01, b11, ones); }
+    ROW(c00, c01, q0) ROW(c10, c11, q1) ROW(c20, c21, q2) ROW(c30, c31, q3)
   }
-  __m256i cs[6] = {c0, c1, c2, c3, c4, c5};
-  for (int64_t i = 0; i < rows; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * NR), cs[i]);
+  __m256i cs[8] = {c00, c01, c10, c11, c20, c21, c30, c31};
+  for (int64_t i = 0; i < rows; ++i) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * NR), cs[2 * i]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * NR + 8), cs[2 * i + 1]);
+  }
 }
 
 at::Tensor linear_u7(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sums, const at::Tensor& wscale,
@@ -130,13 +135,16 @@ at::Tensor linear_u7(const at::Tensor& x, const at::Tensor& packed, const at::Te
         micro(qbuf.data() + r * Kp, Kp, panel, rows, tile);
         const int64_t n0 = p * NR;
         if (n0 + NR <= N) {
-          const __m256 colsum = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + n0)));
-          const __m256 wsv = _mm256_loadu_ps(ws + n0), bv = _mm256_loadu_ps(bp + n0);
-          for (int64_t i = 0; i < rows; ++i) {
-            const __m256 acc = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(tile + i * NR)));
-            const __m256 centred = _mm256_fnmadd_ps(_mm256_set1_ps(float(xz[r + i])), colsum, acc);
-            _mm256_storeu_ps(yp + (r + i) * N + n0,
-                             _mm256_fmadd_ps(centred, _mm256_mul_ps(_mm256_set1_ps(xs[r + i]), wsv), bv));
+          for (int64_t h = 0; h < NR; h += 8) {
+            const __m256 colsum = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + n0 + h)));
+            const __m256 wsv = _mm256_loadu_ps(ws + n0 + h), bv = _mm256_loadu_ps(bp + n0 + h);
+            for (int64_t i = 0; i < rows; ++i) {
+              const __m256 acc =
+                  _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(tile + i * NR + h)));
+              const __m256 centred = _mm256_fnmadd_ps(_mm256_set1_ps(float(xz[r + i])), colsum, acc);
+              _mm256_storeu_ps(yp + (r + i) * N + n0 + h,
+                               _mm256_fmadd_ps(centred, _mm256_mul_ps(_mm256_set1_ps(xs[r + i]), wsv), bv));
+            }
           }
         } else {
           for (int64_t i = 0; i < rows; ++i)

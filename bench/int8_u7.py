@@ -8,9 +8,10 @@ The scheme (bench/int8_u7.cpp, built here with torch's extension builder; not pa
 quantized per row (each token its own range, holding 0) to 7 bits, weights per output channel to 7 bits, so that
 two `vpmaddubsw` results add in int16 before one `vpmaddwd`: 3 multiplying instructions per 64 multiply-adds, where
 bertforge's `Int8Linear` (8-bit activations per tensor, on oneDNN) needs 4; bench/cpu_peak.py's loops put the two
-sequences at about 195-200 and 140-153 giga multiply-adds a second on a 2-core Zen 3. The kernel: a 6 x 8 micro-tile,
-weights packed once into 8-column panels, rows quantized in one vectorized pass, the dequantizing epilogue in
-vectors, tiles shared over torch's threads (OpenMP).
+sequences at about 195-200 and 140-153 giga multiply-adds a second on a 2-core Zen 3. The kernel: a 4 x 16
+micro-tile (each row's broadcast codes serve 16 columns; a 6 x 8 tile ran 5-15% slower), weights packed once into
+16-column panels, rows quantized in one vectorized pass, the dequantizing epilogue in vectors, tiles shared over
+torch's threads.
 
 Speed: y = x W^T + b at the encoder's four Linear shapes for each --rows, giga multiply-adds a second, the median of
 --rounds rounds with the two sides alternating; `Int8Linear` runs oneDNN at every row count here (its few-row fbgemm
