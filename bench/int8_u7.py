@@ -1,28 +1,27 @@
-"""A candidate int8 scheme for AVX2 CPUs without VNNI, against bertforge's int8 products as they are: its speed at an
-encoder's shapes, and, with --model, what it would do to a classifier's accuracy.
+"""bertforge's u7 int8 products (CPUs without VNNI) against its oneDNN ones: speed at an encoder's shapes, and, with
+--model, what each activation scheme does to a classifier's accuracy.
 
     .venv/bin/python bench/int8_u7.py                                      # MiniLM-L6's shapes, 1,920 / 256 / 32 rows
     .venv/bin/python bench/int8_u7.py --model .cache/bench-inference/rt-minilm-4000-lr5e-05 --data DIR
 
-The scheme (bench/int8_u7.cpp, built here with torch's extension builder; not part of the package): activations
-quantized per row (each token its own range, holding 0) to 7 bits, weights per output channel to 7 bits, so that
-two `vpmaddubsw` results add in int16 before one `vpmaddwd`: 3 multiplying instructions per 64 multiply-adds, where
-bertforge's `Int8Linear` (8-bit activations per tensor, on oneDNN) needs 4; bench/cpu_peak.py's loops put the two
-sequences at about 195-200 and 140-153 giga multiply-adds a second on a 2-core Zen 3. The kernel: a 4 x 16
-micro-tile (each row's broadcast codes serve 16 columns; a 6 x 8 tile ran 5-15% slower), weights packed once into
-16-column panels, rows quantized in one vectorized pass, the dequantizing epilogue in vectors, tiles shared over
-torch's threads.
+The scheme (bertforge/kernels/int8_u7.h, what `Int8Linear` runs with 7-bit weights where the kernels load):
+activations quantized per row (each token its own range, holding 0) to 7 bits, weights per output channel to 7
+bits, so that two `vpmaddubsw` results add in int16 before one `vpmaddwd`: 3 multiplying instructions per 64
+multiply-adds, where 8-bit activations need 4; bench/cpu_peak.py's loops put the two sequences at about 195-200 and
+140-153 giga multiply-adds a second on a 2-core Zen 3. The kernel: a 4 x 16 micro-tile (each row's broadcast codes
+serve 16 columns; a 6 x 8 tile ran 5-15% slower), weights packed once into 16-column panels, rows quantized in one
+vectorized pass, the dequantizing epilogue in vectors, tiles shared over torch's threads.
 
 Speed: y = x W^T + b at the encoder's four Linear shapes for each --rows, giga multiply-adds a second, the median of
---rounds rounds with the two sides alternating; `Int8Linear` runs oneDNN at every row count here (its few-row fbgemm
-path off), each side's activation quantizing included. Exactness: the candidate's output against its scheme computed
-in float64 (largest difference over the largest output; ~1e-3 where a value falls on a rounding boundary and
-the kernel's float32 division puts it one code away).
+--rounds rounds with the two sides alternating: the u7 path against the same `Int8Linear` on oneDNN (8-bit
+activations per tensor; its few-row fbgemm path off), each side's activation quantizing included. Exactness: the u7
+output against its scheme computed in float64 (largest difference over the largest output; ~1e-3 where a value
+falls on a rounding boundary and the kernel's float32 division puts it one code away).
 
 Accuracy (--model, a fine-tuned classifier; --data, a directory with dev.csv and test.csv of text,label): every
 Linear layer replaced by the scheme computed exactly in float64 (fake quantization: codes, then integer sums), for
-8 and 7 activation bits, per tensor (a batch's range, as `Int8Linear`) and per row, 7-bit weights; accuracy on each
-split next to fp32's and the int8 engine's.
+8 and 7 activation bits, per tensor (a batch's range) and per row, 7-bit weights; accuracy on each split next to
+fp32's and the int8 engine's.
 """
 
 from __future__ import annotations
@@ -40,39 +39,14 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from bertforge import cpu  # noqa: E402
-from bertforge.files import cache_dir  # noqa: E402
+from bertforge import (
+    cpu,  # noqa: E402
+    kernels,  # noqa: E402
+)
 from bertforge.infer.engines import Predictor  # noqa: E402
 from bertforge.infer.transforms import Int8Linear  # noqa: E402
 from bertforge.options import EngineOptions  # noqa: E402
 from bertforge.tasks.runner import load_task_model  # noqa: E402
-
-SOURCE = Path(__file__).with_name("int8_u7.cpp")
-
-
-def build():
-    from torch.utils.cpp_extension import load
-
-    where = cache_dir() / "bench-int8-u7"
-    where.mkdir(parents=True, exist_ok=True)
-    return load("bertforge_bench_int8_u7", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
-                extra_ldflags=["-fopenmp"], build_directory=str(where), verbose=False)
-
-
-class U7Linear:
-    """The candidate: 7-bit per-channel weight codes packed once, activations quantized per row on each call."""
-
-    def __init__(self, module, linear: nn.Linear):
-        w = linear.weight.detach().float()
-        self.module, self.out_features = module, w.shape[0]
-        self.weight_scale = w.abs().amax(1).clamp(min=1e-12) / 63
-        self.codes = (w / self.weight_scale[:, None]).round().clamp(-63, 63).to(torch.int8).contiguous()
-        self.packed, self.column_sums = module.pack_weight(self.codes)
-        self.bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(self.out_features)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module.linear_u7(x, self.packed, self.column_sums, self.weight_scale, self.bias,
-                                     self.out_features)
 
 
 def exact(x: torch.Tensor, codes: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor, bits: int,
@@ -101,24 +75,25 @@ def rate(call, macs: float, rounds: int) -> list[float]:
     return found
 
 
-def speed(module, rows_list: list[int], hidden: int, intermediate: int, rounds: int) -> None:
+def speed(rows_list: list[int], hidden: int, intermediate: int, rounds: int) -> None:
     shapes = [(hidden, 3 * hidden), (hidden, hidden), (hidden, intermediate), (intermediate, hidden)]
-    print("giga multiply-adds a second, median (min-max); candidate against Int8Linear (oneDNN)")
+    print("giga multiply-adds a second, median (min-max); Int8Linear's u7 path against its oneDNN one")
     for rows in rows_list:
         for k, n in shapes:
             torch.manual_seed(k + n)
             linear, x = nn.Linear(k, n), torch.randn(rows, k)
-            candidate, current = U7Linear(module, linear), Int8Linear(linear, weight_bits=7)
-            current.few_rows = None
-            reference = exact(x, candidate.codes, candidate.weight_scale, candidate.bias, 7, True)
+            candidate, current = Int8Linear(linear, weight_bits=7), Int8Linear(linear, weight_bits=7)
+            current.few_rows = current.u7 = None
+            codes = (linear.weight.detach() / candidate.weight_scale[:, None]).round().clamp(-63, 63)
+            reference = exact(x, codes, candidate.weight_scale, linear.bias.detach(), 7, True)
             difference = float((candidate(x).double() - reference).abs().max() / reference.abs().max())
             ours, theirs = [], []
             with torch.inference_mode():
                 for _ in range(rounds):
                     ours += rate(lambda f=candidate, x=x: f(x), rows * k * n, 1)
                     theirs += rate(lambda f=current, x=x: f(x), rows * k * n, 1)
-            print(f"  {rows:5d} x {k:4d} -> {n:4d}: candidate {statistics.median(ours):6.1f} ({min(ours):.1f}-"
-                  f"{max(ours):.1f})  Int8Linear {statistics.median(theirs):6.1f} ({min(theirs):.1f}-{max(theirs):.1f})"
+            print(f"  {rows:5d} x {k:4d} -> {n:4d}: u7 {statistics.median(ours):6.1f} ({min(ours):.1f}-"
+                  f"{max(ours):.1f})  oneDNN {statistics.median(theirs):6.1f} ({min(theirs):.1f}-{max(theirs):.1f})"
                   f"  {statistics.median(ours) / statistics.median(theirs):.2f}x  exactness {difference:.1e}")
 
 
@@ -180,12 +155,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", help="a fine-tuned classifier directory: also score the schemes' accuracy")
     parser.add_argument("--data", type=Path, help="a directory with dev.csv and test.csv (text,label), for --model")
     args = parser.parse_args(argv)
-    if not {"avx2", "fma"} <= cpu.cpu_flags():
-        parser.error("the candidate kernel needs AVX2 and FMA")
+    if not kernels.available():
+        parser.error("bertforge's CPU kernels do not load here (they need AVX2 and FMA, a C++ compiler and ninja)")
     if args.model and not args.data:
         parser.error("--model needs --data")
     print(f"CPU: {cpu.cpuinfo_field('model name')}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    speed(build(), args.rows, args.hidden, args.intermediate, args.rounds)
+    speed(args.rows, args.hidden, args.intermediate, args.rounds)
     if args.model:
         accuracy(args.model, args.data)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from infer_support import MASKED, TEXTS, activation_codes, cosines
+from infer_support import MASKED, TEXTS, activation_codes, cosines, row_codes
 from torch import nn
 
 import bertforge.cpu
@@ -153,15 +153,18 @@ def test_int8_products_do_not_saturate_on_this_cpu():
         layer.weight.copy_(torch.randn(256, 384).sign() * 0.1)  # every weight code at +-(2^(bits-1) - 1)
     x = 3 + torch.rand(32, 384)  # codes from about 190 to 255, all positive: pairs of large products
     q = Int8Linear(layer, weight_bits=bits)
-    codes, scale, _ = activation_codes(x)  # all positive: the range [0, max], zero point 0
     top = 2 ** (bits - 1) - 1
     w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-top, top)
-    exact = (codes @ w.T) * scale * q.weight_scale.double() + layer.bias.detach().double()
-    for few_rows in {q.few_rows, None}:  # 32 rows: fbgemm's kernels where it takes them, and oneDNN's
-        q.few_rows = few_rows
+    # every way this CPU multiplies: oneDNN's, fbgemm's for few rows, the u7 kernels (7-bit activations per row)
+    paths = {"oneDNN": (None, None), "fbgemm": (None, q.few_rows), "u7": (q.u7, None)}
+    for name, (q.u7, q.few_rows) in paths.items():
+        if name != "oneDNN" and q.u7 is None and q.few_rows is None:
+            continue  # not on this CPU or torch
+        codes, scale, zero = row_codes(x) if name == "u7" else activation_codes(x)  # all positive: zero point 0
+        exact = ((codes - zero) @ w.T) * scale * q.weight_scale.double() + layer.bias.detach().double()
         with torch.no_grad():
             y = q(x).double()
-        assert float((y - exact).abs().max()) < 1e-3 * float(exact.abs().max())
+        assert float((y - exact).abs().max()) < 1e-3 * float(exact.abs().max()), name
 
 
 def test_few_rows_run_on_fbgemm_with_the_same_codes(monkeypatch):
@@ -173,9 +176,13 @@ def test_few_rows_run_on_fbgemm_with_the_same_codes(monkeypatch):
     torch.manual_seed(0)
     layer = nn.Linear(48, 40)
     q = Int8Linear(layer, weight_bits=7)
+    codes = (layer.weight.detach() / q.weight_scale[:, None]).round().clamp(-63, 63).to(torch.int8)
+    q.u7 = None  # fbgemm where bertforge's kernels do not load (where they do: test_u7_products_...)
+    q.few_rows = bertforge.infer.transforms._fbgemm_weight(codes, q.weight_scale, q.bias)
     if q.few_rows is None:
         pytest.skip("this torch has no fbgemm")
     assert Int8Linear(layer, weight_bits=8).few_rows is None  # int8 dot products: oneDNN alone
+    assert Int8Linear(layer, weight_bits=8).u7 is None
     used = []
     product = torch.ops.quantized.linear_dynamic
 
@@ -202,6 +209,44 @@ def test_few_rows_run_on_fbgemm_with_the_same_codes(monkeypatch):
 
 
 
+def test_u7_products_are_the_exact_products_of_per_row_7_bit_codes(monkeypatch):
+    """Without int8 dot products, where bertforge's kernels load, every row count runs on the u7 kernels: each row's
+    activations in 7 bits by its own range, 7-bit weights, so the output is the exact product of those codes (a code
+    off by one where a value sits on a rounding boundary: float32 against float64), the GELU after it; any input size
+    (not a multiple of 8), output size (not of 16), leading shape, bias or none, a row of zeros."""
+    if not bertforge.kernels.available():
+        pytest.skip("bertforge's CPU kernels do not load here (the oneDNN and fbgemm paths are tested above)")
+    torch.manual_seed(0)
+    for in_features, out_features, bias in ((48, 40, True), (37, 19, False), (1536, 384, True)):
+        layer = nn.Linear(in_features, out_features, bias=bias)
+        q = Int8Linear(layer, weight_bits=7)
+        assert q.u7 is not None and q.few_rows is None
+        w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-63, 63)
+        b = layer.bias.detach().double() if bias else 0.0
+        for activation in ("none", "gelu"):
+            q.activation = activation
+            for shape in [(1, in_features), (3, 9, in_features), (300, in_features)]:
+                x = torch.randn(shape) * 2
+                x.view(-1, in_features)[0] = 0  # a row of zeros: its scale is any
+                with torch.no_grad():
+                    y = q(x)
+                assert y.shape == (*shape[:-1], out_features) and y.dtype == torch.float32
+                codes, scale, zero = row_codes(x)
+                exact = ((codes - zero) @ w.T) * scale * q.weight_scale.double() + b
+                exact = F.gelu(exact) if activation == "gelu" else exact
+                # one code off moves an output by at most a row's scale x the largest weight row's code sum
+                tolerance = float(scale.max() * w.abs().sum(1).max() * q.weight_scale.max()) + 1e-4
+                assert float((y.reshape(-1, out_features).double() - exact).abs().max()) < tolerance
+                close = (y.reshape(-1, out_features).double() - exact).abs() < 1e-4 * (1 + exact.abs())
+                assert close.double().mean() > 0.99
+    with pytest.raises(RuntimeError, match="x must be fp32"):
+        torch.ops.bertforge.u7_linear(torch.ones(2, 48, dtype=torch.float64), *q.u7, q.weight_scale, None, 384)
+    with pytest.raises(RuntimeError, match="packed must be"):
+        torch.ops.bertforge.u7_linear(torch.ones(2, 47), *q.u7, q.weight_scale, None, 384)
+    with pytest.raises(RuntimeError, match="within"):
+        torch.ops.bertforge.u7_pack(torch.full((4, 8), 64, dtype=torch.int8))
+
+
 def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):
     """oneDNN builds kernels for every new row count, and each batch of texts brings one: the product runs on the rows
     rounded up as a packed batch's are (`packing.packed_rows`), and what comes back is the exact product of the
@@ -212,7 +257,7 @@ def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):
     torch.manual_seed(0)
     layer = nn.Linear(32, 24)
     q = Int8Linear(layer, weight_bits=bits)
-    q.few_rows = None  # oneDNN at every row count (few rows may run on fbgemm: the test below)
+    q.few_rows = q.u7 = None  # oneDNN at every row count (the other paths: the tests below)
     seen = []
     product = torch.ops.onednn.qlinear_pointwise
 

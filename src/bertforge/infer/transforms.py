@@ -64,11 +64,16 @@ class Int8Linear(nn.Module):
     count, and each batch of texts brings one. On groups of 1-64 Rotten Tomatoes snippets predicted one group at a
     time (300 calls, one stream) the demo's int8 BERT-tiny ran 1.24-1.27x faster (3,570-3,667 -> 4,446-4,622
     texts/s), MiniLM-L6 the same (669-679 -> 677-733); `bench/serve.py` at 32 clients, bound by its HTTP side at
-    ~2,000 requests/s, did not move. With 7-bit weights (no int8 dot products), up to `FEW_ROWS` rows (a text or
-    two) run on fbgemm's int8 kernels instead, on the same codes (`few_rows`: a second copy of the int8 weight, packed
-    for fbgemm, one more byte a weight; None where torch lacks fbgemm): on oneDNN's AVX2 code so few rows ran at a
-    third of its speed on a full batch's, and the single-text latency of int8 MiniLM-L6 on a Zen 3 EPYC went from 15
-    to 8 ms."""
+    ~2,000 requests/s, did not move.
+
+    With 7-bit weights (CPUs without int8 dot products) the product runs elsewhere, keeping a second int8 copy of
+    the weight, one more byte a weight. Where bertforge's kernels load, on its u7 kernels (`u7`, packed once; the
+    kernels' int8_u7.h): activations in 7 bits per row, each token by its own range, which lets four products sum in
+    int16 (on a Zen 3 EPYC 1.13-1.24x oneDNN's speed at a full batch, 2.6-6.4x on one text; bench/int8_u7.py) and kept
+    three fine-tuned classifiers within 0.45 points of fp32 (7 bits per tensor lost up to 2.25), a text's result no
+    longer depending on the batch it shares. Where they do not, up to `FEW_ROWS` rows (a text or two) run on fbgemm's
+    int8 kernels (`few_rows`, None where torch lacks fbgemm) on this class's own codes: oneDNN's AVX2 code ran so few
+    rows at a third of its full-batch speed."""
 
     def __init__(self, linear: nn.Linear, weight_bits: int = 8):
         super().__init__()
@@ -85,12 +90,16 @@ class Int8Linear(nn.Module):
         self.activation = "none"
         self.bf16_max_positions = 0
         self.kernels = False
-        # few rows (a text or two) on CPUs without int8 dot products: the same codes on fbgemm's kernels
-        self.few_rows = _fbgemm_weight(q, self.weight_scale, self.bias) if weight_bits == 7 else None
+        # without int8 dot products (7-bit weights): bertforge's u7 kernels where they load, else fbgemm's for few rows
+        self.u7 = torch.ops.bertforge.u7_pack(q) if weight_bits == 7 and kernels.available() else None
+        self.few_rows = _fbgemm_weight(q, self.weight_scale, self.bias) if weight_bits == 7 and not self.u7 else None
 
     def forward(self, x: torch.Tensor, bounds: torch.Tensor | None = None) -> torch.Tensor:
         """bounds: x's (min, max) where the caller already has them (the fused kernels give them)."""
         out = torch.bfloat16 if x.dim() > 2 and x.shape[-2] <= self.bf16_max_positions else torch.float32
+        if self.u7 is not None:
+            y = torch.ops.bertforge.u7_linear(x.float(), *self.u7, self.weight_scale, self.bias, self.out_features)
+            return (F.gelu(y) if self.activation == "gelu" else y).to(out)
         if self.few_rows is not None and x.numel() <= FEW_ROWS * self.in_features:
             y = torch.ops.quantized.linear_dynamic(x.float().reshape(-1, self.in_features), self.few_rows, False)
             y = F.gelu(y) if self.activation == "gelu" else y
@@ -311,17 +320,18 @@ def pack_linears(model: nn.Module) -> nn.Module:
 
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Dynamic int8 quantization of every nn.Linear, in place: weights int8 per output channel, once;
-    activations quantized per batch, per tensor; CPU only. Embeddings, LayerNorm and the MLM decoder (tied
-    to the word embeddings, a plain matrix product) stay fp32, and so does attention, except over short
-    sequences on a CPU that multiplies bf16 natively (`_bf16_attention`).
+    activations quantized per batch, per tensor (per row on CPUs without int8 dot products); CPU only.
+    Embeddings, LayerNorm and the MLM decoder (tied to the word embeddings, a plain matrix product) stay fp32, and
+    so does attention, except over short sequences on a CPU that multiplies bf16 natively (`_bf16_attention`).
 
     Per-channel weights, not per-tensor: on fine-tuned MiniLM (rotten-tomatoes test) they kept 95.9% of
     fp32's predicted labels instead of 93.3%, at the same speed. On x86 the layers are `Int8Linear`, on
     oneDNN, with 8-bit activations and 8-bit weights where the CPU has int8 dot products into int32, 7-bit
     weights with AVX2 alone (`bertforge.cpu.int8_weight_bits`). On an AVX2 AMD EPYC without VNNI that kept
     fine-tuned MiniLM within 0.3 points of fp32 on Rotten Tomatoes dev and test (torch's fbgemm layers, which
-    take 7-bit activations instead: -0.9 on dev) at about their speed (1.04x). Elsewhere (no oneDNN
-    operators or no x86 flags) torch's fbgemm/qnnpack layers, 7-bit activations."""
+    take 7-bit activations instead: -0.9 on dev) at about their speed (1.04x); where bertforge's kernels load,
+    such CPUs quantize activations to 7 bits per row instead (`Int8Linear`), as accurate and faster. Elsewhere (no
+    oneDNN operators or no x86 flags) torch's fbgemm/qnnpack layers, 7-bit activations."""
     bits = cpu.int8_weight_bits()
     if bits is not None and _has_onednn_ops():
         _swap_linears(model, functools.partial(Int8Linear, weight_bits=bits))

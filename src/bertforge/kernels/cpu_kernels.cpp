@@ -29,6 +29,7 @@
 
 #include "attention.h"
 #include "dropout.h"
+#include "int8_u7.h"
 #include "vec.h"
 
 namespace {
@@ -248,6 +249,31 @@ at::Tensor apply_keep_mask(const at::Tensor& x, double p, int64_t key) {
   return out;
 }
 
+// A weight's 7-bit codes (N, K) int8, packed for u7_linear: (panels, their column sums).
+std::tuple<at::Tensor, at::Tensor> u7_pack(const at::Tensor& codes) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.size(1) > 0,
+              "codes must be a (out, in) int8 matrix");
+  TORCH_CHECK(codes.numel() == 0 || codes.abs().max().item<int>() <= 63, "codes must lie within +-63 (7 bits)");
+  return bertforge::u7::pack_weight(codes.contiguous());
+}
+
+// x (..., K) fp32 times the packed weight's N columns, activations quantized per row to 7 bits (int8_u7.h).
+at::Tensor u7_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& column_sums,
+                     const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, int64_t out_features) {
+  using bertforge::u7::NR;
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) > 0, "x must be fp32 (..., in)");
+  const int64_t K = x.size(-1), N = out_features, panels = (N + NR - 1) / NR, Kp = (K + 7) / 8 * 8;
+  TORCH_CHECK(N > 0 && packed.scalar_type() == at::kChar && packed.numel() == panels * Kp * NR,
+              "packed must be u7_pack's panels for a weight of x's input size");
+  TORCH_CHECK(column_sums.scalar_type() == at::kInt && column_sums.numel() == panels * NR, "column sums mismatch");
+  TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.numel() == N, "weight_scale must be (out,)");
+  const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::zeros({N}, at::kFloat);
+  TORCH_CHECK(b.numel() == N, "bias must be (out,)");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return bertforge::u7::linear(x.contiguous(), packed, column_sums, weight_scale.contiguous(), b, N).view(shape);
+}
+
 // Floats in one vector of this build: 16 (AVX-512) or 8 (AVX2).
 int64_t lanes() { return kLanes; }
 
@@ -276,6 +302,9 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("apply_keep_mask(Tensor x, float p, int key) -> Tensor");
   m.def("lanes() -> int", &lanes);
   m.def("parallel_threads() -> int", &parallel_threads);
+  m.def("u7_pack(Tensor codes) -> (Tensor, Tensor)");
+  m.def("u7_linear(Tensor x, Tensor packed, Tensor column_sums, Tensor weight_scale, Tensor? bias, int out_features)"
+        " -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
@@ -285,4 +314,6 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("value_range", value_range);
   m.impl("quantize_u8", quantize_u8);
   m.impl("apply_keep_mask", apply_keep_mask);
+  m.impl("u7_pack", u7_pack);
+  m.impl("u7_linear", u7_linear);
 }
