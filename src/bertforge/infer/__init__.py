@@ -11,9 +11,10 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
   are most of the time on short texts, and torch's nn.Linear hands fp32 ones to MKL, which packs the weight
   anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight);
 - a narrower number format where the CPU multiplies it natively: `EngineOptions(precision="bf16")` (the whole
-  model in bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers on oneDNN, the rest
-  fp32: 8-bit weights with VNNI's int32 sums, 7-bit weights on AVX2, whose int16 pair sums would saturate;
-  attention over short texts in bf16 where the CPU has it, which is faster there than fp32's fused kernel);
+  model in bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers, the rest fp32:
+  with VNNI 8-bit weights on oneDNN, int32 sums; on AVX2 alone 7-bit weights and activations in 7 bits per row on
+  bertforge's kernels, so that four products sum in int16; attention over short texts in bf16 where the CPU has
+  it, which is faster there than fp32's fused kernel);
 - for int8 on an AVX-512 or AVX2 CPU, bertforge's own kernels between the products (`bertforge.kernels`, built on first
   use): each layer's attention in one pass per sequence, each residual add + LayerNorm in one pass per row, and
   the activation ranges handed to the next product (`FusedInt8Encoder`);
