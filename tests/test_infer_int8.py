@@ -243,8 +243,9 @@ def test_u7_products_are_the_exact_products_of_per_row_7_bit_codes(monkeypatch):
         torch.ops.bertforge.u7_linear(torch.ones(2, 48, dtype=torch.float64), *q.u7, q.weight_scale, None, 384)
     with pytest.raises(RuntimeError, match="packed must be"):
         torch.ops.bertforge.u7_linear(torch.ones(2, 47), *q.u7, q.weight_scale, None, 384)
-    with pytest.raises(RuntimeError, match="within"):
-        torch.ops.bertforge.u7_pack(torch.full((4, 8), 64, dtype=torch.int8))
+    for code in (64, -64, -128):  # -128 too, whose absolute value an int8 cannot hold
+        with pytest.raises(RuntimeError, match="within"):
+            torch.ops.bertforge.u7_pack(torch.full((4, 8), code, dtype=torch.int8))
 
 
 def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):

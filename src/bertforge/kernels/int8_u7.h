@@ -20,7 +20,9 @@
 #include <tuple>
 #include <vector>
 
-namespace bertforge::u7 {
+#include "vec.h"
+
+namespace bertforge::u7 {  // bertforge's Vec, Range and kLanes (vec.h) are in scope
 
 constexpr int64_t MR = 4, NR = 16, MC = 96;
 
@@ -51,25 +53,18 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, uint
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* row = x + r * K;
-      __m256 lo8 = _mm256_setzero_ps(), hi8 = lo8;
+      Range range;  // the row's (min, max), as value_range finds a tensor's
       int64_t k = 0;
-      for (; k + 8 <= K; k += 8) {
-        const __m256 v = _mm256_loadu_ps(row + k);
-        lo8 = _mm256_min_ps(lo8, v); hi8 = _mm256_max_ps(hi8, v);
-      }
-      alignas(32) float l[8], h[8];
-      _mm256_store_ps(l, lo8); _mm256_store_ps(h, hi8);
-      float lo = 0.f, hi = 0.f;
-      for (int i = 0; i < 8; ++i) { lo = std::min(lo, l[i]); hi = std::max(hi, h[i]); }
-      for (; k < K; ++k) { lo = std::min(lo, row[k]); hi = std::max(hi, row[k]); }
+      for (; k + kLanes <= K; k += kLanes) range.add(Vec::load(row + k));
+      if (k < K) range.add_first(row + k, K - k);
+      const float lo = std::min(range.min(), 0.f), hi = std::max(range.max(), 0.f);
       float s = (hi - lo) / 127.f;
       if (s == 0.f) s = 1.f;
       const int32_t z = static_cast<int32_t>(std::nearbyint(-lo / s));
       const __m256 inv = _mm256_set1_ps(1.f / s), zf = _mm256_set1_ps(float(z)), top = _mm256_set1_ps(127.f),
                    zero8 = _mm256_setzero_ps();
       uint8_t* out = q + r * Kp;
-      k = 0;
-      for (; k + 8 <= K; k += 8) {
+      for (k = 0; k + 8 <= K; k += 8) {
         __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), inv),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         v = _mm256_min_ps(top, _mm256_max_ps(zero8, _mm256_add_ps(v, zf)));
@@ -120,14 +115,15 @@ inline void micro(const uint8_t* q, int64_t Kp, const int8_t* panel, int64_t row
   }
 }
 
-inline at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sums,
+inline at::Tensor linear(const at::Tensor& x /* contiguous */, const at::Tensor& packed, const at::Tensor& sums,
                          const at::Tensor& wscale, const at::Tensor& bias, int64_t N) {
   const int64_t K = x.size(-1), M = x.numel() / K, Kp = (K + 7) / 8 * 8, panels = (N + NR - 1) / NR;
-  std::vector<uint8_t> qbuf(M * Kp + 64);
+  // every code is written by quantize_rows (the padding too), so the buffer starts uninitialized
+  const at::Tensor codes = at::empty({M * Kp}, at::kByte);
+  uint8_t* q = codes.data_ptr<uint8_t>();
   std::vector<float> xs(M);
   std::vector<int32_t> xz(M);
-  const at::Tensor xc = x.contiguous();
-  quantize_rows(xc.data_ptr<float>(), M, K, Kp, qbuf.data(), xs.data(), xz.data());
+  quantize_rows(x.data_ptr<float>(), M, K, Kp, q, xs.data(), xz.data());
   at::Tensor y = at::empty({M, N}, x.options());
   float* yp = y.data_ptr<float>();
   const int8_t* wp = packed.data_ptr<int8_t>();
@@ -142,7 +138,7 @@ inline at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at
       const int8_t* panel = wp + p * Kp * NR;
       for (int64_t r = mb * MC; r < std::min(M, (mb + 1) * MC); r += MR) {
         const int64_t rows = std::min(MR, M - r);
-        micro(qbuf.data() + r * Kp, Kp, panel, rows, tile);
+        micro(q + r * Kp, Kp, panel, rows, tile);
         const int64_t n0 = p * NR;
         if (n0 + NR <= N) {
           for (int64_t h = 0; h < NR; h += 8) {
