@@ -35,6 +35,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from measure import spread  # noqa: E402
+
 from bertforge import cpu  # noqa: E402
 from bertforge.files import cache_dir  # noqa: E402
 from bertforge.infer.transforms import Int8Linear, PackedLinear  # noqa: E402
@@ -164,10 +166,6 @@ def product_rates(shapes: list[tuple[int, int]], rows: int, rounds: int) -> dict
     return found
 
 
-def summary(values: list[float]) -> str:
-    return f"{statistics.median(values):7.1f} ({min(values):.1f}-{max(values):.1f})"
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=384)
@@ -193,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nproducts of a layer's four Linear shapes (H {args.hidden}, I {args.intermediate}) on {rows} rows")
         for name, values in product_rates(shapes, rows, args.rounds).items():
             peak = max(top["u8 x s8 (vpmaddubsw)" if name.startswith("int8") else "fp32 FMA"])
-            print(f"  {name:28s}{summary(values)}  {100 * statistics.median(values) / peak:5.1f}% of its peak")
+            print(f"  {name:28s}{spread(values)}  {100 * statistics.median(values) / peak:5.1f}% of its peak")
 
 
 if __name__ == "__main__":

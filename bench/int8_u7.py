@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +36,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cpu_peak import layer_shapes, seconds_per_call  # noqa: E402
+from measure import ratio, spread  # noqa: E402
 
 from bertforge import (
     cpu,  # noqa: E402
@@ -63,23 +64,10 @@ def exact(x: torch.Tensor, codes: torch.Tensor, weight_scale: torch.Tensor, bias
     return ((q - zero) @ codes.double().T) * scale * weight_scale.double() + bias.double()
 
 
-def rate(call, macs: float, rounds: int) -> list[float]:
-    call()
-    call()
-    found = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(5):
-            call()
-        found.append(5 * macs / (time.perf_counter() - start) / 1e9)
-    return found
-
-
 def speed(rows_list: list[int], hidden: int, intermediate: int, rounds: int) -> None:
-    shapes = [(hidden, 3 * hidden), (hidden, hidden), (hidden, intermediate), (intermediate, hidden)]
     print("giga multiply-adds a second, median (min-max); Int8Linear's u7 path against its oneDNN one")
     for rows in rows_list:
-        for k, n in shapes:
+        for k, n in layer_shapes(hidden, intermediate):
             torch.manual_seed(k + n)
             linear, x = nn.Linear(k, n), torch.randn(rows, k)
             candidate, current = Int8Linear(linear, weight_bits=7), Int8Linear(linear, weight_bits=7)
@@ -89,12 +77,11 @@ def speed(rows_list: list[int], hidden: int, intermediate: int, rounds: int) -> 
             difference = float((candidate(x).double() - reference).abs().max() / reference.abs().max())
             ours, theirs = [], []
             with torch.inference_mode():
-                for _ in range(rounds):
-                    ours += rate(lambda f=candidate, x=x: f(x), rows * k * n, 1)
-                    theirs += rate(lambda f=current, x=x: f(x), rows * k * n, 1)
-            print(f"  {rows:5d} x {k:4d} -> {n:4d}: u7 {statistics.median(ours):6.1f} ({min(ours):.1f}-"
-                  f"{max(ours):.1f})  oneDNN {statistics.median(theirs):6.1f} ({min(theirs):.1f}-{max(theirs):.1f})"
-                  f"  {statistics.median(ours) / statistics.median(theirs):.2f}x  exactness {difference:.1e}")
+                for _ in range(rounds):  # the sides alternate
+                    ours.append(rows * k * n / seconds_per_call(lambda f=candidate, x=x: f(x), 5) / 1e9)
+                    theirs.append(rows * k * n / seconds_per_call(lambda f=current, x=x: f(x), 5) / 1e9)
+            print(f"  {rows:5d} x {k:4d} -> {n:4d}: u7 {spread(ours)}  oneDNN {spread(theirs)}  "
+                  f"{ratio(ours, theirs):.2f}x  exactness {difference:.1e}")
 
 
 class FakeLinear(nn.Module):
