@@ -118,7 +118,9 @@ ENGINE_TESTS = (Path(__file__).with_name("test_infer_int8.py").as_posix() + "::t
                 Path(__file__).with_name("test_dropout.py").as_posix()
                 + "::test_the_kernel_gives_the_torch_masks_bit_for_bit",
                 Path(__file__).with_name("test_dropout.py").as_posix()
-                + "::test_the_kernel_applies_the_mask_as_torchs_operators_do")
+                + "::test_the_kernel_applies_the_mask_as_torchs_operators_do",
+                Path(__file__).with_name("test_linear.py").as_posix()
+                + "::test_the_transpose_kernel_gives_the_transpose_and_the_column_sums")
 
 
 @pytest.mark.slow  # a child pytest and, the first time, the AVX2 build: 12-25 s

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from bertforge import cpu, linear
+from bertforge import cpu, kernels, linear
 from bertforge.errors import BertforgeError
 from bertforge.linear import Linear
 
@@ -46,14 +46,21 @@ def _backward_both(ours, ref, x):
 
 @pytest.mark.parametrize("shape", [(4, 27, 96), (70, 96), (2, 3, 5, 96)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_outputs_and_gradients_match_nn_linear(onednn, monkeypatch, shape, bias):
+@pytest.mark.parametrize("with_kernels", [True, False], ids=["kernels", "no-kernels"])
+def test_outputs_and_gradients_match_nn_linear(onednn, monkeypatch, shape, bias, with_kernels):
     assert linear.fp32_on_onednn()
+    if with_kernels and not kernels.available():
+        pytest.skip("bertforge's CPU kernels do not load here: the weight's gradient transposes with torch's copy")
+    if not with_kernels:
+        monkeypatch.setattr(kernels, "available", lambda: False)
     ours, ref = _pair(96, 160, bias)
-    calls = []
-    product = linear._product
+    calls, transposed = [], []
+    product, transpose = linear._product, linear._transposed
     monkeypatch.setattr(linear, "_product", lambda *a: calls.append(1) or product(*a))
+    monkeypatch.setattr(linear, "_transposed", lambda g: transposed.append(g.shape) or transpose(g))
     (y_ours, y_ref), (dx_ours, dx_ref) = _backward_both(ours, ref, torch.randn(*shape))
     assert len(calls) == 3  # forward, the input's gradient, the weight's: all on oneDNN
+    assert transposed == [(torch.Size(shape).numel() // 96, 160)]  # the output's gradient, once, for dW and the bias
     assert y_ours.shape == y_ref.shape and dx_ours.shape == dx_ref.shape
     torch.testing.assert_close(y_ours, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dx_ours, dx_ref, rtol=1e-5, atol=1e-5)
@@ -61,6 +68,29 @@ def test_outputs_and_gradients_match_nn_linear(onednn, monkeypatch, shape, bias)
     assert ours.weight.grad.is_contiguous()
     if bias:
         torch.testing.assert_close(ours.bias.grad, ref.bias.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.usefixtures("int8_kernels")
+@pytest.mark.parametrize(("rows", "columns"), [(1, 1), (16, 16), (37, 45), (896, 384), (70, 1537)])
+def test_the_transpose_kernel_gives_the_transpose_and_the_column_sums(rows, columns):
+    """kernels/transpose.h on this process's build (tests/test_kernels.py runs this file's kernel test on the AVX2
+    build too): every value moved exactly, the sums as close to exact ones as torch's, the same on one thread and two,
+    where rows and columns are and are not whole vectors."""
+    g = torch.randn(rows, columns, generator=torch.Generator().manual_seed(rows * columns))
+    g_t, sums = torch.ops.bertforge.transpose_sum(g)
+    assert g_t.shape == (columns, rows) and g_t.is_contiguous() and torch.equal(g_t, g.t())
+    exact = g.double().sum(0)
+    bound = max(1e-6, 4 * (g.sum(0).double() - exact).abs().max().item())
+    assert sums.dtype == torch.float32 and (sums.double() - exact).abs().max().item() <= bound
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = torch.ops.bertforge.transpose_sum(g)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one_thread[0], g_t) and torch.equal(one_thread[1], sums)
+    with pytest.raises(RuntimeError, match="fp32"):
+        torch.ops.bertforge.transpose_sum(g.double())
 
 
 def test_a_non_contiguous_input_and_a_frozen_weight(onednn):

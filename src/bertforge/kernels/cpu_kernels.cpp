@@ -14,6 +14,8 @@
 // needs no pass of its own to find it. For the products' other inputs:
 //   value_range    the range of a tensor, and
 //   quantize_u8    its u8 codes for a scale and zero point.
+// And for training on oneDNN's fp32 products (bertforge/linear.py):
+//   transpose_sum  a Linear layer's output gradient transposed, with its column sums (transpose.h).
 // (lanes() says which build this is: 16 floats a vector on AVX-512, 8 on AVX2.)
 
 #include <ATen/ATen.h>
@@ -30,6 +32,7 @@
 #include "attention.h"
 #include "dropout.h"
 #include "int8_u7.h"
+#include "transpose.h"
 #include "vec.h"
 
 namespace {
@@ -275,6 +278,20 @@ at::Tensor u7_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   return bertforge::u7::linear(x.contiguous(), packed, column_sums, weight_scale.contiguous(), b, N).view(shape);
 }
 
+// g (M, N) fp32 transposed to (N, M), and its column sums (N): a Linear layer's dy^T and bias gradient (transpose.h).
+std::tuple<at::Tensor, at::Tensor> transpose_sum(const at::Tensor& g) {
+  TORCH_CHECK(g.dim() == 2 && g.scalar_type() == at::kFloat, "g must be an fp32 (rows, columns) matrix");
+  const at::Tensor a = g.contiguous();
+  const int64_t M = a.size(0), N = a.size(1), blocks = (N + kLanes - 1) / kLanes;
+  at::Tensor gt = at::empty({N, M}, at::kFloat), sums = at::empty({N}, at::kFloat);
+  const float* src = a.data_ptr<float>();
+  float *dst = gt.data_ptr<float>(), *sum = sums.data_ptr<float>();
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    bertforge::transpose_columns(src, dst, sum, M, N, begin * kLanes, std::min(end * kLanes, N));
+  });
+  return {gt, sums};
+}
+
 // Floats in one vector of this build: 16 (AVX-512) or 8 (AVX2).
 int64_t lanes() { return kLanes; }
 
@@ -301,6 +318,7 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("quantize_u8(Tensor x, float scale, int zero) -> Tensor");
   m.def("keep_mask(int n, float p, int key) -> Tensor", &keep_mask);
   m.def("apply_keep_mask(Tensor x, float p, int key) -> Tensor");
+  m.def("transpose_sum(Tensor g) -> (Tensor, Tensor)");
   m.def("lanes() -> int", &lanes);
   m.def("parallel_threads() -> int", &parallel_threads);
   m.def("u7_pack(Tensor codes) -> (Tensor, Tensor)");
@@ -317,4 +335,5 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("apply_keep_mask", apply_keep_mask);
   m.impl("u7_pack", u7_pack);
   m.impl("u7_linear", u7_linear);
+  m.impl("transpose_sum", transpose_sum);
 }
