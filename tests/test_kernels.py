@@ -85,9 +85,9 @@ def test_the_loaded_build_is_the_one_chosen():
 
 @needs_kernels
 def test_the_kernels_run_on_torchs_threads_with_the_same_results():
-    """The kernels' loops share out their rows (sequences, values) over torch's intra-op threads, which needs a build
-    with OpenMP: without it each ran on the calling thread alone, whatever torch's thread count. Their outputs on
-    two threads are those on one, bit for bit."""
+    """The kernels' loops share out their rows (sequences, values, column blocks) over torch's intra-op threads,
+    which needs a build with OpenMP: without it each ran on the calling thread alone, whatever torch's thread count.
+    Their outputs on two threads are those on one, bit for bit."""
     torch.manual_seed(0)
     ops = torch.ops.bertforge
     qkv, x, residual = torch.randn(6, 27, 3 * 4 * 16), torch.randn(300, 64), torch.randn(300, 64)
@@ -97,7 +97,7 @@ def test_the_kernels_run_on_torchs_threads_with_the_same_results():
     def outputs() -> list[torch.Tensor]:
         return [*ops.attention(qkv, 4, None, None), *ops.add_layer_norm(x, residual, weight, bias, 1e-12),
                 ops.value_range(big), ops.quantize_u8(big, 0.02, 128), ops.keep_mask(200_000, 0.1, 7),
-                ops.apply_keep_mask(big, 0.1, 7)]
+                ops.apply_keep_mask(big, 0.1, 7), *ops.transpose_sum(torch.cat([x, residual], 1)[:, :125])]
 
     before = torch.get_num_threads()
     try:

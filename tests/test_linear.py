@@ -74,21 +74,14 @@ def test_outputs_and_gradients_match_nn_linear(onednn, monkeypatch, shape, bias,
 @pytest.mark.parametrize(("rows", "columns"), [(1, 1), (16, 16), (37, 45), (896, 384), (70, 1537)])
 def test_the_transpose_kernel_gives_the_transpose_and_the_column_sums(rows, columns):
     """kernels/transpose.h on this process's build (tests/test_kernels.py runs this file's kernel test on the AVX2
-    build too): every value moved exactly, the sums as close to exact ones as torch's, the same on one thread and two,
-    where rows and columns are and are not whole vectors."""
+    build too): every value moved exactly, the sums within four times torch's own error of exact ones, where rows and
+    columns are and are not whole vectors (one thread against two: tests/test_kernels.py, with the other kernels)."""
     g = torch.randn(rows, columns, generator=torch.Generator().manual_seed(rows * columns))
     g_t, sums = torch.ops.bertforge.transpose_sum(g)
     assert g_t.shape == (columns, rows) and g_t.is_contiguous() and torch.equal(g_t, g.t())
     exact = g.double().sum(0)
     bound = max(1e-6, 4 * (g.sum(0).double() - exact).abs().max().item())
     assert sums.dtype == torch.float32 and (sums.double() - exact).abs().max().item() <= bound
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one_thread = torch.ops.bertforge.transpose_sum(g)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(one_thread[0], g_t) and torch.equal(one_thread[1], sums)
     with pytest.raises(RuntimeError, match="fp32"):
         torch.ops.bertforge.transpose_sum(g.double())
 
