@@ -60,7 +60,7 @@ def load_kernels(device: str | None) -> None:
         kernels.available()
 
 
-def _draw_key() -> int:
+def draw_key() -> int:
     """A key from torch's default CPU generator (one draw a call; checkpoints save and restore its state)."""
     return int(torch.empty((), dtype=torch.int64).random_())
 
@@ -79,7 +79,7 @@ class _Dropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
-        ctx.p, ctx.key = p, _draw_key()
+        ctx.p, ctx.key = p, draw_key()
         return apply_keep_mask(x, p, ctx.key)
 
     @staticmethod

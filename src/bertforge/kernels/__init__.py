@@ -1,4 +1,5 @@
-"""bertforge's own CPU kernels, for int8 inference and training's dropout, built from `cpu_kernels.cpp` on first use.
+"""bertforge's own CPU kernels, for int8 inference and training's dropout and attention, built from `cpu_kernels.cpp`
+on first use.
 
 The int8 encoder layer spends its time between products in many small operators; `cpu_kernels.cpp` does a layer's
 attention (scores, mask, softmax, weighted values; `attention.h`) in one pass per sequence and the residual add +
@@ -6,7 +7,9 @@ LayerNorm in one pass per row, each also giving the range of its output, which t
 On CPUs without int8 dot products the int8 products themselves run here too (`int8_u7.h`: 7-bit activations per
 row, so that four products sum in int16). Training's dropout draws its masks from a counter-based hash (`dropout.h`,
 for `bertforge.dropout`) in a small fraction of the time torch's generator takes, and the backward of a Linear layer
-on oneDNN (`bertforge.linear`) transposes its output's gradient here (`transpose.h`). The kernels are written once over
+on oneDNN (`bertforge.linear`) transposes its output's gradient here (`transpose.h`). fp32 training's attention runs
+here forward and backward, dropout included, one head of a sequence at a time from and to the products' layouts
+(`attention_train.h`, for `bertforge.encoder.TrainingAttention`). The kernels are written once over
 a small vector layer (`vec.h`) with two implementations, chosen when the file is compiled: AVX-512 (16 floats a
 vector) and AVX2 + FMA (8); the int8 products use AVX2's instructions in both builds. At
 run time the CPU's flags choose the build (`isa`): AVX-512 where the CPU has avx512f (`-march=native`), else AVX2

@@ -17,18 +17,20 @@ namespace bertforge {
 
 constexpr int64_t kLanes = Vec::kLanes;
 
-// acc[i][c] += sum over k < K of a[i * lda + k] * b[k * ldb + kLanes c ..]: QN rows of A against kLanes NB columns of
-// B, the register-blocked product both attention's scores (queries x transposed keys) and its weighted values
-// (probabilities x values) are made of. QN x NB independent accumulators keep the FMA units busy.
+// acc[i][c] += sum over k < K of a[i * lda + k * ka] * b[k * ldb + kLanes c ..]: QN rows of A (ka = 1; lda = 1 reads
+// A transposed) against kLanes NB columns of B, the register-blocked product attention's scores (queries x transposed
+// keys) and its weighted values (probabilities x values) are made of, and its gradients (attention_train.h). QN x NB
+// independent accumulators keep the FMA units busy.
 template <int QN, int NB>
-inline void accumulate(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t K, Vec (&acc)[QN][NB]) {
+inline void accumulate(const float* a, int64_t lda, int64_t ka, const float* b, int64_t ldb, int64_t K,
+                       Vec (&acc)[QN][NB]) {
   for (int64_t k = 0; k < K; ++k) {
     Vec bk[NB];
 #pragma GCC unroll 8
     for (int c = 0; c < NB; ++c) bk[c] = Vec::load(b + k * ldb + kLanes * c);
 #pragma GCC unroll 8
     for (int i = 0; i < QN; ++i) {
-      const Vec aik = Vec::all(a[i * lda + k]);
+      const Vec aik = Vec::all(a[i * lda + k * ka]);
 #pragma GCC unroll 8
       for (int c = 0; c < NB; ++c) acc[i][c] = fma(aik, bk[c], acc[i][c]);
     }
@@ -47,7 +49,7 @@ inline void score_block(const float* q, int64_t D, const float* kt, int64_t Tp, 
 #pragma GCC unroll 8
     for (int i = 0; i < QN; ++i) acc[i][c] = start;
   }
-  accumulate<QN, NB>(q, D, kt + j0, Tp, D, acc);
+  accumulate<QN, NB>(q, D, 1, kt + j0, Tp, D, acc);
 #pragma GCC unroll 8
   for (int i = 0; i < QN; ++i)
 #pragma GCC unroll 8
@@ -71,7 +73,7 @@ inline void value_block(const float* P, const float* inv, int64_t Tp, const floa
   for (int i = 0; i < QN; ++i)
 #pragma GCC unroll 8
     for (int c = 0; c < NB; ++c) acc[i][c] = Vec::zero();
-  accumulate<QN, NB>(P, Tp, v + d0, D, T, acc);
+  accumulate<QN, NB>(P, Tp, 1, v + d0, D, T, acc);
 #pragma GCC unroll 8
   for (int i = 0; i < QN; ++i)
 #pragma GCC unroll 8

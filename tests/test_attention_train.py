@@ -1,0 +1,164 @@
+"""Training's attention on bertforge's kernels (kernels/attention_train.h, `bertforge.encoder.TrainingAttention`):
+outputs and gradients against attention written out in float64 from the definition (dropout's mask from the
+reference hash), against the unfused path the model runs without the kernels, where the model takes it, and bad
+inputs. Also run on the AVX2 build (tests/test_kernels.py's ENGINE_TESTS)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertforge import BertConfig
+from bertforge.dropout import draw_key, keep_mask_reference
+from bertforge.encoder import BertSelfAttention, TrainingAttention
+
+pytestmark = pytest.mark.usefixtures("int8_kernels")
+
+
+def reference(qkv: torch.Tensor, heads: int, mask: torch.Tensor | None, p: float, key: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) over the allowed keys, dropout at p with `key`'s mask over the (B, N, T, T)
+    probabilities, times v; float64, heads merged into (B, T, H)."""
+    B, T, three_h = qkv.shape
+    D = three_h // 3 // heads
+    q, k, v = qkv.double().view(B, T, 3, heads, D).permute(2, 0, 3, 1, 4).unbind(0)
+    scores = q @ k.transpose(-1, -2) / D**0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    probs = scores.softmax(-1)
+    if p > 0:
+        probs = probs * keep_mask_reference(probs.numel(), p, key).view(probs.shape) / (1 - p)
+    return (probs @ v).transpose(1, 2).reshape(B, T, heads * D)
+
+
+def padded(B: int, T: int) -> torch.Tensor:
+    """A (B, T) key mask: the first sequence's last two keys and the last one's last key padding."""
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, max(T - 2, 1):] = False
+    mask[-1, max(T - 1, 1):] = False
+    return mask
+
+
+@pytest.mark.parametrize(("B", "T", "heads", "D", "p"), [
+    (2, 1, 2, 16, 0.0), (3, 5, 2, 16, 0.0), (2, 17, 3, 32, 0.1), (4, 28, 12, 32, 0.1), (2, 33, 2, 64, 0.5),
+    (1, 70, 4, 48, 0.0)])
+def test_outputs_and_gradients_follow_the_definition(B, T, heads, D, p):
+    """The kernels' output and qkv's gradient against float64 autograd through `reference`, dropout's mask drawn
+    from the same key: within fp32 rounding (1e-5 of the values' size)."""
+    torch.manual_seed(B * T + heads)
+    qkv = torch.randn(B, T, 3 * heads * D, requires_grad=True)
+    mask, grad = padded(B, T) if T > 1 else None, torch.randn(B, T, heads * D)
+    key = 0x9234_5678_9ABC_DEF0 - (1 << 64) if p > 0 else 0  # an int64 with its top bit set
+    out, probs = torch.ops.bertforge.attention_train(qkv.detach(), heads, mask, p, key)
+    dqkv = torch.ops.bertforge.attention_train_backward(grad, qkv.detach(), probs, heads, p, key)
+    want = reference(qkv, heads, mask, p, key)
+    want.backward(grad.double())
+    assert torch.allclose(out.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    assert torch.allclose(dqkv, qkv.grad, rtol=1e-5, atol=1e-5 * qkv.grad.abs().max().item())
+    if mask is not None:  # no gradient reaches a padded key or its value
+        keys = qkv.grad.shape[-1] // 3
+        assert torch.all(dqkv[~mask][:, keys:] == 0)
+
+
+def attention_module(heads: int, D: int, p: float) -> BertSelfAttention:
+    config = BertConfig(vocab_size=10, hidden_size=heads * D, num_hidden_layers=1, num_attention_heads=heads,
+                        intermediate_size=4 * heads * D, attention_probs_dropout_prob=p)
+    return BertSelfAttention(config).train()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_seed_trains_the_same_on_the_kernels_and_the_unfused_path(monkeypatch, masked):
+    """A training forward and backward of the attention module, seeded alike, with the kernels and without them:
+    the same outputs and gradients (the layer's input and its weights) up to fp32 rounding: the dropout drops the
+    same probabilities."""
+    torch.manual_seed(0)
+    module, x = attention_module(4, 32, 0.1), torch.randn(3, 21, 128, requires_grad=True)
+    mask, grad = padded(3, 21)[:, None, None, :] if masked else None, torch.randn(3, 21, 128)
+    results = []
+    for enabled in (True, False):
+        monkeypatch.setattr(TrainingAttention, "enabled", enabled)
+        torch.manual_seed(1)
+        y = module(x, mask)
+        y.backward(grad)
+        results.append((y.detach(), x.grad, module.qkv.weight.grad))
+        x.grad, module.qkv.weight.grad, module.qkv.bias.grad = None, None, None
+    for fused, unfused in zip(*results, strict=True):
+        assert torch.allclose(fused, unfused, rtol=1e-5, atol=1e-5 * unfused.abs().max().item())
+    assert not torch.equal(results[0][0], module.train(False)(x, mask))  # dropout did drop
+
+
+def test_the_model_takes_the_kernels_only_where_they_apply(monkeypatch):
+    """fp32 on the CPU with a gradient wanted and heads of whole vectors: the kernels; inference, bf16, heads of 24
+    floats, a query subset, or `enabled` off: the unfused path."""
+    calls, apply = [], TrainingAttention.apply
+    monkeypatch.setattr(TrainingAttention, "apply", lambda *args: calls.append(args[0].shape) or apply(*args))
+    x = torch.randn(2, 9, 64, requires_grad=True)
+    attention_module(2, 32, 0.0)(x, None)
+    assert len(calls) == 1
+    with torch.no_grad():
+        attention_module(2, 32, 0.0)(x, None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attention_module(2, 32, 0.0)(x, None)
+    attention_module(2, 32, 0.0)(x, None, positions=torch.zeros(2, 1, dtype=torch.long))
+    config = BertConfig(vocab_size=10, hidden_size=48, num_hidden_layers=1, num_attention_heads=2, intermediate_size=96)
+    BertSelfAttention(config).train()(torch.randn(2, 9, 48, requires_grad=True), None)
+    monkeypatch.setattr(TrainingAttention, "enabled", False)
+    attention_module(2, 32, 0.0)(x, None)
+    assert len(calls) == 1
+
+
+def test_a_sequence_with_no_key_to_attend_gets_zeros():
+    """Every key padded: zeros out and no gradient (the unfused path gives NaN)."""
+    qkv, mask = torch.randn(2, 5, 3 * 32), torch.ones(2, 5, dtype=torch.bool)
+    mask[1] = False
+    out, probs = torch.ops.bertforge.attention_train(qkv, 2, mask, 0.1, 3)
+    dqkv = torch.ops.bertforge.attention_train_backward(torch.randn(2, 5, 32), qkv, probs, 2, 0.1, 3)
+    assert torch.all(out[1] == 0) and torch.all(dqkv[1] == 0)
+    assert torch.isfinite(out).all() and torch.isfinite(dqkv).all() and out[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda ops: ops.attention_train(torch.randn(2, 5, 3 * 24), 2, None, 0.0, 0), "multiple of 16"),
+    (lambda ops: ops.attention_train(torch.randn(2, 5, 96).double(), 2, None, 0.0, 0), "fp32"),
+    (lambda ops: ops.attention_train(torch.randn(2, 5, 96), 2, None, 1.0, 0), r"\[0, 1\)"),
+    (lambda ops: ops.attention_train(torch.randn(2, 5, 96), 2, torch.ones(2, 4, dtype=torch.bool), 0.0, 0),
+     r"mask must be \(B, T\)"),
+    (lambda ops: ops.attention_train_backward(torch.randn(2, 5, 32), torch.randn(2, 5, 96), torch.randn(2, 2, 5, 5),
+                                              2, 0.0, 0), "attention_train's"),
+    (lambda ops: ops.attention_train_backward(torch.randn(2, 5, 48), torch.randn(2, 5, 96), torch.randn(2, 2, 5, 16),
+                                              2, 0.0, 0), r"\(B, T, H\)")])
+def test_the_ops_refuse_inputs_they_do_not_handle(call, message):
+    with pytest.raises(RuntimeError, match=message):
+        call(torch.ops.bertforge)
+
+
+def test_one_and_two_threads_give_the_same_bits():
+    """A task is a sequence, whose result depends on nothing else: the same bits on any number of threads."""
+    torch.manual_seed(0)
+    qkv, grad, mask = torch.randn(5, 19, 3 * 64), torch.randn(5, 19, 64), padded(5, 19)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out, probs = torch.ops.bertforge.attention_train(qkv, 2, mask, 0.2, 99)
+            results.append((out, probs, torch.ops.bertforge.attention_train_backward(grad, qkv, probs, 2, 0.2, 99)))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_dropout_draws_one_key_as_the_unfused_path_does():
+    """The kernels' forward draws its key from torch's generator once, as `bertforge.dropout` does: after it the
+    generator is where the unfused path leaves it."""
+    module, x = attention_module(2, 16, 0.1), torch.randn(2, 7, 32, requires_grad=True)
+    torch.manual_seed(5)
+    module(x, None)
+    after_kernels = draw_key()
+    torch.manual_seed(5)
+    TrainingAttention.enabled = False
+    try:
+        module(x, None)
+    finally:
+        TrainingAttention.enabled = True
+    assert draw_key() == after_kernels
