@@ -148,7 +148,7 @@ def test_one_and_two_threads_give_the_same_bits():
         assert torch.equal(a, b)
 
 
-def test_dropout_draws_one_key_as_the_unfused_path_does():
+def test_dropout_draws_one_key_as_the_unfused_path_does(monkeypatch):
     """The kernels' forward draws its key from torch's generator once, as `bertforge.dropout` does: after it the
     generator is where the unfused path leaves it."""
     module, x = attention_module(2, 16, 0.1), torch.randn(2, 7, 32, requires_grad=True)
@@ -156,9 +156,6 @@ def test_dropout_draws_one_key_as_the_unfused_path_does():
     module(x, None)
     after_kernels = draw_key()
     torch.manual_seed(5)
-    TrainingAttention.enabled = False
-    try:
-        module(x, None)
-    finally:
-        TrainingAttention.enabled = True
+    monkeypatch.setattr(TrainingAttention, "enabled", False)
+    module(x, None)
     assert draw_key() == after_kernels

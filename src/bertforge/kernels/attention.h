@@ -136,6 +136,20 @@ inline void answer(const float* q, int64_t D, const float* kt, int64_t Tp, const
   values<QN>(S, inv, Tp, v, T, D, out, stride, range);
 }
 
+// T rounded up to whole vectors: the length of a row of scores.
+inline int64_t padded_length(int64_t T) { return (T + kLanes - 1) / kLanes * kLanes; }
+
+// dst (cols x rows) = src (rows x cols, both whole vectors) transposed, kLanes x kLanes blocks at a time.
+inline void transpose_matrix(const float* src, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kLanes)
+    for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
+      Vec block[kLanes];
+      for (int64_t i = 0; i < kLanes; ++i) block[i] = Vec::load(src + (r0 + i) * cols + c0);
+      transpose(block);
+      for (int64_t i = 0; i < kLanes; ++i) block[i].store(dst + (c0 + i) * rows + r0);
+    }
+}
+
 // Queries handled together: enough independent accumulators to hide the FMA latency, few enough to stay in registers.
 constexpr int kQueries = 4;
 // Rows of qkv prefetched ahead of the one being read.
@@ -149,7 +163,7 @@ struct Sequence {
   // rows T .. Tp of k stay zeros, so the padded key columns of kt are zeros; their keep 0, bias -inf
   std::vector<float> qs, k, kt, v, keep, bias, S, gathered;
   Sequence(int64_t N, int64_t T, int64_t D)
-      : N(N), T(T), D(D), Tp((T + kLanes - 1) / kLanes * kLanes), qs(N * T * D), k(N * Tp * D, 0.0f),
+      : N(N), T(T), D(D), Tp(padded_length(T)), qs(N * T * D), k(N * Tp * D, 0.0f),
         kt(N * D * Tp), v(N * T * D), keep(Tp, 0.0f), bias(Tp, -kInf), S(kQueries * Tp), gathered(kQueries * D) {}
 
   // Sequence b's rows of qkv (T, 3H) read once, in order, prefetched a few rows ahead, into qs, k and v; its mask
@@ -180,14 +194,7 @@ struct Sequence {
 
   // kt = each head's keys transposed, kLanes x kLanes blocks at a time
   void transpose_keys() {
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t t0 = 0; t0 < Tp; t0 += kLanes)
-        for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
-          Vec block[kLanes];
-          for (int64_t i = 0; i < kLanes; ++i) block[i] = Vec::load(k.data() + (n * Tp + t0 + i) * D + d0);
-          transpose(block);
-          for (int64_t i = 0; i < kLanes; ++i) block[i].store(kt.data() + (n * D + d0 + i) * Tp + t0);
-        }
+    for (int64_t n = 0; n < N; ++n) transpose_matrix(k.data() + n * Tp * D, Tp, D, kt.data() + n * D * Tp);
   }
 
   // The answers of P queries (at `positions`, or the first P when null) of every head into out (P rows of H),

@@ -5,9 +5,10 @@
 // The unfused path is about ten operators a layer (the heads split out of the query/key/value product's output and
 // copied for two batched products, the scale, the mask, the softmax, dropout, the heads merged back; in the backward
 // the same again and the three gradients stacked into one), each a pass over memory: on a 2-core Zen 4 a MiniLM-L6
-// layer's attention took 7 ms forward and backward at 32 x 28 tokens, where its multiply-adds need about 1. Here the
-// forward reads the product's output (B, T, 3H) as it is and writes its result in the (B, T, H) layout the next
-// product reads; the backward writes the (B, T, 3H) gradient that product's backward reads.
+// layer's attention took 4.1 ms forward and backward at 32 x 28 tokens, 1.9 here (bench/attention.py
+// --training-kernels; docs/benchmarks.md). Here the forward reads the product's output (B, T, 3H) as it is and
+// writes its result in the (B, T, H) layout the next product reads; the backward writes the (B, T, 3H) gradient that
+// product's backward reads.
 //
 // The forward keeps the softmax's probabilities (B, N, T, Tp), Tp = T rounded up to whole vectors (the extra columns
 // zeros), for the backward; dropout's mask is not kept: it is dropout.h's hash of each probability's index in the
@@ -86,34 +87,26 @@ inline void product(Lhs a, const float* b, int64_t ldb, int64_t M, int64_t K, in
   }
 }
 
-// Dropout's keep test of dropout.h for a key and drop probability: element `index` survives when keep(index).
+// Dropout on the probabilities: dropout.h's mask for p and a key, applied to a row whose first element has index
+// `base` in the (B, N, T, T) tensor.
 struct Dropper {
-  uint32_t k0, k1, threshold;
+  MaskKey key;
   float scale;
   bool active;
-  Dropper(double p, int64_t key)
-      : k0(static_cast<uint32_t>(static_cast<uint64_t>(key))),
-        k1(static_cast<uint32_t>(static_cast<uint64_t>(key) >> 32)),
-        threshold(static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL))),
-        scale(static_cast<float>(1.0 / (1.0 - p))),
-        active(p > 0) {}
-  // out[j] = x[j] * keep * scale for j < n, element j's index base + j (as apply_mask_range computes it); n whole
-  // vectors, so that the loop vectorizes without a scalar tail (the rows' padding, zeros, stays zeros)
+  Dropper(double p, int64_t key) : key(p, key), scale(static_cast<float>(1.0 / (1.0 - p))), active(p > 0) {}
+  // out[j] = x[j] * keep * scale for j < n (apply_mask_range); n whole vectors, so that the loop vectorizes without
+  // a scalar tail (the rows' padding, zeros, stays zeros)
   void apply(const float* x, float* out, int64_t n, int64_t base) const {
-    const uint32_t a = k0, c = k1, t = threshold, start = static_cast<uint32_t>(base);
-    const float s = scale;
-    for (int64_t j = 0; j < n; ++j) {
-      const uint32_t u = mix32(mix32((start + static_cast<uint32_t>(j)) ^ a) + c);
-      out[j] = x[j] * (u >= t ? 1.0f : 0.0f) * s;
-    }
+    apply_mask_range(x, out, 0, n, key, scale, base);
   }
 };
 
-// Prefetches lines [from, to) of the `count` 64-byte lines at p into L2 (null p: none).
-inline void prefetch_lines(const void* p, int64_t count, int64_t from, int64_t to) {
-  if (p == nullptr) return;
-  const char* c = static_cast<const char*>(p);
-  for (int64_t line = from; line < std::min(to, count); ++line) _mm_prefetch(c + line * 64, _MM_HINT_T1);
+// Prefetches share `part` of `parts` of the 64-byte lines of `floats` floats at p into L2.
+inline void prefetch_share(const float* p, int64_t floats, int64_t part, int64_t parts) {
+  const int64_t lines = floats * 4 / 64;
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t line = lines * part / parts; line < lines * (part + 1) / parts; ++line)
+    _mm_prefetch(c + line * 64, _MM_HINT_T1);
 }
 
 // One head's working set: its queries (scaled by 1 / sqrt(D)), keys and values (T rows of D; the keys and values
@@ -123,7 +116,7 @@ struct Head {
   int64_t T, D, Tp;
   std::vector<float> q, k, v, transposed, keep, bias, S, dropped, grad;
   Head(int64_t T, int64_t D)
-      : T(T), D(D), Tp((T + kLanes - 1) / kLanes * kLanes), q(T * D), k(Tp * D, 0.0f), v(Tp * D, 0.0f),
+      : T(T), D(D), Tp(padded_length(T)), q(T * D), k(Tp * D, 0.0f), v(Tp * D, 0.0f),
         transposed(D * Tp), keep(Tp, 0.0f), bias(Tp, -kInf), S(T * Tp), dropped(T * Tp, 0.0f), grad(T * D) {}
 
   // The head's columns [n D, n D + D) of the query, key and value thirds of `rows` (T rows of 3H); the mask row
@@ -143,17 +136,6 @@ struct Head {
     }
   }
 
-  // transposed = m (Tp x D) transposed, kLanes x kLanes blocks at a time
-  void transpose_from(const std::vector<float>& m) {
-    for (int64_t t0 = 0; t0 < Tp; t0 += kLanes)
-      for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
-        Vec block[kLanes];
-        for (int64_t i = 0; i < kLanes; ++i) block[i] = Vec::load(m.data() + (t0 + i) * D + d0);
-        transpose(block);
-        for (int64_t i = 0; i < kLanes; ++i) block[i].store(transposed.data() + (d0 + i) * Tp + t0);
-      }
-  }
-
   // QN query rows from i0: scores, softmax, the probabilities into probs (rows of Tp)
   template <int QN>
   void probabilities(int64_t i0, float* probs) {
@@ -168,7 +150,7 @@ struct Head {
   // The forward: probabilities into probs (T x Tp), the output into out (T rows, `stride` apart). `base` is the
   // index of the head's first probability in the (B, N, T, T) tensor dropout's mask is drawn over.
   void forward(float* probs, float* out, int64_t stride, const Dropper& drop, int64_t base) {
-    transpose_from(k);
+    transpose_matrix(k.data(), Tp, D, transposed.data());
     for (int64_t i0 = 0; i0 < T; i0 += kQueries) {
       switch (std::min<int64_t>(kQueries, T - i0)) {
         case 4: probabilities<4>(i0, probs); break;
@@ -189,7 +171,7 @@ struct Head {
   // queries, keys and values into dq, dk and dv (T rows each, `stride` apart).
   void backward(const float* probs, float* dq, float* dk, float* dv, int64_t stride, const Dropper& drop,
                 int64_t base) {
-    transpose_from(v);
+    transpose_matrix(v.data(), Tp, D, transposed.data());
     product({grad.data(), D, 1}, transposed.data(), Tp, T, D, Tp, 1.0f, {S.data(), Tp});  // of the dropped probs
     const float* p = probs;
     for (int64_t i = 0; i < T; ++i) {
@@ -222,14 +204,14 @@ struct Shape {
 // at a fraction of the bandwidth).
 inline void attention_forward(const float* qkv, const bool* mask, Shape s, const Dropper& drop, float* out,
                               float* probs) {
-  const int64_t H = s.N * s.D, lines = s.T * 3 * H * 4 / 64;
+  const int64_t H = s.N * s.D;
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
     Head head(s.T, s.D);
     for (int64_t b = begin; b < end; ++b) {
       const float* rows = qkv + b * s.T * 3 * H;
       for (int64_t n = 0; n < s.N; ++n) {
         const int64_t task = b * s.N + n;
-        prefetch_lines(b + 1 < end ? rows + s.T * 3 * H : nullptr, lines, lines * n / s.N, lines * (n + 1) / s.N);
+        if (b + 1 < end) prefetch_share(rows + s.T * 3 * H, s.T * 3 * H, n, s.N);  // share n of the next rows
         head.read(rows, H, n, mask == nullptr ? nullptr : mask + b * s.T);
         head.forward(probs + task * s.T * head.Tp, out + b * s.T * H + n * s.D, H, drop, task * s.T * s.T);
       }
@@ -240,20 +222,18 @@ inline void attention_forward(const float* qkv, const bool* mask, Shape s, const
 // grad (B, T, H), the output's gradient -> dqkv (B, T, 3H), from the forward's qkv and probs.
 inline void attention_backward(const float* grad, const float* qkv, const float* probs, Shape s, const Dropper& drop,
                                float* dqkv) {
-  const int64_t H = s.N * s.D, Tp = (s.T + kLanes - 1) / kLanes * kLanes;
-  const int64_t lines = s.T * 3 * H * 4 / 64, grad_lines = s.T * H * 4 / 64, prob_lines = s.N * s.T * Tp * 4 / 64;
+  const int64_t H = s.N * s.D, Tp = padded_length(s.T);
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
     Head head(s.T, s.D);
     for (int64_t b = begin; b < end; ++b) {
       const float* rows = qkv + b * s.T * 3 * H;
-      const bool more = b + 1 < end;
       for (int64_t n = 0; n < s.N; ++n) {
         const int64_t task = b * s.N + n;
-        prefetch_lines(more ? rows + s.T * 3 * H : nullptr, lines, lines * n / s.N, lines * (n + 1) / s.N);
-        prefetch_lines(more ? grad + (b + 1) * s.T * H : nullptr, grad_lines, grad_lines * n / s.N,
-                       grad_lines * (n + 1) / s.N);
-        prefetch_lines(more ? probs + (b + 1) * s.N * s.T * Tp : nullptr, prob_lines, prob_lines * n / s.N,
-                       prob_lines * (n + 1) / s.N);
+        if (b + 1 < end) {  // share n of sequence b + 1's rows of qkv, its output's gradient and its probabilities
+          prefetch_share(rows + s.T * 3 * H, s.T * 3 * H, n, s.N);
+          prefetch_share(grad + (b + 1) * s.T * H, s.T * H, n, s.N);
+          prefetch_share(probs + (b + 1) * s.N * s.T * Tp, s.N * s.T * Tp, n, s.N);
+        }
         head.read(rows, H, n, nullptr);
         for (int64_t t = 0; t < s.T; ++t)
           std::copy_n(grad + (b * s.T + t) * H + n * s.D, s.D, head.grad.data() + t * s.D);

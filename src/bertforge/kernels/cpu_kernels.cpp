@@ -222,11 +222,9 @@ at::Tensor keep_mask(int64_t n, double p, int64_t key) {
   TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
   at::Tensor keep = at::empty({n}, at::TensorOptions().dtype(at::kBool));
   uint8_t* kp = reinterpret_cast<uint8_t*>(keep.data_ptr<bool>());
-  const uint64_t k = static_cast<uint64_t>(key);
-  const uint32_t k0 = static_cast<uint32_t>(k), k1 = static_cast<uint32_t>(k >> 32);
-  const uint32_t threshold = static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL));
+  const bertforge::MaskKey mask_key(p, key);
   at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
-    bertforge::keep_mask_range(kp, begin, end, k0, k1, threshold);
+    bertforge::keep_mask_range(kp, begin, end, mask_key);
   });
   return keep;
 }
@@ -239,16 +237,14 @@ at::Tensor apply_keep_mask(const at::Tensor& x, double p, int64_t key) {
   TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
   const at::Tensor a = x.contiguous();
   at::Tensor out = at::empty_like(a);
-  const uint64_t k = static_cast<uint64_t>(key);
-  const uint32_t k0 = static_cast<uint32_t>(k), k1 = static_cast<uint32_t>(k >> 32);
-  const uint32_t threshold = static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL));
+  const bertforge::MaskKey mask_key(p, key);
   const float scale = static_cast<float>(1.0 / (1.0 - p));  // the scalar as torch's fp32 and bf16 products take it
   at::parallel_for(0, a.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
     if (a.scalar_type() == at::kFloat) {
-      bertforge::apply_mask_range(a.data_ptr<float>(), out.data_ptr<float>(), begin, end, k0, k1, threshold, scale);
+      bertforge::apply_mask_range(a.data_ptr<float>(), out.data_ptr<float>(), begin, end, mask_key, scale, begin);
     } else {
-      bertforge::apply_mask_range(a.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), begin, end, k0, k1,
-                                  threshold, scale);
+      bertforge::apply_mask_range(a.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), begin, end, mask_key,
+                                  scale, begin);
     }
   });
   return out;
@@ -310,7 +306,7 @@ std::tuple<at::Tensor, at::Tensor> attention_train(const at::Tensor& qkv, int64_
     m = mask->to(at::kBool).contiguous();
     TORCH_CHECK(m.dim() == 2 && m.size(0) == s.B && m.size(1) == s.T, "mask must be (B, T)");
   }
-  const int64_t Tp = (s.T + kLanes - 1) / kLanes * kLanes;
+  const int64_t Tp = bertforge::padded_length(s.T);
   at::Tensor out = at::empty({s.B, s.T, s.N * s.D}, x.options()), probs = at::empty({s.B, s.N, s.T, Tp}, x.options());
   const bool* mp = mask.has_value() ? m.data_ptr<bool>() : nullptr;
   bertforge::train::attention_forward(x.data_ptr<float>(), mp, s, bertforge::train::Dropper(p, key),
@@ -324,7 +320,7 @@ at::Tensor attention_train_backward(const at::Tensor& grad, const at::Tensor& qk
                   qkv.scalar_type() == at::kFloat, "qkv must be fp32 (B, T, 3H), H heads x a multiple of 16");
   const at::Tensor x = qkv.contiguous(), g = grad.contiguous(), pr = probs.contiguous();
   const bertforge::train::Shape s{x.size(0), x.size(1), heads, x.size(2) / 3 / heads};
-  const int64_t Tp = (s.T + kLanes - 1) / kLanes * kLanes;
+  const int64_t Tp = bertforge::padded_length(s.T);
   TORCH_CHECK(g.scalar_type() == at::kFloat && g.sizes() == at::IntArrayRef({s.B, s.T, s.N * s.D}),
               "grad must be fp32 (B, T, H)");
   TORCH_CHECK(pr.scalar_type() == at::kFloat && pr.sizes() == at::IntArrayRef({s.B, s.N, s.T, Tp}),

@@ -12,6 +12,8 @@
 
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace bertforge {
@@ -25,26 +27,33 @@ inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
+// A mask's key (its low and high 32 bits) and threshold, from dropout's drop probability p (0 <= p < 1) and a
+// 64-bit key; kept(i): whether element i survives.
+struct MaskKey {
+  uint32_t k0, k1, threshold;
+  MaskKey(double p, int64_t key)
+      : k0(static_cast<uint32_t>(static_cast<uint64_t>(key))),
+        k1(static_cast<uint32_t>(static_cast<uint64_t>(key) >> 32)),
+        threshold(static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL))) {}
+  bool kept(uint32_t i) const { return mix32(mix32(i ^ k0) + k1) >= threshold; }
+};
+
 // keep[i] for i in [begin, end): 1 where element i survives, 0 where it is dropped
-inline void keep_mask_range(uint8_t* keep, int64_t begin, int64_t end, uint32_t k0, uint32_t k1,
-                            uint32_t threshold) {
-  for (int64_t i = begin; i < end; ++i) {
-    const uint32_t u = mix32(mix32(static_cast<uint32_t>(i) ^ k0) + k1);
-    keep[i] = u >= threshold;
-  }
+inline void keep_mask_range(uint8_t* keep, int64_t begin, int64_t end, MaskKey key) {
+  for (int64_t i = begin; i < end; ++i) keep[i] = key.kept(static_cast<uint32_t>(i));
 }
 
 // out[i] = x[i] * keep[i] * scale for i in [begin, end), keep[i] (1 or 0) computed as keep_mask_range computes it:
 // dropout applied without a mask in memory, and its backward, which recomputes the mask from the same key. The two
 // products are done in this order, in fp32, and rounded once to T, as torch computes `x * keep * scale` (x times 0 or
 // 1 is exact, -0 and infinities included), so the result is the same to the bit; a NaN stays a NaN (in bf16 its
-// payload may differ).
+// payload may differ). `first` is element begin's index in the mask (begin, unless x is part of a larger tensor).
 template <typename T>
-inline void apply_mask_range(const T* x, T* out, int64_t begin, int64_t end, uint32_t k0, uint32_t k1,
-                             uint32_t threshold, float scale) {
+inline void apply_mask_range(const T* x, T* out, int64_t begin, int64_t end, MaskKey key, float scale,
+                             int64_t first) {
+  const uint32_t start = static_cast<uint32_t>(first);
   for (int64_t i = begin; i < end; ++i) {
-    const uint32_t u = mix32(mix32(static_cast<uint32_t>(i) ^ k0) + k1);
-    const float kept = u >= threshold ? 1.0f : 0.0f;
+    const float kept = key.kept(start + static_cast<uint32_t>(i - begin)) ? 1.0f : 0.0f;
     out[i] = static_cast<T>(static_cast<float>(x[i]) * kept * scale);
   }
 }
