@@ -36,7 +36,9 @@ CPU kernels are built and loaded before either side runs (the first dropout woul
 
 Time per epoch counts the optimizer steps only (batch assembly, forward, backward, clipping, optimizer
 and schedule), not tokenization, evaluation or saving, on both sides. Each seed is one repeat: the table
-shows the median time per epoch with min and max over seeds, and the speed ratio is of the medians.
+shows the median time per epoch with min and max over seeds, and the speed ratio is of the medians. On a CPU in
+fp32 the bench then prints each side's share of the matmul rate: an epoch's model FLOPs (seed 42's padded batches)
+at the median time per epoch, over the rate the step's own products reach on this CPU (bench/train_flops.py).
 
     .venv/bin/python bench/finetune.py                                        # 3 epochs, 3 seeds
     .venv/bin/python bench/finetune.py --max-train-examples 500 --epochs 1 --seeds 1   # quick check
@@ -63,6 +65,7 @@ import numpy as np
 import pair_task
 import torch
 from measure import pin_device, ratio, spread, sync
+from train_flops import matmul_share
 
 # Imported from where they live today (src/ is being restructured; follow them if they move).
 from bertforge.dropout import load_kernels
@@ -282,10 +285,11 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):6.2f} ± {std:4.2f}"
 
 
-def padding_share(workload: Workload, args: argparse.Namespace) -> tuple[float, int, int]:
+def padding_share(workload: Workload, args: argparse.Namespace) -> tuple[float, int, int, list[tuple[int, int]]]:
     """Share of padded positions in the first epoch's batches (seed 42), how many training examples our tokenizer
     and the reference's cut to different lengths (either segment of a pair; 0 when the batches are exactly the
-    same), and how many of them the reference cuts at all (longer than --max-length with their special tokens)."""
+    same), how many of them the reference cuts at all (longer than --max-length with their special tokens), and the
+    batches' shapes (B, T) as padded."""
     from bertforge.tokenizer import Tokenizer
 
     texts, pairs, _ = first(args.max_train_examples or None, *read_split(workload.data, "train"))
@@ -298,8 +302,9 @@ def padding_share(workload: Workload, args: argparse.Namespace) -> tuple[float, 
     cut = sum(len(ids) > args.max_length for ids in tok(texts, pairs, truncation=False)["input_ids"])
     lengths = np.array([n for n, _ in theirs])
     batches = FeatureBatches([{"input_ids": [0] * n} for n, _ in theirs], 0, seed=42).epoch_batches(0, args.batch_size)
-    padded = sum(len(b) * int(lengths[b].max()) for b in batches)
-    return 1 - lengths.sum() / padded, sum(a != b for a, b in zip(ours, theirs, strict=True)), cut
+    shapes = [(len(b), int(lengths[b].max())) for b in batches]
+    padded = sum(B * T for B, T in shapes)
+    return 1 - lengths.sum() / padded, sum(a != b for a, b in zip(ours, theirs, strict=True)), cut, shapes
 
 
 def parse_args() -> argparse.Namespace:
@@ -341,7 +346,7 @@ def report(results: dict[str, list[dict]]) -> None:
 
 def compare(workload: Workload, args: argparse.Namespace, kept: bool) -> None:
     n_train = len(read_split(workload.data, "train")[0])
-    share, differ, cut = padding_share(workload, args)
+    share, differ, cut, shapes = padding_share(workload, args)
     unit = "pairs" if workload.pairs else "texts"
     print(f"{workload.title}: {min(n_train, args.max_train_examples or n_train)} training examples, "
           f"{args.epochs:g} epoch(s), lr {args.lr:g}, batch {args.batch_size}, seeds {args.seeds}, "
@@ -361,6 +366,8 @@ def compare(workload: Workload, args: argparse.Namespace, kept: bool) -> None:
             print(f"  seed {seed} {side:12s} dev {r['dev']:6.2f}  test {r['test']:6.2f}  "
                   f"{r['epoch_s']:7.1f} s/epoch{note}", flush=True)
     report(results)
+    if args.device == "cpu" and args.precision == "fp32":
+        matmul_share(workload.init, shapes, results)
 
 
 def main() -> None:

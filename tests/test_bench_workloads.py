@@ -30,3 +30,24 @@ def test_uniform_texts_never_pass_the_cut_and_spread_over_its_range(monkeypatch)
     assert len(texts) == 400 and all(t.strip() for t in texts)
     assert max(counts) <= inference.MAX_LENGTH
     assert min(counts) < 24 and max(counts) > inference.MAX_LENGTH - 6  # the whole range, not one length
+
+
+def test_fine_tuning_flops_count_every_product_of_a_training_step(monkeypatch):
+    """bench/train_flops.py's model FLOPs against torch's FLOP counter over one forward and backward of transformers'
+    BERT classifier (eager attention, so its batched products are counted): the same products, counted apart."""
+    import torch
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import train_flops
+
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                     intermediate_size=48, max_position_embeddings=40, attn_implementation="eager")
+    model = transformers.BertForSequenceClassification(config)
+    ids = torch.randint(0, 50, (5, 17))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=torch.zeros(5, dtype=torch.long)).loss.backward()
+    counted = train_flops.classifier_flops(32, 48, 3, 2, [(5, 17)])
+    assert counted == counter.get_total_flops()
+    assert train_flops.classifier_flops(32, 48, 3, 2, [(5, 17), (2, 9)]) > counted  # every batch adds its own

@@ -1,0 +1,87 @@
+"""What a fine-tuning epoch asks of the CPU's products, for bench/finetune.py's share-of-the-matmul-rate line.
+
+Model FLOPs of a classification step on a batch of B sequences padded to T: 6 x (the encoder's products, 4H^2 + 2HI
+multiply-adds a position and layer, plus attention's scores and weighted sum, 2TH) x B x T x L, plus the pooler and
+the classifier on B positions: forward 2 FLOPs a multiply-add, backward twice that. Padding counts (both sides compute
+it); the embeddings, LayerNorm, softmax, GELU and the optimizer count nothing: they are the overhead the share shows.
+
+The matmul rate is measured, not quoted: a training Linear's three products (y = x W^T, dx = dy W, dW = dy^T x) at
+the encoder's four shapes with a batch's rows, on MKL (`torch.mm`) and on oneDNN (`torch.ops.mkldnn._linear_pointwise`,
+what `bertforge.linear` calls on AMD CPUs with AVX-512) into preallocated outputs, the faster library's rate: what the
+step's own products can reach on this CPU, at its own shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bertforge.linear import has_onednn_linear
+
+
+def classifier_flops(hidden: int, intermediate: int, layers: int, labels: int, shapes: list[tuple[int, int]]) -> float:
+    """Training FLOPs (forward and backward) of the batches `shapes`, each (B, T) after padding."""
+    total = 0.0
+    for B, T in shapes:
+        position = layers * (4 * hidden * hidden + 2 * hidden * intermediate + 2 * T * hidden)
+        total += B * T * position + B * (hidden * hidden + hidden * labels)
+    return 6 * total
+
+
+def _seconds(call, budget: float) -> float:
+    call()
+    reps, start = 0, time.perf_counter()
+    while reps < 3 or time.perf_counter() - start < budget:
+        call()
+        reps += 1
+    return (time.perf_counter() - start) / reps
+
+
+def _products(rows: int, k: int, n: int) -> dict[str, list]:
+    """A Linear (k -> n)'s three training products over `rows` rows, per library, as calls."""
+    x, w, dy = torch.randn(rows, k), torch.randn(n, k), torch.randn(rows, n)
+    dy_t = dy.t().contiguous()
+    y, dx, dw = torch.empty(rows, n), torch.empty(rows, k), torch.empty(n, k)
+    found = {"MKL": [lambda: torch.mm(x, w.t(), out=y), lambda: torch.mm(dy, w, out=dx),
+                     lambda: torch.mm(dy_t, x, out=dw)]}
+    if has_onednn_linear():
+        def product(a, b):
+            return lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+
+        found["oneDNN"] = [product(x, w), product(dy, w.t()), product(dy_t, x.t())]
+    return found
+
+
+def product_rate(hidden: int, intermediate: int, rows: int, rounds: int = 3) -> tuple[float, str]:
+    """GFLOP/s of the encoder's training products at `rows` rows on the faster library (median of `rounds`), and
+    that library's name."""
+    shapes = [(hidden, 3 * hidden), (hidden, hidden), (hidden, intermediate), (intermediate, hidden)]
+    flops = sum(3 * 2 * rows * k * n for k, n in shapes)
+    calls: dict[str, list] = {}
+    for k, n in shapes:
+        for library, found in _products(rows, k, n).items():
+            calls.setdefault(library, []).extend(found)
+    rates: dict[str, list[float]] = {library: [] for library in calls}
+    for _ in range(rounds):
+        for library, library_calls in calls.items():
+            rates[library].append(flops / sum(_seconds(c, 0.05) for c in library_calls) / 1e9)
+    best = max(rates, key=lambda library: statistics.median(rates[library]))
+    return statistics.median(rates[best]), best
+
+
+def matmul_share(init: Path, shapes: list[tuple[int, int]], results: dict[str, list[dict]]) -> None:
+    """Prints each side's model FLOPs a second over the rate this CPU's products reach at the step's shapes
+    (`product_rate`): `results` {side: [{"epoch_s": ...}, ...]}, `init` the model directory both sides start from."""
+    config = json.loads((init / "config.json").read_text())
+    H, inner = config["hidden_size"], config["intermediate_size"]
+    rows = int(statistics.median(B * T for B, T in shapes))
+    rate, library = product_rate(H, inner, rows)
+    flops = classifier_flops(H, inner, config["num_hidden_layers"], 2, shapes)
+    shares = ", ".join(f"{side} {100 * flops / statistics.median(r['epoch_s'] for r in rs) / 1e9 / rate:.0f}%"
+                       for side, rs in results.items())
+    print(f"share of the matmul rate: {shares} (an epoch's {flops / 1e12:.2f} model TFLOP at the median s/epoch, over "
+          f"{rate:.0f} GFLOP/s, the training products at the step's shapes, {rows} rows, on {library}; goal >= 75%)")
