@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from cpu_peak import layer_shapes
 
 from bertforge.linear import has_onednn_linear
 
@@ -60,7 +61,7 @@ def product_rate(hidden: int, intermediate: int, rows: int, rounds: int = 5) -> 
     """GFLOP/s of the encoder's training products at `rows` rows on the faster library, and that library's name:
     the best of `rounds` rounds, as a peak is read (a busy machine only lowers it; the median of three read 169
     GFLOP/s at BERT-base's shapes while the step's own products ran faster)."""
-    shapes = [(hidden, 3 * hidden), (hidden, hidden), (hidden, intermediate), (intermediate, hidden)]
+    shapes = layer_shapes(hidden, intermediate)
     flops = sum(3 * 2 * rows * k * n for k, n in shapes)
     calls: dict[str, list] = {}
     for k, n in shapes:
