@@ -1,5 +1,6 @@
-"""The texts bench/inference.py's uniform workload makes: every side reads the same tokens only if no text passes
-the length the other sides cut at (ours reads a text whole)."""
+"""What the benches measure with: the texts bench/inference.py's uniform workload makes (every side reads the same
+tokens only if no text passes the length the other sides cut at; ours reads a text whole), and the model FLOPs
+bench/finetune.py's share of the matmul rate counts (bench/train_flops.py)."""
 
 from __future__ import annotations
 
