@@ -83,8 +83,10 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "tasks" / "rotten-tomatoes"
 CACHE = REPO / ".cache" / "bench-inference"
 # what each narrower format's accuracy is compared with
-NARROW_BASE = {"ours bf16": "ours fp32", "ours int8": "ours fp32", "onnxruntime int8": "onnxruntime fp32"}
-ORT_PEER = {"ours fp32": "onnxruntime fp32", "ours bf16": "onnxruntime fp32", "ours int8": "onnxruntime int8"}
+NARROW_BASE = {"ours bf16": "ours fp32", "ours int8": "ours fp32", "ours int8 on oneDNN": "ours fp32",
+               "onnxruntime int8": "onnxruntime fp32"}
+ORT_PEER = {"ours fp32": "onnxruntime fp32", "ours bf16": "onnxruntime fp32", "ours int8": "onnxruntime int8",
+            "ours int8 on oneDNN": "onnxruntime int8"}
 
 
 def minilm_dir() -> Path:
@@ -197,6 +199,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="print where each of our sides' time goes")
     parser.add_argument("--one-stream", action="store_true",
                         help="add our sides with one batch at a time (`predict(streams=1)`), to see what two give")
+    parser.add_argument("--int8-onednn", action="store_true",
+                        help="add our int8 on oneDNN's products where it runs bertforge's VNNI kernels (to compare)")
     parser.add_argument("--backend-onnx", action="store_true",
                         help="add `bertforge predict --backend onnx` fp32 and int8 (our front end, ONNX Runtime)")
     return parser.parse_args()

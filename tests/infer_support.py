@@ -50,13 +50,15 @@ def activation_codes(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
     return (torch.round(x.double() / scale) + zero).clamp(0, 255), scale, zero
 
 
-def row_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The 7-bit codes (float64) of each row of `x` (in, last), with each row's scale and zero point (columns), as
-    the u7 kernels quantize activations, worked out here on their own: per row, [min(row, 0), max(row, 0)] in 127
-    steps, rounded to the nearest, the zero point added, within [0, 127]."""
+def row_codes(x: torch.Tensor, bits: int = 7) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The `bits`-bit codes (float64) of each row of `x` (in, last), with each row's scale and zero point (columns),
+    as the u7 kernels (7 bits) and the VNNI kernels (8) quantize activations, worked out here on their own: per row,
+    [min(row, 0), max(row, 0)] in 2^bits - 1 steps, rounded to the nearest, the zero point added, within
+    [0, 2^bits - 1]."""
+    top = 2 ** bits - 1
     x = x.double().reshape(-1, x.shape[-1])
     lo, hi = x.amin(1, keepdim=True).clamp(max=0), x.amax(1, keepdim=True).clamp(min=0)
-    scale = (hi - lo) / 127
+    scale = (hi - lo) / top
     scale[scale == 0] = 1.0
     zero = torch.round(-lo / scale)
-    return (torch.round(x / scale) + zero).clamp(0, 127), scale, zero
+    return (torch.round(x / scale) + zero).clamp(0, top), scale, zero

@@ -155,12 +155,15 @@ def test_int8_products_do_not_saturate_on_this_cpu():
     q = Int8Linear(layer, weight_bits=bits)
     top = 2 ** (bits - 1) - 1
     w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-top, top)
-    # every way this CPU multiplies: oneDNN's, fbgemm's for few rows, the u7 kernels (7-bit activations per row)
-    paths = {"oneDNN": (None, None), "fbgemm": (None, q.few_rows), "u7": (q.u7, None)}
-    for name, (q.u7, q.few_rows) in paths.items():
-        if name != "oneDNN" and q.u7 is None and q.few_rows is None:
+    # every way this CPU multiplies: oneDNN's, fbgemm's for few rows, the u7 kernels (7-bit activations per row), the
+    # VNNI kernels (8-bit activations per row)
+    paths = {"oneDNN": (None, None, None), "fbgemm": (None, q.few_rows, None), "u7": (q.u7, None, None),
+             "vnni": (None, None, q.vnni)}
+    for name, (q.u7, q.few_rows, q.vnni) in paths.items():
+        if name != "oneDNN" and q.u7 is None and q.few_rows is None and q.vnni is None:
             continue  # not on this CPU or torch
-        codes, scale, zero = row_codes(x) if name == "u7" else activation_codes(x)  # all positive: zero point 0
+        # all positive: zero point 0 per tensor and per row
+        codes, scale, zero = {"u7": row_codes(x), "vnni": row_codes(x, bits=8)}.get(name) or activation_codes(x)
         exact = ((codes - zero) @ w.T) * scale * q.weight_scale.double() + layer.bias.detach().double()
         with torch.no_grad():
             y = q(x).double()
@@ -209,6 +212,36 @@ def test_few_rows_run_on_fbgemm_with_the_same_codes(monkeypatch):
 
 
 
+def _per_row_cases(weight_bits: int):
+    """(Int8Linear, its weight's codes in float64 as it rounds them, x (rows, in), its output (rows, out) in float64)
+    over the cases the per-row kernels must take: input sizes not a multiple of 8, output sizes not of 16, leading
+    shapes, bias or none, a row of zeros (its scale is any), with and without the GELU inside."""
+    top = 2 ** (weight_bits - 1) - 1
+    torch.manual_seed(0)
+    for in_features, out_features, bias in ((48, 40, True), (37, 19, False), (1536, 384, True)):
+        layer = nn.Linear(in_features, out_features, bias=bias)
+        q = Int8Linear(layer, weight_bits=weight_bits)
+        w = (layer.weight.detach() / q.weight_scale[:, None]).round().clamp(-top, top).double()
+        for activation in ("none", "gelu"):
+            q.activation = activation
+            for shape in [(1, in_features), (3, 9, in_features), (300, in_features)]:
+                x = torch.randn(shape) * 2
+                x.view(-1, in_features)[0] = 0
+                with torch.no_grad():
+                    y = q(x)
+                assert y.shape == (*shape[:-1], out_features) and y.dtype == torch.float32
+                yield q, w, x.reshape(-1, in_features), y.reshape(-1, out_features).double()
+
+
+def _exact_products(q: Int8Linear, w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
+                    zero: torch.Tensor) -> torch.Tensor:
+    """q's output from its activations' codes and its weight's codes, in float64: the exact products, scaled, the bias
+    added, the GELU applied where q has it inside."""
+    y = ((codes - zero) @ w.T) * scale * q.weight_scale.double()
+    y = y if q.bias is None else y + q.bias.double()
+    return F.gelu(y) if q.activation == "gelu" else y
+
+
 def test_u7_products_are_the_exact_products_of_per_row_7_bit_codes(monkeypatch):
     """Without int8 dot products, where bertforge's kernels load, every row count runs on the u7 kernels: each row's
     activations in 7 bits by its own range, 7-bit weights, so the output is the exact product of those codes (a code
@@ -216,29 +249,14 @@ def test_u7_products_are_the_exact_products_of_per_row_7_bit_codes(monkeypatch):
     (not a multiple of 8), output size (not of 16), leading shape, bias or none, a row of zeros."""
     if not bertforge.kernels.available():
         pytest.skip("bertforge's CPU kernels do not load here (the oneDNN and fbgemm paths are tested above)")
-    torch.manual_seed(0)
-    for in_features, out_features, bias in ((48, 40, True), (37, 19, False), (1536, 384, True)):
-        layer = nn.Linear(in_features, out_features, bias=bias)
-        q = Int8Linear(layer, weight_bits=7)
+    for q, w, x, y in _per_row_cases(weight_bits=7):
         assert q.u7 is not None and q.few_rows is None
-        w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-63, 63)
-        b = layer.bias.detach().double() if bias else 0.0
-        for activation in ("none", "gelu"):
-            q.activation = activation
-            for shape in [(1, in_features), (3, 9, in_features), (300, in_features)]:
-                x = torch.randn(shape) * 2
-                x.view(-1, in_features)[0] = 0  # a row of zeros: its scale is any
-                with torch.no_grad():
-                    y = q(x)
-                assert y.shape == (*shape[:-1], out_features) and y.dtype == torch.float32
-                codes, scale, zero = row_codes(x)
-                exact = ((codes - zero) @ w.T) * scale * q.weight_scale.double() + b
-                exact = F.gelu(exact) if activation == "gelu" else exact
-                # one code off moves an output by at most a row's scale x the largest weight row's code sum
-                tolerance = float(scale.max() * w.abs().sum(1).max() * q.weight_scale.max()) + 1e-4
-                assert float((y.reshape(-1, out_features).double() - exact).abs().max()) < tolerance
-                close = (y.reshape(-1, out_features).double() - exact).abs() < 1e-4 * (1 + exact.abs())
-                assert close.double().mean() > 0.99
+        codes, scale, zero = row_codes(x)
+        exact = _exact_products(q, w, codes, scale, zero)
+        # one code off moves an output by at most a row's scale x the largest weight row's code sum
+        tolerance = float(scale.max() * w.abs().sum(1).max() * q.weight_scale.max()) + 1e-4
+        assert float((y - exact).abs().max()) < tolerance
+        assert ((y - exact).abs() < 1e-4 * (1 + exact.abs())).double().mean() > 0.99
     with pytest.raises(RuntimeError, match="x must be fp32"):
         torch.ops.bertforge.u7_linear(torch.ones(2, 48, dtype=torch.float64), *q.u7, q.weight_scale, None, 384)
     with pytest.raises(RuntimeError, match="packed must be"):
@@ -246,6 +264,60 @@ def test_u7_products_are_the_exact_products_of_per_row_7_bit_codes(monkeypatch):
     for code in (64, -64, -128):  # -128 too, whose absolute value an int8 cannot hold
         with pytest.raises(RuntimeError, match="within"):
             torch.ops.bertforge.u7_pack(torch.full((4, 8), code, dtype=torch.int8))
+
+
+def _float32_row_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """8-bit codes of x's rows (float64), their scales and zero points, computed in float32 as the VNNI kernels do:
+    each value times the float32 reciprocal of its row's scale, rounded half to even, plus the zero point, within
+    [0, 255]."""
+    lo, hi = x.amin(1, keepdim=True).clamp(max=0), x.amax(1, keepdim=True).clamp(min=0)
+    scale = (hi - lo) / 255
+    scale[scale == 0] = 1.0
+    zero = torch.round(-lo / scale)
+    return (torch.round(x * (1 / scale)) + zero).clamp(0, 255).double(), scale.double(), zero.double()
+
+
+@pytest.mark.skipif(not bertforge.infer.transforms.vnni_products(),
+                    reason="bertforge's VNNI kernels run on AVX-512 CPUs with avx512_vnni and without AMX, where the "
+                           "kernels load (elsewhere oneDNN's path, tested above)")
+def test_vnni_products_are_the_exact_products_of_per_row_8_bit_codes(monkeypatch):
+    """With int8 dot products and no AMX, where bertforge's kernels load, 8-bit weights run on the VNNI kernels: each
+    row's activations in 8 bits by its own range, so the output is the exact product of those codes (a code off by
+    one where a value sits on a rounding boundary), the exact GELU after it where asked; any input size (not a
+    multiple of 4), output size (not of 16), leading shape, bias or none, a row of zeros. A row's output does not
+    depend on the rows beside it, nor on the number of threads."""
+    for q, w, x, y in _per_row_cases(weight_bits=8):
+        assert q.vnni is not None and q.u7 is None and q.few_rows is None
+        codes, scale, zero = row_codes(x, bits=8)
+        tolerance = float(scale.max() * w.abs().sum(1).max() * q.weight_scale.max()) + 1e-4
+        assert float((y - _exact_products(q, w, codes, scale, zero)).abs().max()) < tolerance
+        # the codes as the kernel computes them in float32: the same sums, up to their conversion to float32
+        codes, scale, zero = _float32_row_codes(x)
+        exact = _exact_products(q, w, codes, scale, zero)
+        bound = 2 ** -22 * (codes @ w.abs().T + zero * w.abs().sum(1)) * scale * q.weight_scale.double()
+        assert bool(((y - exact).abs() <= bound + 1e-6 * (1 + exact.abs())).all())
+        if len(x) == 300:
+            with torch.no_grad():
+                alone = torch.cat([q(x[i:i + 1]) for i in range(20)])
+                threads = torch.get_num_threads()
+                try:
+                    torch.set_num_threads(1)
+                    one_thread = q(x)
+                finally:
+                    torch.set_num_threads(threads)
+                assert torch.equal(alone, q(x)[:20]) and torch.equal(one_thread, q(x))
+    with pytest.raises(RuntimeError, match="x must be fp32"):
+        torch.ops.bertforge.vnni_linear(torch.ones(2, 1536, dtype=torch.float64), *q.vnni, q.weight_scale, None, 384,
+                                        False)
+    with pytest.raises(RuntimeError, match="packed must be"):
+        torch.ops.bertforge.vnni_linear(torch.ones(2, 1532), *q.vnni, q.weight_scale, None, 384, False)
+    # where they do not run: AMX (oneDNN's int8 tiles), or switched off for a side-by-side run
+    layer = nn.Linear(32, 8)
+    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_vnni", "amx_int8"}))
+    assert Int8Linear(layer, weight_bits=8).vnni is None
+    monkeypatch.undo()
+    monkeypatch.setattr(bertforge.infer.transforms, "VNNI_PRODUCTS", False)
+    assert Int8Linear(layer, weight_bits=8).vnni is None
 
 
 def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):
@@ -258,7 +330,7 @@ def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):
     torch.manual_seed(0)
     layer = nn.Linear(32, 24)
     q = Int8Linear(layer, weight_bits=bits)
-    q.few_rows = q.u7 = None  # oneDNN at every row count (the other paths: the tests below)
+    q.few_rows = q.u7 = q.vnni = None  # oneDNN at every row count (the other paths: the tests below)
     seen = []
     product = torch.ops.onednn.qlinear_pointwise
 

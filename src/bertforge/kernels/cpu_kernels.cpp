@@ -17,6 +17,8 @@
 // And for training on oneDNN's fp32 products (bertforge/linear.py):
 //   transpose_sum  a Linear layer's output gradient transposed, with its column sums (transpose.h);
 //   attention_train (and its backward) attention with dropout, from and to the products' layouts (attention_train.h).
+// The int8 products themselves: u7_linear (int8_u7.h, CPUs without int8 dot products) and vnni_linear (int8_vnni.h,
+// AVX-512 VNNI without AMX), each quantizing its activations per row.
 // (lanes() says which build this is: 16 floats a vector on AVX-512, 8 on AVX2.)
 
 #include <ATen/ATen.h>
@@ -34,6 +36,7 @@
 #include "attention_train.h"
 #include "dropout.h"
 #include "int8_u7.h"
+#include "int8_vnni.h"
 #include "transpose.h"
 #include "vec.h"
 
@@ -262,18 +265,10 @@ std::tuple<at::Tensor, at::Tensor> u7_pack(const at::Tensor& codes) {
 // x (..., K) fp32 times the packed weight's N columns, activations quantized per row to 7 bits (int8_u7.h).
 at::Tensor u7_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& column_sums,
                      const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, int64_t out_features) {
-  using bertforge::u7::NR;
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) > 0, "x must be fp32 (..., in)");
-  const int64_t K = x.size(-1), N = out_features, panels = (N + NR - 1) / NR, Kp = (K + 7) / 8 * 8;
-  TORCH_CHECK(N > 0 && packed.scalar_type() == at::kChar && packed.numel() == panels * Kp * NR,
-              "packed must be u7_pack's panels for a weight of x's input size");
-  TORCH_CHECK(column_sums.scalar_type() == at::kInt && column_sums.numel() == panels * NR, "column sums mismatch");
-  TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.numel() == N, "weight_scale must be (out,)");
-  const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::zeros({N}, at::kFloat);
-  TORCH_CHECK(b.numel() == N, "bias must be (out,)");
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  return bertforge::u7::linear(x.contiguous(), packed, column_sums, weight_scale.contiguous(), b, N).view(shape);
+  const bertforge::Int8Operands o = bertforge::check_int8_operands(
+      "u7_pack", x, packed, column_sums, weight_scale, bias, out_features, bertforge::u7::NR, 8);
+  return bertforge::u7::linear(x.contiguous(), packed, column_sums, weight_scale.contiguous(), o.bias, out_features)
+      .view(o.shape);
 }
 
 // g (M, N) fp32 transposed to (N, M), and its column sums (N): a Linear layer's dy^T and bias gradient (transpose.h).
@@ -366,6 +361,10 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("u7_pack(Tensor codes) -> (Tensor, Tensor)");
   m.def("u7_linear(Tensor x, Tensor packed, Tensor column_sums, Tensor weight_scale, Tensor? bias, int out_features)"
         " -> Tensor");
+  m.def("vnni_pack(Tensor codes) -> (Tensor, Tensor)");
+  m.def("vnni_linear(Tensor x, Tensor packed, Tensor column_sums, Tensor weight_scale, Tensor? bias, "
+        "int out_features, bool gelu) -> Tensor");
+  m.def("has_vnni() -> bool", &bertforge::vnni::has_vnni);
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
@@ -377,6 +376,8 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("apply_keep_mask", apply_keep_mask);
   m.impl("u7_pack", u7_pack);
   m.impl("u7_linear", u7_linear);
+  m.impl("vnni_pack", bertforge::vnni::checked_pack);
+  m.impl("vnni_linear", bertforge::vnni::checked_linear);
   m.impl("transpose_sum", transpose_sum);
   m.impl("attention_train", attention_train);
   m.impl("attention_train_backward", attention_train_backward);

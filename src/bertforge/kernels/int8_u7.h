@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "int8_args.h"
 #include "vec.h"
 
 namespace bertforge::u7 {  // bertforge's Vec, Range and kLanes (vec.h) are in scope
@@ -29,57 +30,29 @@ constexpr int64_t MR = 4, NR = 16, MC = 96;
 // Weight codes (N, K) int8 within +-63 -> panels of NR columns: [panel][k/8][2 halves of 4 k][NR cols][4 bytes];
 // K padded to 8 with zeros. Also column sums of the codes (for the activations' zero points).
 inline std::tuple<at::Tensor, at::Tensor> pack_weight(const at::Tensor& codes) {
-  const int64_t N = codes.size(0), K = codes.size(1), Kp = (K + 7) / 8 * 8, panels = (N + NR - 1) / NR;
-  at::Tensor out = at::zeros({panels * Kp * NR}, at::kChar);
-  at::Tensor sums = at::zeros({panels * NR}, at::kInt);
-  const int8_t* w = codes.data_ptr<int8_t>();
-  int8_t* o = out.data_ptr<int8_t>();
-  int32_t* s = sums.data_ptr<int32_t>();
-  for (int64_t p = 0; p < panels; ++p)
-    for (int64_t j = 0; j < NR; ++j) {
-      const int64_t n = p * NR + j;
-      if (n >= N) continue;
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t g = k / 8, h = (k % 8) / 4, b = k % 4;
-        o[p * Kp * NR + g * 128 + h * 64 + j * 4 + b] = w[n * K + k];
-        s[n] += w[n * K + k];
-      }
-    }
-  return {out, sums};
+  return pack_panels(codes, NR, 8, [](int64_t k, int64_t j) { return k / 8 * 128 + k % 8 / 4 * 64 + j * 4 + k % 4; });
 }
 
 // x (M, K) fp32 -> u7 codes (M, Kp) with per-row scale and zero point (range always holding 0).
 inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, uint8_t* q, float* scale, int32_t* zero) {
-  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* row = x + r * K;
-      Range range;  // the row's (min, max), as value_range finds a tensor's
-      int64_t k = 0;
-      for (; k + kLanes <= K; k += kLanes) range.add(Vec::load(row + k));
-      if (k < K) range.add_first(row + k, K - k);
-      const float lo = std::min(range.min(), 0.f), hi = std::max(range.max(), 0.f);
-      float s = (hi - lo) / 127.f;
-      if (s == 0.f) s = 1.f;
-      const int32_t z = static_cast<int32_t>(std::nearbyint(-lo / s));
-      const __m256 inv = _mm256_set1_ps(1.f / s), zf = _mm256_set1_ps(float(z)), top = _mm256_set1_ps(127.f),
-                   zero8 = _mm256_setzero_ps();
-      uint8_t* out = q + r * Kp;
-      for (k = 0; k + 8 <= K; k += 8) {
-        __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), inv),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        v = _mm256_min_ps(top, _mm256_max_ps(zero8, _mm256_add_ps(v, zf)));
-        const __m256i i32 = _mm256_cvtps_epi32(v);
-        const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + k), _mm_packus_epi16(i16, i16));
-      }
-      for (; k < K; ++k) {
-        const float v = std::nearbyint(row[k] / s) + z;
-        out[k] = static_cast<uint8_t>(std::min(127.f, std::max(0.f, v)));
-      }
-      for (k = K; k < Kp; ++k) out[k] = 0;
-      scale[r] = s;
-      zero[r] = z;
+  quantize_each_row(x, M, K, 127.f, scale, zero, [&](int64_t r, const float* row, float s, int32_t z) {
+    const __m256 inv = _mm256_set1_ps(1.f / s), zf = _mm256_set1_ps(float(z)), top = _mm256_set1_ps(127.f),
+                 zero8 = _mm256_setzero_ps();
+    uint8_t* out = q + r * Kp;
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+      __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(row + k), inv),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v = _mm256_min_ps(top, _mm256_max_ps(zero8, _mm256_add_ps(v, zf)));
+      const __m256i i32 = _mm256_cvtps_epi32(v);
+      const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + k), _mm_packus_epi16(i16, i16));
     }
+    for (; k < K; ++k) {
+      const float v = std::nearbyint(row[k] / s) + z;
+      out[k] = static_cast<uint8_t>(std::min(127.f, std::max(0.f, v)));
+    }
+    for (k = K; k < Kp; ++k) out[k] = 0;
   });
 }
 
