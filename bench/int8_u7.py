@@ -1,7 +1,9 @@
 """bertforge's u7 int8 products (CPUs without VNNI) against its oneDNN ones: speed at an encoder's shapes, and, with
---model, what each activation scheme does to a classifier's accuracy.
+--model, what each activation scheme does to a classifier's accuracy. With --kernel vnni, the same speed comparison
+for the VNNI products (8-bit weights; AVX-512 CPUs with avx512_vnni and without AMX, kernels/int8_vnni.h).
 
     .venv/bin/python bench/int8_u7.py                                      # MiniLM-L6's shapes, 1,920 / 256 / 32 rows
+    .venv/bin/python bench/int8_u7.py --kernel vnni --hidden 128 --intermediate 512   # BERT-tiny's shapes
     .venv/bin/python bench/int8_u7.py --model .cache/bench-inference/rt-minilm-4000-lr5e-05 --data DIR
 
 The scheme (bertforge/kernels/int8_u7.h, what `Int8Linear` runs with 7-bit weights where the kernels load):
@@ -44,8 +46,9 @@ from bertforge import (
     cpu,  # noqa: E402
     kernels,  # noqa: E402
 )
+from bertforge.infer import transforms  # noqa: E402
 from bertforge.infer.engines import Predictor  # noqa: E402
-from bertforge.infer.transforms import Int8Linear  # noqa: E402
+from bertforge.infer.transforms import Int8Linear, vnni_products  # noqa: E402
 from bertforge.options import EngineOptions  # noqa: E402
 from bertforge.tasks.runner import load_task_model  # noqa: E402
 
@@ -64,23 +67,28 @@ def exact(x: torch.Tensor, codes: torch.Tensor, weight_scale: torch.Tensor, bias
     return ((q - zero) @ codes.double().T) * scale * weight_scale.double() + bias.double()
 
 
-def speed(rows_list: list[int], hidden: int, intermediate: int, rounds: int) -> None:
-    print("giga multiply-adds a second, median (min-max); Int8Linear's u7 path against its oneDNN one")
+def speed(rows_list: list[int], hidden: int, intermediate: int, rounds: int, kernel: str = "u7") -> None:
+    print(f"giga multiply-adds a second, median (min-max); Int8Linear's {kernel} path against its oneDNN one")
+    bits = 7 if kernel == "u7" else 8
+    top = 2 ** (bits - 1) - 1
     for rows in rows_list:
         for k, n in layer_shapes(hidden, intermediate):
             torch.manual_seed(k + n)
             linear, x = nn.Linear(k, n), torch.randn(rows, k)
-            candidate, current = Int8Linear(linear, weight_bits=7), Int8Linear(linear, weight_bits=7)
+            candidate = Int8Linear(linear, weight_bits=bits)
+            transforms.VNNI_PRODUCTS = False  # the oneDNN side
+            current = Int8Linear(linear, weight_bits=bits)
+            transforms.VNNI_PRODUCTS = True
             current.few_rows = current.u7 = None
-            codes = (linear.weight.detach() / candidate.weight_scale[:, None]).round().clamp(-63, 63)
-            reference = exact(x, codes, candidate.weight_scale, linear.bias.detach(), 7, True)
+            codes = (linear.weight.detach() / candidate.weight_scale[:, None]).round().clamp(-top, top)
+            reference = exact(x, codes, candidate.weight_scale, linear.bias.detach(), bits, True)
             difference = float((candidate(x).double() - reference).abs().max() / reference.abs().max())
             ours, theirs = [], []
             with torch.inference_mode():
                 for _ in range(rounds):  # the sides alternate
                     ours.append(rows * k * n / seconds_per_call(lambda f=candidate, x=x: f(x), 5) / 1e9)
                     theirs.append(rows * k * n / seconds_per_call(lambda f=current, x=x: f(x), 5) / 1e9)
-            print(f"  {rows:5d} x {k:4d} -> {n:4d}: u7 {spread(ours)}  oneDNN {spread(theirs)}  "
+            print(f"  {rows:5d} x {k:4d} -> {n:4d}: {kernel} {spread(ours)}  oneDNN {spread(theirs)}  "
                   f"{ratio(ours, theirs):.2f}x  exactness {difference:.1e}")
 
 
@@ -139,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--intermediate", type=int, default=1536)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--kernel", choices=["u7", "vnni"], default="u7", help="whose products to time")
     parser.add_argument("--model", help="a fine-tuned classifier directory: also score the schemes' accuracy")
     parser.add_argument("--data", type=Path, help="a directory with dev.csv and test.csv (text,label), for --model")
     args = parser.parse_args(argv)
@@ -147,7 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.model and not args.data:
         parser.error("--model needs --data")
     print(f"CPU: {cpu.cpuinfo_field('model name')}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    speed(args.rows, args.hidden, args.intermediate, args.rounds)
+    if args.kernel == "vnni" and not vnni_products():
+        parser.error("the VNNI kernels run only on AVX-512 CPUs with avx512_vnni and without AMX")
+    speed(args.rows, args.hidden, args.intermediate, args.rounds, args.kernel)
     if args.model:
         accuracy(args.model, args.data)
 

@@ -93,13 +93,13 @@ class Int8Linear(nn.Module):
         self.weight_scale = w.abs().amax(1).clamp(min=1e-12) / top  # (out,)
         self.weight_zero = torch.zeros(self.out_features, dtype=torch.long)
         q = (w / self.weight_scale[:, None]).round().clamp(-top, top).to(torch.int8)
-        self.weight = torch.ops.onednn.qlinear_prepack(q, None)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         self.activation = "none"
         self.bf16_max_positions = 0
         self.kernels = False
-        # with int8 dot products and no AMX: bertforge's VNNI kernels where they load
+        # with int8 dot products and no AMX: bertforge's VNNI kernels where they load, oneDNN's product elsewhere
         self.vnni = torch.ops.bertforge.vnni_pack(q) if weight_bits == 8 and vnni_products() else None
+        self.weight = torch.ops.onednn.qlinear_prepack(q, None) if self.vnni is None else None
         # without int8 dot products (7-bit weights): bertforge's u7 kernels where they load, else fbgemm's for few rows
         self.u7 = torch.ops.bertforge.u7_pack(q) if weight_bits == 7 and kernels.available() else None
         self.few_rows = _fbgemm_weight(q, self.weight_scale, self.bias) if weight_bits == 7 and not self.u7 else None

@@ -2,10 +2,12 @@
 // them as vnni_pack and vnni_linear; only the AVX-512 build of a CPU with avx512_vnni carries them). Activations are
 // quantized per row (a token's own range, holding 0) to 8 bits (codes 0-255), weights per output channel to 8 bits
 // (+-127); vpdpbusd sums four u8 x s8 products into each int32 lane. On torch's own path (oneDNN's
-// qlinear_pointwise, a batch's one range) a small model's products at K = 128 ran at about a third of what the
-// instruction gives, each call with tens of microseconds of fixed cost; here the activations are quantized in one
-// pass over the rows, the product is an 8 x 32 register tile over weights packed once, and the epilogue (the zero
-// points' share, both scales, the bias and, when asked, the exact GELU) is applied as the tile is written.
+// qlinear_pointwise, a batch's one range) each product came with work around it: the batch's range read back to
+// Python, a pass for the codes, rows padded to a rounded count. In the demo's BERT-tiny that path took 66% of the
+// time at about 130 giga multiply-adds a second. Here the activations are quantized in one pass over the rows, the
+// product is an 8 x 32 register tile over weights packed once, and the epilogue (the zero points' share, both scales,
+// the bias and, when asked, the exact GELU) is applied as the tile is written: the same speed as oneDNN's product
+// at full batches, the work around it gone (docs/benchmarks.md).
 //
 //   y[i, n] = act((sum_k q[i, k] w[n, k] - zero[i] * colsum[n]) * scale[i] * wscale[n] + bias[n])
 #pragma once
