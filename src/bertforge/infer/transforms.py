@@ -71,8 +71,8 @@ class Int8Linear(nn.Module):
     each token by its own range, so that a text's result no longer depends on the batch it shares, and none of the
     per-call work around oneDNN's product (the range read back, the codes, the rounded row count). On a Zen 4 EPYC
     (bench/inference.py --int8-onednn) one text took half the time (fine-tuned MiniLM-L6 p50 6.2 -> 3.2 ms, BERT-tiny
-    1.6 -> 0.8 ms), a file of texts as long for MiniLM-L6 and 1.26x faster for BERT-tiny, and the int8 model kept
-    fp32's label on 99.6% of texts instead of 98.5%; at full batches the products run at oneDNN's speed.
+    1.6 -> 0.8 ms), a file of texts 1.26x faster for BERT-tiny and 3-5% slower for MiniLM-L6 (whose widest products
+    run at 0.85-0.9x oneDNN's), and the int8 model kept fp32's label on 99.6% of texts instead of 98.5-98.6%.
 
     With 7-bit weights (CPUs without int8 dot products) the product runs elsewhere, keeping a second int8 copy of
     the weight, one more byte a weight. Where bertforge's kernels load, on its u7 kernels (`u7`, packed once; the
