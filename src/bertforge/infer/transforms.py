@@ -226,7 +226,8 @@ class FusedInt8Encoder(nn.Module):
     """A `BertEncoder` of int8 layers (its own modules, same weights) run on bertforge's CPU kernels
     (`bertforge.kernels`): each layer's attention in one pass per sequence, each residual add + LayerNorm in one
     pass per row, and the activation range each of them gives handed to the int8 product that follows, which
-    then skips its own pass to find it. Post-LN and pre-LN layers alike. Batches longer than `max_positions` run
+    then skips its own pass to find it (on the VNNI kernels, which quantize each row by its own range, it goes
+    unused). Post-LN and pre-LN layers alike. Batches longer than `max_positions` run
     the layers as they are."""
 
     def __init__(self, encoder: BertEncoder, max_positions: int):
