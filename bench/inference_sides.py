@@ -126,13 +126,9 @@ def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu
         except BertforgeError as e:  # not on this device or CPU: say so and go on
             left_out.append(f"{name} ({e})")
     if args.int8_onednn and "ours int8" in sides and transforms.vnni_products():
-        transforms.VNNI_PRODUCTS = False  # the int8 layers made now run on oneDNN
-        try:
-            sides["ours int8 on oneDNN"] = OursSide(Predictor(model_dir, EngineOptions(device=args.device,
-                                                                                       quantize="int8")),
-                                                    labels, args.batch_size)
-        finally:
-            transforms.VNNI_PRODUCTS = True
+        with transforms.on_onednn():
+            predictor = Predictor(model_dir, EngineOptions(device=args.device, quantize="int8"))
+        sides["ours int8 on oneDNN"] = OursSide(predictor, labels, args.batch_size)
     if args.one_stream:
         for name in list(sides):
             sides[f"{name}, 1 stream"] = OursSide(sides[name].predictor, labels, args.batch_size, streams=1)

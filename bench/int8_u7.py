@@ -76,9 +76,8 @@ def speed(rows_list: list[int], hidden: int, intermediate: int, rounds: int, ker
             torch.manual_seed(k + n)
             linear, x = nn.Linear(k, n), torch.randn(rows, k)
             candidate = Int8Linear(linear, weight_bits=bits)
-            transforms.VNNI_PRODUCTS = False  # the oneDNN side
-            current = Int8Linear(linear, weight_bits=bits)
-            transforms.VNNI_PRODUCTS = True
+            with transforms.on_onednn():
+                current = Int8Linear(linear, weight_bits=bits)
             current.few_rows = current.u7 = None
             codes = (linear.weight.detach() / candidate.weight_scale[:, None]).round().clamp(-top, top)
             reference = exact(x, codes, candidate.weight_scale, linear.bias.detach(), bits, True)

@@ -139,17 +139,16 @@ def test_int8_linear_takes_bf16_inputs_as_their_fp32_values():
         assert torch.equal(q(x), q(x.float()))
 
 
-def _onednn_only(layer: nn.Linear, bits: int, monkeypatch) -> Int8Linear:
+def _onednn_only(layer: nn.Linear, bits: int) -> Int8Linear:
     """`layer` as an Int8Linear on oneDNN's product at every row count (bertforge's VNNI and u7 kernels and fbgemm's
     few-row path off)."""
-    with monkeypatch.context() as patch:
-        patch.setattr(bertforge.infer.transforms, "VNNI_PRODUCTS", False)
+    with bertforge.infer.transforms.on_onednn():
         q = Int8Linear(layer, weight_bits=bits)
     q.few_rows = q.u7 = None
     return q
 
 
-def test_int8_products_do_not_saturate_on_this_cpu(monkeypatch):
+def test_int8_products_do_not_saturate_on_this_cpu():
     """The worst case for a kernel that sums pairs of u8 x s8 products in int16 (AVX2 without VNNI): every
     activation code near 255 and every weight at its largest code. With the weight bits this CPU gets
     (`bertforge.cpu.int8_weight_bits`) the output is the exact product of the quantized operands, up to fp32
@@ -167,7 +166,7 @@ def test_int8_products_do_not_saturate_on_this_cpu(monkeypatch):
     w = (layer.weight.detach().double() / q.weight_scale.double()[:, None]).round().clamp(-top, top)
     # every way this CPU multiplies: oneDNN's, and the one Int8Linear takes here where it is another: the VNNI kernels
     # (8-bit activations per row), the u7 kernels (7-bit activations per row) or fbgemm's for few rows
-    paths = {"oneDNN": _onednn_only(layer, bits, monkeypatch)}
+    paths = {"oneDNN": _onednn_only(layer, bits)}
     other = "vnni" if q.vnni is not None else "u7" if q.u7 is not None else "fbgemm" if q.few_rows is not None else None
     if other:
         paths[other] = q
@@ -326,8 +325,9 @@ def test_vnni_products_are_the_exact_products_of_per_row_8_bit_codes(monkeypatch
     monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_vnni", "amx_int8"}))
     assert Int8Linear(layer, weight_bits=8).vnni is None
     monkeypatch.undo()
-    monkeypatch.setattr(bertforge.infer.transforms, "VNNI_PRODUCTS", False)
-    assert Int8Linear(layer, weight_bits=8).vnni is None and Int8Linear(layer, weight_bits=8).weight is not None
+    with bertforge.infer.transforms.on_onednn():
+        assert Int8Linear(layer, weight_bits=8).vnni is None and Int8Linear(layer, weight_bits=8).weight is not None
+    assert Int8Linear(layer, weight_bits=8).vnni is not None  # the switch restored
     assert q.weight is None  # on the kernels, no second copy of the weight for oneDNN
 
 
@@ -340,7 +340,7 @@ def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):
         pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
     torch.manual_seed(0)
     layer = nn.Linear(32, 24)
-    q = _onednn_only(layer, bits, monkeypatch)  # at every row count (the other paths: the tests above)
+    q = _onednn_only(layer, bits)  # at every row count (the other paths: the tests above)
     seen = []
     product = torch.ops.onednn.qlinear_pointwise
 

@@ -7,6 +7,7 @@ for an engine's options. Why each, with its measurements: `bertforge.infer`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable
@@ -140,8 +141,20 @@ def vnni_products() -> bool:
             and torch.ops.bertforge.has_vnni())
 
 
-# False: `Int8Linear`s made from now on run on oneDNN even where the VNNI kernels would (for side-by-side runs).
+# False: `Int8Linear`s made from now on run on oneDNN even where the VNNI kernels would (`on_onednn`).
 VNNI_PRODUCTS = True
+
+
+@contextlib.contextmanager
+def on_onednn():
+    """`Int8Linear`s (and int8 models) made inside run on oneDNN even where the VNNI kernels would: the other side of
+    a side-by-side run."""
+    global VNNI_PRODUCTS
+    saved, VNNI_PRODUCTS = VNNI_PRODUCTS, False
+    try:
+        yield
+    finally:
+        VNNI_PRODUCTS = saved
 
 
 # The most rows (tokens) an `Int8Linear` with 7-bit weights multiplies on fbgemm's kernels rather than oneDNN's. On a

@@ -255,8 +255,7 @@ at::Tensor apply_keep_mask(const at::Tensor& x, double p, int64_t key) {
 
 // A weight's 7-bit codes (N, K) int8, packed for u7_linear: (panels, their column sums).
 std::tuple<at::Tensor, at::Tensor> u7_pack(const at::Tensor& codes) {
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.size(1) > 0,
-              "codes must be a (out, in) int8 matrix");
+  bertforge::check_int8_codes(codes);
   TORCH_CHECK(codes.numel() == 0 || (codes.min().item<int>() >= -63 && codes.max().item<int>() <= 63),
               "codes must lie within +-63 (7 bits)");
   return bertforge::u7::pack_weight(codes.contiguous());

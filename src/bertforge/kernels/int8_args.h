@@ -7,15 +7,20 @@
 
 #include <algorithm>
 #include <cmath>
-#include <tuple>
-
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "vec.h"
 
 namespace bertforge {
+
+// A weight's codes as the pack operators take them: an (out, in) int8 matrix.
+inline void check_int8_codes(const at::Tensor& codes) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.size(1) > 0,
+              "codes must be a (out, in) int8 matrix");
+}
 
 // Weight codes (N, K) int8 -> panels of `columns` output columns, each K rounded up to `k_multiple` (zeros) times
 // `columns` bytes, code k of the panel's column j at `offset(k, j)`; and the codes' column sums (for the

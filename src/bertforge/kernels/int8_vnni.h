@@ -29,11 +29,13 @@
 
 namespace bertforge::vnni {
 
+// whether this build carries the kernels (has_vnni)
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-constexpr bool kBuilt = true;
+#define BERTFORGE_VNNI 1
 #else
-constexpr bool kBuilt = false;
+#define BERTFORGE_VNNI 0
 #endif
+constexpr bool kBuilt = BERTFORGE_VNNI;
 
 constexpr int64_t MR = 8, NR = 32, MC = 128;
 
@@ -43,7 +45,7 @@ inline std::tuple<at::Tensor, at::Tensor> pack_weight(const at::Tensor& codes) {
   return pack_panels(codes, NR, 4, [](int64_t k, int64_t j) { return k / 4 * NR * 4 + j * 4 + k % 4; });
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if BERTFORGE_VNNI
 
 // x (M, K) fp32 -> u8 codes (M, Kp) with a scale and zero point per row (its range, always holding 0); the codes
 // round half to even, as torch.round does.
@@ -181,8 +183,7 @@ inline at::Tensor linear(const at::Tensor&, const at::Tensor&, const at::Tensor&
 // The operators (cpu_kernels.cpp registers them): a weight's 8-bit codes (N, K) int8 packed, (panels, their column
 // sums); x (..., K) fp32 times the packed weight's N columns, the exact GELU applied where `gelu`.
 inline std::tuple<at::Tensor, at::Tensor> checked_pack(const at::Tensor& codes) {
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar && codes.size(1) > 0,
-              "codes must be a (out, in) int8 matrix");
+  check_int8_codes(codes);
   return pack_weight(codes.contiguous());
 }
 
