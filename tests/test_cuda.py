@@ -148,6 +148,14 @@ def test_a_host_mask_without_padding_gives_the_unmasked_outputs(tiny_config):
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_pretraining_loads_with_two_workers_by_default_on_a_gpu_and_none_on_the_cpu():
+    from bertforge.pretrain.run import loader_workers
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert (loader_workers(None, cuda), loader_workers(None, cpu)) == (2, 0)
+    assert (loader_workers(0, cuda), loader_workers(3, cpu)) == (0, 3)  # --workers as given
+
+
 # --- on a GPU -----------------------------------------------------------------------------------------------
 
 
@@ -198,6 +206,30 @@ def test_bf16_autocast_matches_fp32(tiny_config):
     # mlm_logits: (M, V) at the M masked positions, in the same order in both runs
     torch.testing.assert_close(low.mlm_logits.float(), ref.mlm_logits, rtol=0, atol=0.05 * scale)
     assert float(low.loss) == pytest.approx(float(ref.loss), rel=0.01)
+
+
+@gpu
+def test_padded_attention_on_the_gpu_keeps_off_cudnn_and_gives_the_cpus_outputs(tiny_config):
+    """cuDNN's attention plans every new shape for milliseconds (`encoder.CUDA_MASKED_BACKENDS`): a padded batch
+    on the GPU must not reach it, and must give the CPU's outputs at its real tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from bertforge import BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(tiny_config.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+    ids = torch.randint(5, tiny_config.vocab_size, (4, 37))
+    mask = (torch.arange(37) < torch.tensor([[37], [20], [9], [30]])).long()
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask).sequence_output
+        gpu_model = model.to("cuda", torch.bfloat16)  # cuDNN's kernel takes bf16 and fp16 only
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            out = gpu_model(ids.cuda(), attention_mask=mask.cuda()).sequence_output.float().cpu()
+    assert not [e.key for e in prof.key_averages() if "cudnn_attention" in e.key]
+    real = mask.bool()
+    # bf16 weights and activations through 2 layers, LayerNorm's outputs of scale ~1: the same model in bf16 on the
+    # CPU is off by 0.037 at most; a lost mask moves outputs by their scale
+    torch.testing.assert_close(out[real], ref[real], rtol=0, atol=0.1)
 
 
 @gpu

@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.attention
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend
 
 from bertforge import kernels
 from bertforge.config import BertConfig
@@ -128,7 +130,19 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     explicit one or SDPA, below). q (B, N, P, D), k and v (B, N, T, D), mask (B, 1, 1, T) bool or None; (B, N, P, D)."""
     if _explicit_attention_is_faster(q, k.shape[2], dropout_p):
         return _explicit_attention(q, k, v, mask, dropout_p)
+    if mask is not None and q.is_cuda and CUDA_MASKED_BACKENDS is not None:
+        with torch.nn.attention.sdpa_kernel(CUDA_MASKED_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+# On CUDA a padded batch's mask rules flash attention out, and torch (2.11) then picks cuDNN's kernel, which plans
+# each new shape for ~8 ms a layer on the host: over 40 batches of new widths (BERT-base, bf16, H200, `predict`'s
+# sorted batches) 73k tokens/s, against 653k kept off it (8.9x), and 0.94M against 1.11M once every width was seen;
+# fine-tuning steps 46k against 114k first (2.5x), even after. So masked attention on CUDA takes the
+# memory-efficient kernel (bench/gpu_check_shapes.py; docs/benchmarks.md). None leaves the choice to torch.
+CUDA_MASKED_BACKENDS: list[SDPBackend] | None = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                                 SDPBackend.MATH]
 
 
 # Training under bf16/fp16 autocast on a CPU, PyTorch's fused attention kernel (flash for CPU) is 2-4x slower

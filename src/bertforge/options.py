@@ -242,9 +242,9 @@ class DataOptions:
     eval_batches: int = option(20, help="validation batches of the micro-batch size per evaluation and process "
                                         "(0: no evaluation)",
                                bound=at_least(0, "a million batches an evaluation at most", at_most=10**6))
-    num_workers: int = option(0, flag="workers", help="data loader worker processes (0: load in the training "
-                                                      "process)",
-                              bound=at_least(0, "more processes than any machine has cores", at_most=1024))
+    num_workers: int | None = option(None, flag="workers", help="data loader worker processes (0: load in the "
+                                     "training process; default: 2 on a GPU, 0 on the CPU, whose cores train)",
+                                     bound=at_least(0, "more processes than any machine has cores", at_most=1024))
 
 
 @dataclass

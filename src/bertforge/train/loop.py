@@ -43,6 +43,7 @@ from bertforge.train.checkpoints import (
     save_checkpoint,
 )
 from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
+from bertforge.train.prefetch import Prefetched
 
 # LoopOptions, resolve_precision and autocast: imported from here by the loop's callers (declared below training)
 __all__ = ["Hooks", "LoopOptions", "Objective", "Trainer", "TrainResult", "TrainingInterrupted", "autocast",
@@ -251,12 +252,15 @@ class Trainer:
         start, position = self._start()
         model = self.train_model = self._wrapped()
         batches = self.data.batches(self.micro, position=position) if position else self.data.batches(self.micro)
+        if d.device.type == "cuda":  # the next batches made while the GPU trains (`prefetch`)
+            batches = Prefetched(batches, depth=2 * self.accum, pin=True)
+        ahead = contextlib.closing(batches) if isinstance(batches, Prefetched) else contextlib.nullcontext()
         metrics = MetricsLog(self.out_dir / METRICS_FILE, enabled=d.is_main)
         self.writer = _tensorboard(self.out_dir) if d.is_main else None
         final: dict[str, float] = {}
         if self.deadline is not None:
             self.deadline.begin(start, self.resumed_budget_spent)
-        with _StopFlag() as stop, metrics, _progress(cfg, start, d.is_main, self.total_steps) as bar:
+        with ahead, _StopFlag() as stop, metrics, _progress(cfg, start, d.is_main, self.total_steps) as bar:
             window = _Window()
             step = start
             while step < self.total_steps:
@@ -357,17 +361,12 @@ class _Window:
 
     def __init__(self):
         self.sums: dict[str, float] = {}
-        self.steps = 0
-        self.tokens = 0
-        self.data_wait = 0.0
-        self.start = time.perf_counter()
+        self.steps, self.tokens, self.data_wait, self.start = 0, 0, 0.0, time.perf_counter()
 
     def add(self, terms: dict[str, float], tokens: int, data_wait: float) -> None:
         for k, v in terms.items():
             self.sums[k] = self.sums.get(k, 0.0) + v
-        self.steps += 1
-        self.tokens += tokens
-        self.data_wait += data_wait
+        self.steps, self.tokens, self.data_wait = self.steps + 1, self.tokens + tokens, self.data_wait + data_wait
 
     def mean(self) -> dict[str, float]:
         return {k: v / max(self.steps, 1) for k, v in self.sums.items()}
