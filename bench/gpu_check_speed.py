@@ -150,9 +150,12 @@ def pretrain_speed(ctx) -> None:
     jobs = [(rows[0], s) for s in ("ref-kept", "ours-kept", "ours-compiled")]
     jobs += [(row, s) for row in rows[1:] for s in ("ref-kept", "ours-kept")]
     jobs += [(row, "ours-compiled") for row in rows[1:]]
+    if getattr(ctx, "speed_jobs", None):  # --speed-jobs ROW:SIDE ...: these alone, in this order
+        by_name = {f"{p}/{T}": (p, T, B, v) for p, T, B, v in rows}
+        jobs = [(by_name[j.split(":")[0]], j.split(":")[1]) for j in ctx.speed_jobs if j.split(":")[0] in by_name]
     for (preset, T, B, vocab), side in jobs:
-        needed = COMPILE_SECONDS if side == "ours-compiled" else EAGER_SECONDS
-        if side == "ours-compiled" and ctx.dry:
+        needed = COMPILE_SECONDS if side.endswith("compiled") else EAGER_SECONDS
+        if side.endswith("compiled") and ctx.dry:
             figures = {"skipped": "not in the dry run (compiling takes minutes on a CPU)"}
         elif ctx.left() < needed:
             figures = {"skipped": f"under {needed} s of the time box left"}
@@ -163,16 +166,27 @@ def pretrain_speed(ctx) -> None:
 
 
 def _speed_headline(table: dict) -> str:
+    def rate(sides: dict, side: str) -> float | None:
+        return sides.get(side, {}).get("tokens_per_s")
+
     parts = []
     for key, sides in table.items():
-        ref, ours = sides.get("ref-kept", {}).get("tokens_per_s"), sides.get("ours-kept", {}).get("tokens_per_s")
+        cells = []
+        ref, ours = rate(sides, "ref-kept"), rate(sides, "ours-kept")
         if ref and ours:
-            parts.append(f"{key.split()[0]} {ours / ref:.2f}x MFU {sides['ours-kept']['mfu']:.0%}")
-        elif sides:
-            parts.append(f"{key.split()[0]} " + ("skipped" if "skipped" in sides.get("ours-kept", {}) else "error"))
-        comp = sides.get("ours-compiled", {}).get("tokens_per_s")
+            cells.append(f"{ours / ref:.2f}x MFU {sides['ours-kept']['mfu']:.0%}")
+        comp, ref_comp = rate(sides, "ours-compiled"), rate(sides, "ref-compiled")
         if comp and ours:
-            parts[-1] += f" (compiled {comp / ours:.2f}x eager)"
+            cells.append(f"compiled {comp / ours:.2f}x eager")
+        if comp:
+            cells.append(f"compiled MFU {sides['ours-compiled']['mfu']:.0%}")
+        if comp and ref_comp:
+            cells.append(f"compiled {comp / ref_comp:.2f}x transformers compiled")
+        failed = [s for s, f in sides.items() if "error" in f or "skipped" in f]
+        if failed:
+            cells.append("not measured: " + ", ".join(failed))
+        if cells:
+            parts.append(f"{key.split()[0]} " + ", ".join(cells))
     return "ours/transformers: " + "; ".join(parts)
 
 
@@ -197,10 +211,10 @@ def padded_batches(V: int, B: int, T: int, n: int, low: int, sort: bool = False,
     return batches
 
 
-def _rate(run_batch, batches: list[dict], device: torch.device) -> float:
-    """Real (not padding) tokens per second over the batches, after one warm-up pass over the first two."""
+def _rate(run_batch, batches: list[dict], device: torch.device, warm: int = 2) -> float:
+    """Real (not padding) tokens per second over the batches, after one warm-up pass over the first `warm`."""
     on = [{k: v.to(device) for k, v in b.items()} for b in batches]
-    for b in on[:2]:
+    for b in on[:warm]:
         run_batch(b)
     sync(device)
     start = time.perf_counter()

@@ -127,6 +127,7 @@ SIDES = {
     "ours-kept": ("bertforge, freed memory kept", True, True),
     "ours-fp32": ("bertforge fp32, freed memory kept", True, True),  # only with --precision bf16
     "ours-compiled": ("bertforge compiled, freed memory kept", True, True),  # only with --compile
+    "ref-compiled": ("transformers compiled, freed memory kept", False, True),  # only with --compile
 }
 
 
@@ -134,6 +135,12 @@ def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: 
                  vocab_size: int | None = None) -> tuple[float, float]:
     """(cold first step, seconds per training step) of one side of SIDES, in this process; `vocab_size` replaces
     the preset's (the GPU check's dry run)."""
+    return time_steps(side_step(side, preset, B, T, precision, device, vocab_size), steps, device)
+
+
+def side_step(side: str, preset: str, B: int, T: int, precision: str, device: torch.device,
+              vocab_size: int | None = None):
+    """One training step of one side of SIDES, as a function of no arguments, on its own model and batch."""
     import transformers
 
     _, ours, kept = SIDES[side]
@@ -153,6 +160,8 @@ def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: 
     model = model.to(device)
     if side == "ours-compiled":
         model.compile_encoder()
+    elif side == "ref-compiled":  # the way a transformers user compiles a model
+        model = torch.compile(model)
     inputs, types, mask, labels, nsp = (t.to(device) for t in make_batch(config.vocab_size, B, T))
     opt = build_optimizer(model, lr=1e-4)
 
@@ -168,13 +177,13 @@ def side_seconds(side: str, preset: str, steps: int, B: int, T: int, precision: 
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return time_steps(step, steps, device)
+    return step
 
 
 def bench(preset: str, steps: int, B: int, T: int, peak: float, args: argparse.Namespace) -> dict[str, list[float]]:
     """Tokens/s of each side per round; each side in a child process, interleaved over the rounds so drift in
     machine load hits all alike."""
-    optional = {"ours-fp32": args.precision == "bf16", "ours-compiled": args.compile}
+    optional = {"ours-fp32": args.precision == "bf16", "ours-compiled": args.compile, "ref-compiled": args.compile}
     sides = [s for s in SIDES if optional.get(s, True)]
     rates: dict[str, list[float]] = {side: [] for side in sides}
     cold: list[float] = []

@@ -24,7 +24,7 @@ import gpu_check  # noqa: E402
 import gpu_check_fork  # noqa: E402
 import torch  # noqa: E402
 
-PARTS = ["env", "journey", "bf16", "speed", "finetune", "inference", "data_wait"]
+PARTS = ["env", "journey", "bf16", "speed", "finetune", "inference", "shapes", "step_profile", "data_wait"]
 # figures each part must report when it is ok (beyond its headline)
 FIGURES = {
     "env": ["torch", "matmul_bf16_tflops", "cuda_tests", "bertforge_env"],
@@ -34,6 +34,8 @@ FIGURES = {
     "speed": ["table", "matmul_bf16_tflops", "flops_note"],
     "finetune": ["rates", "ratio"],
     "inference": ["rates", "ratio"],
+    "shapes": ["variants", "profile_new_width"],
+    "step_profile": ["sides", "model"],
     "data_wait": ["workers_0", "workers_2"],
 }
 
