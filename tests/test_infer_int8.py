@@ -286,15 +286,25 @@ def _float32_row_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return (torch.round(x * (1 / scale)) + zero).clamp(0, 255).double(), scale.double(), zero.double()
 
 
-@pytest.mark.skipif(not bertforge.infer.transforms.vnni_products(),
-                    reason="bertforge's VNNI kernels run on AVX-512 CPUs with avx512_vnni and without AMX, where the "
-                           "kernels load (elsewhere oneDNN's path, tested above)")
+VNNI_SKIP = pytest.mark.skipif(not bertforge.infer.transforms.vnni_products(),
+                               reason="bertforge's VNNI kernels run on AVX-512 CPUs with avx512_vnni, where the "
+                                      "kernels load (elsewhere oneDNN's path, tested above)")
+
+
+def _without_amx(monkeypatch) -> None:
+    """This CPU's flags less AMX: Int8Linears made now run every product on the VNNI kernels."""
+    flags = bertforge.cpu.cpu_flags()
+    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: flags - {"amx_int8", "amx_bf16", "amx_tile"})
+
+
+@VNNI_SKIP
 def test_vnni_products_are_the_exact_products_of_per_row_8_bit_codes(monkeypatch):
     """With int8 dot products and no AMX, where bertforge's kernels load, 8-bit weights run on the VNNI kernels: each
     row's activations in 8 bits by its own range, so the output is the exact product of those codes (a code off by
     one where a value sits on a rounding boundary), the exact GELU after it where asked; any input size (not a
     multiple of 4), output size (not of 16), leading shape, bias or none, a row of zeros. A row's output does not
     depend on the rows beside it, nor on the number of threads."""
+    _without_amx(monkeypatch)
     for q, w, x, y in _per_row_cases(weight_bits=8):
         assert q.vnni is not None and q.u7 is None and q.few_rows is None
         codes, scale, zero = row_codes(x, bits=8)
@@ -320,15 +330,35 @@ def test_vnni_products_are_the_exact_products_of_per_row_8_bit_codes(monkeypatch
                                         False)
     with pytest.raises(RuntimeError, match="packed must be"):
         torch.ops.bertforge.vnni_linear(torch.ones(2, 1532), *q.vnni, q.weight_scale, None, 384, False)
-    # where they do not run: AMX (oneDNN's int8 tiles), or switched off for a side-by-side run
+    # where they do not run: switched off for a side-by-side run
     layer = nn.Linear(32, 8)
-    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_vnni", "amx_int8"}))
-    assert Int8Linear(layer, weight_bits=8).vnni is None
-    monkeypatch.undo()
     with bertforge.infer.transforms.on_onednn():
         assert Int8Linear(layer, weight_bits=8).vnni is None and Int8Linear(layer, weight_bits=8).weight is not None
     assert Int8Linear(layer, weight_bits=8).vnni is not None  # the switch restored
-    assert q.weight is None  # on the kernels, no second copy of the weight for oneDNN
+    assert q.weight is None and q.vnni_max_rows is None  # without AMX no second copy of the weight for oneDNN
+
+
+@VNNI_SKIP
+def test_with_amx_the_small_products_run_on_the_vnni_kernels_and_the_large_on_onednn(monkeypatch):
+    """With AMX, oneDNN's int8 tiles win at large products, the VNNI kernels at small ones: a product of at most
+    AMX_VNNI_MAX_MACS multiply-adds gives what the VNNI kernels give, a larger one what oneDNN's product gives."""
+    torch.manual_seed(0)
+    layer = nn.Linear(384, 1536)
+    _without_amx(monkeypatch)
+    on_vnni = Int8Linear(layer, weight_bits=8)
+    on_onednn = _onednn_only(layer, 8)
+    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_vnni", "amx_int8"}))
+    q = Int8Linear(layer, weight_bits=8)
+    assert q.vnni is not None and q.weight is not None  # both copies
+    most = bertforge.infer.transforms.AMX_VNNI_MAX_MACS // (384 * 1536)
+    assert q.vnni_max_rows == most == 33
+    with torch.no_grad():
+        for rows in (1, most):  # (one row's codes are the same per row and per tensor: only the sums' order differs)
+            x = torch.randn(rows, 384) * 2
+            assert torch.equal(q(x), on_vnni(x)) and (rows == 1 or not torch.equal(q(x), on_onednn(x)))
+        for shape in ((most + 1, 384), (4, 60, 384)):
+            x = torch.randn(shape) * 2
+            assert torch.equal(q(x), on_onednn(x)) and not torch.equal(q(x), on_vnni(x))
 
 
 def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):

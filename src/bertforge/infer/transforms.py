@@ -28,8 +28,7 @@ from bertforge.options import EngineOptions
 
 @functools.cache
 def _has_onednn_ops() -> bool:
-    """Does this torch build have the oneDNN operators `PackedLinear` and `Int8Linear` call (see
-    `linear.has_onednn_linear`; their absence means plain nn.Linear)?"""
+    """Has this torch the oneDNN operators `PackedLinear` and `Int8Linear` call (else plain nn.Linear)?"""
     return has_onednn_linear() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
@@ -62,18 +61,17 @@ class Int8Linear(nn.Module):
     rounding boundary, faster (on 6,912 x 1,536, one thread: the range 1.3x torch.aminmax's speed, the codes 1.2x
     torch.quantize_per_tensor's). The product runs on the input's rows rounded up as a packed batch's are
     (`packing.packed_rows`; spare rows of code `zero`, their outputs dropped): oneDNN builds kernels for every new row
-    count, and each batch of texts brings one. On groups of 1-64 Rotten Tomatoes snippets predicted one group at a
-    time (300 calls, one stream) the demo's int8 BERT-tiny ran 1.24-1.27x faster (3,570-3,667 -> 4,446-4,622
-    texts/s), MiniLM-L6 the same (669-679 -> 677-733); `bench/serve.py` at 32 clients, bound by its HTTP side at
-    ~2,000 requests/s, did not move.
+    count, and each batch of texts brings one (groups of 1-64 snippets, one group at a time: the demo's int8 BERT-tiny
+    1.24-1.27x faster, MiniLM-L6 the same; docs/benchmarks.md).
 
-    With 8-bit weights on a CPU with AVX-512 VNNI and without AMX, where bertforge's kernels load, the product runs
-    on them instead (`vnni`, packed once; the kernels' int8_vnni.h; `vnni_products`): activations in 8 bits per row,
+    With 8-bit weights on a CPU with AVX-512 VNNI, where bertforge's kernels load, the product runs on them instead
+    (`vnni`, packed once; the kernels' int8_vnni.h; `vnni_products`; with AMX only products of at most
+    `AMX_VNNI_MAX_MACS` multiply-adds, a text or a few, the rest on oneDNN's AMX tiles): activations in 8 bits per row,
     each token by its own range, so that a text's result no longer depends on the batch it shares, and none of the
-    per-call work around oneDNN's product (the range read back, the codes, the rounded row count). On a Zen 4 EPYC
-    (bench/inference.py --int8-onednn) one text took half the time (fine-tuned MiniLM-L6 p50 6.2 -> 3.2 ms, BERT-tiny
-    1.6 -> 0.8 ms), a file of texts 1.26x faster for BERT-tiny and 3-5% slower for MiniLM-L6 (whose widest products
-    run at 0.85-0.9x oneDNN's), and the int8 model kept fp32's label on 99.6% of texts instead of 98.5-98.6%.
+    per-call work around oneDNN's product (the range read back, the codes, the rounded row count). One text took half
+    the time on a Zen 4 EPYC and on a Xeon with AMX (bench/inference.py --int8-onednn; MiniLM-L6 and BERT-tiny), a
+    file as long (MiniLM-L6) or 1.12-1.26x less (BERT-tiny), and the int8 MiniLM-L6 kept fp32's label on 99.6% of
+    texts instead of 98.5-98.6% (Zen 4; with AMX a batch's large products run on oneDNN, per tensor).
 
     With 7-bit weights (CPUs without int8 dot products) the product runs elsewhere, keeping a second int8 copy of
     the weight, one more byte a weight. Where bertforge's kernels load, on its u7 kernels (`u7`, packed once; the
@@ -98,9 +96,12 @@ class Int8Linear(nn.Module):
         self.activation = "none"
         self.bf16_max_positions = 0
         self.kernels = False
-        # with int8 dot products and no AMX: bertforge's VNNI kernels where they load, oneDNN's product elsewhere
+        # with int8 dot products: bertforge's VNNI kernels where they load, oneDNN's product elsewhere; with AMX both,
+        # the VNNI kernels for products of at most AMX_VNNI_MAX_MACS multiply-adds (`vnni_max_rows` rows)
         self.vnni = torch.ops.bertforge.vnni_pack(q) if weight_bits == 8 and vnni_products() else None
-        self.weight = torch.ops.onednn.qlinear_prepack(q, None) if self.vnni is None else None
+        amx = self.vnni is not None and "amx_int8" in cpu.cpu_flags()
+        self.vnni_max_rows = AMX_VNNI_MAX_MACS // (self.in_features * self.out_features) if amx else None
+        self.weight = torch.ops.onednn.qlinear_prepack(q, None) if self.vnni is None or amx else None
         # without int8 dot products (7-bit weights): bertforge's u7 kernels where they load, else fbgemm's for few rows
         self.u7 = torch.ops.bertforge.u7_pack(q) if weight_bits == 7 and kernels.available() else None
         self.few_rows = _fbgemm_weight(q, self.weight_scale, self.bias) if weight_bits == 7 and not self.u7 else None
@@ -108,7 +109,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor, bounds: torch.Tensor | None = None) -> torch.Tensor:
         """bounds: x's (min, max) where the caller already has them (the fused kernels give them)."""
         out = torch.bfloat16 if x.dim() > 2 and x.shape[-2] <= self.bf16_max_positions else torch.float32
-        if self.vnni is not None:
+        if self.vnni is not None and (self.vnni_max_rows is None or x.numel() <= self.vnni_max_rows * self.in_features):
             return torch.ops.bertforge.vnni_linear(x.float(), *self.vnni, self.weight_scale, self.bias,
                                                    self.out_features, self.activation == "gelu").to(out)
         if self.u7 is not None:
@@ -134,15 +135,18 @@ class Int8Linear(nn.Module):
 
 
 def vnni_products() -> bool:
-    """Do `Int8Linear`s with 8-bit weights run on bertforge's VNNI kernels (`kernels/int8_vnni.h`)? Where the kernels
-    load in their AVX-512 build on a CPU with avx512_vnni and without AMX (whose int8 tiles oneDNN uses), unless
-    `VNNI_PRODUCTS` is switched off (to measure the oneDNN path beside them)."""
-    return (VNNI_PRODUCTS and "amx_int8" not in cpu.cpu_flags() and kernels.available()
-            and torch.ops.bertforge.has_vnni())
+    """Do 8-bit `Int8Linear`s run on bertforge's VNNI kernels (int8_vnni.h)? Where they load in their AVX-512 build on
+    an avx512_vnni CPU (with AMX the small products), unless `VNNI_PRODUCTS` is off (to measure oneDNN beside them)."""
+    return VNNI_PRODUCTS and kernels.available() and torch.ops.bertforge.has_vnni()
 
 
-# False: `Int8Linear`s made from now on run on oneDNN even where the VNNI kernels would (`on_onednn`).
-VNNI_PRODUCTS = True
+# With AMX, oneDNN's int8 tiles run large products faster than the VNNI kernels and small ones slower: on a 2-core
+# Xeon with AMX every product of at most 20 million multiply-adds ran faster on the VNNI kernels (1.05-4.2x), above
+# that the faster side depended on the shape (BERT-tiny's and MiniLM-L6's at 32-1,920 rows: docs/benchmarks.md).
+AMX_VNNI_MAX_MACS = 20_000_000
+
+
+VNNI_PRODUCTS = True  # False: `Int8Linear`s made from now on run on oneDNN even where the VNNI kernels would
 
 
 @contextlib.contextmanager
@@ -360,7 +364,7 @@ def pack_linears(model: nn.Module) -> nn.Module:
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Dynamic int8 quantization of every nn.Linear, in place: weights int8 per output channel, once;
     activations quantized per batch, per tensor (per row on CPUs without int8 dot products, and on AVX-512 VNNI
-    CPUs without AMX where bertforge's kernels load); CPU only.
+    CPUs where bertforge's kernels load, with AMX for small products only); CPU only.
     Embeddings, LayerNorm and the MLM decoder (tied to the word embeddings, a plain matrix product) stay fp32, and
     so does attention, except over short sequences on a CPU that multiplies bf16 natively (`_bf16_attention`).
 

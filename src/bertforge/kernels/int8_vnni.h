@@ -1,4 +1,4 @@
-// int8 products for AVX-512 CPUs with VNNI (vpdpbusd) and without AMX (bertforge/kernels/cpu_kernels.cpp registers
+// int8 products for AVX-512 CPUs with VNNI, vpdpbusd (with AMX the small ones; kernels/cpu_kernels.cpp registers
 // them as vnni_pack and vnni_linear; only the AVX-512 build of a CPU with avx512_vnni carries them). Activations are
 // quantized per row (a token's own range, holding 0) to 8 bits (codes 0-255), weights per output channel to 8 bits
 // (+-127); vpdpbusd sums four u8 x s8 products into each int32 lane. On torch's own path (oneDNN's
