@@ -129,6 +129,13 @@ def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu
         with transforms.on_onednn():
             predictor = Predictor(model_dir, EngineOptions(device=args.device, quantize="int8"))
         sides["ours int8 on oneDNN"] = OursSide(predictor, labels, args.batch_size)
+    if args.fp32_operators and transforms.FUSE_FP32:
+        transforms.FUSE_FP32 = False
+        try:
+            predictor = Predictor(model_dir, EngineOptions(device=args.device))
+        finally:
+            transforms.FUSE_FP32 = True
+        sides["ours fp32 on operators"] = OursSide(predictor, labels, args.batch_size)
     if args.one_stream:
         for name in list(sides):
             sides[f"{name}, 1 stream"] = OursSide(sides[name].predictor, labels, args.batch_size, streams=1)

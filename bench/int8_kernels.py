@@ -22,7 +22,7 @@ from __future__ import annotations
 import model_time
 
 from bertforge import kernels
-from bertforge.infer import EngineOptions, FusedInt8Encoder, Int8Linear, Predictor
+from bertforge.infer import EngineOptions, FusedEncoder, Int8Linear, Predictor
 
 INT8 = EngineOptions(quantize="int8")
 
@@ -38,7 +38,7 @@ def operators_only(model_dir) -> Predictor:
 
 def bf16_qkv(predictor: Predictor) -> Predictor:
     for module in predictor.task_model.model.modules():
-        if isinstance(module, FusedInt8Encoder):
+        if isinstance(module, FusedEncoder):
             for layer in module.layer:
                 assert isinstance(layer.attention.qkv, Int8Linear)
                 layer.attention.qkv.bf16_max_positions = module.max_positions
@@ -54,8 +54,8 @@ def main() -> None:
     model_dir = model_time.bench_model()
     sides = {"operators": operators_only(model_dir), "kernels": Predictor(model_dir, INT8),
              "kernels, bf16 query/key/value": bf16_qkv(Predictor(model_dir, INT8))}
-    assert not isinstance(sides["operators"].task_model.model.bert.encoder, FusedInt8Encoder)
-    assert isinstance(sides["kernels"].task_model.model.bert.encoder, FusedInt8Encoder)
+    assert not isinstance(sides["operators"].task_model.model.bert.encoder, FusedEncoder)
+    assert isinstance(sides["kernels"].task_model.model.bert.encoder, FusedEncoder)
     model_time.compare(sides, args.workload, args.repeats, width=30)
 
 

@@ -8,8 +8,15 @@ import torch
 
 from bertforge import cpu
 from bertforge.infer import EngineOptions
-from bertforge.infer.packing import PackedEncoder, PackedSelfAttention, Packing, is_packed, packed_rows
-from bertforge.infer.transforms import prepare
+from bertforge.infer.packing import (
+    PackedEncoder,
+    PackedSelfAttention,
+    Packing,
+    is_packed,
+    pack_sequences,
+    packed_rows,
+)
+from bertforge.infer.transforms import pack_linears, prepare
 from bertforge.models import (
     BertForMaskedLM,
     BertForMultipleChoice,
@@ -40,9 +47,12 @@ def packed_calls(model: torch.nn.Module) -> list[int]:
 
 
 def both(model: torch.nn.Module, precision: str = "fp32") -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(the model as it is, in the dtype of `precision`; its prepared copy, packed)."""
+    """(the model as it is, in the dtype of `precision`; its prepared copy, packed). fp32's `prepare` runs the
+    encoder on the kernels where they load (`fused`, tests/test_kernels.py): here packed as where they do not."""
     model.eval()
     reference = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32)
+    if precision == "fp32":
+        return reference, pack_sequences(pack_linears(model))
     return reference, prepare(model, EngineOptions(precision=precision), CPU)
 
 
@@ -123,11 +133,14 @@ def test_bf16_packed_equals_bf16_padded(tiny_config):
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)  # bf16 rounding, products blocked differently
 
 
-def test_fp32_models_are_packed_int8_ones_are_not_and_a_server_cuts_its_groups_in_four(tiny_config):
+def test_fp32_models_are_fused_or_packed_int8_ones_are_not_packed_and_a_server_cuts_its_groups_in_four(tiny_config):
+    from bertforge import kernels
+    from bertforge.infer import FusedEncoder
     from bertforge.serve.model import group_batch_size
 
     torch.manual_seed(4)
-    assert is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), EngineOptions(), CPU))
+    fp32 = prepare(BertForSequenceClassification(tiny_config).eval(), EngineOptions(), CPU)
+    assert isinstance(fp32.bert.encoder, FusedEncoder) if kernels.available() else is_packed(fp32)
     assert not is_packed(prepare(BertForSequenceClassification(tiny_config).eval(), EngineOptions(quantize="int8"),
                                  CPU))
     assert not is_packed(BertForSequenceClassification(tiny_config))

@@ -7,6 +7,7 @@ build's operators per process, as both register `torch.ops.bertforge`."""
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import subprocess
@@ -21,11 +22,13 @@ import torch.nn.functional as F
 from infer_support import activation_codes
 
 import bertforge.cpu
+import bertforge.infer.fused
 import bertforge.infer.transforms
 from bertforge import BertConfig, kernels
 from bertforge.encoder import BertEncoder, attention_mask_for_sdpa
-from bertforge.infer import FusedInt8Encoder, quantize_int8
-from bertforge.infer.transforms import _fused_int8_layer, _has_onednn_ops
+from bertforge.infer import EngineOptions, FusedEncoder, quantize_int8
+from bertforge.infer.fused import _fused_layer
+from bertforge.infer.transforms import _has_onednn_ops, prepare
 from bertforge.models import BertForSequenceClassification
 
 # built by the first test that needs them, not when the tests are collected; skipped where they cannot be
@@ -227,19 +230,19 @@ def batch(T: int = 19):
 
 @needs_kernels
 def test_int8_encoder_runs_on_the_kernels_and_agrees_with_its_layers():
-    """quantize_int8 puts a FusedInt8Encoder in place, holding the same int8 layers. Layer by layer it gives what
+    """quantize_int8 puts a FusedEncoder in place, holding the same int8 layers. Layer by layer it gives what
     those layers give on PyTorch's operators: the same activation ranges, so the same codes, up to a code off by
     one where LayerNorm's rounding moves a value across a step; the whole classifier's logits stay as close."""
     model = quantize_int8(classifier())
     encoder = model.bert.encoder
-    assert isinstance(encoder, FusedInt8Encoder) and encoder.layer[0].attention.qkv.bf16_max_positions == 0
+    assert isinstance(encoder, FusedEncoder) and encoder.layer[0].attention.qkv.bf16_max_positions == 0
     assert all(layer.output.kernels for layer in encoder.layer)
     ids, mask = batch()
     with torch.no_grad():
         x = model.bert.embeddings(ids)
         sdpa_mask = attention_mask_for_sdpa(mask)
         for layer in encoder.layer:
-            fused, bounds = _fused_int8_layer(layer, x, sdpa_mask[:, 0, 0, :], None, None)
+            fused, bounds = _fused_layer(layer, x, sdpa_mask[:, 0, 0, :], None, None)
             plain = layer(x, sdpa_mask)
             torch.testing.assert_close(fused, plain, atol=0.02, rtol=0)
             assert (fused - plain).abs().mean() < 1e-4
@@ -252,8 +255,31 @@ def test_int8_encoder_runs_on_the_kernels_and_agrees_with_its_layers():
 
 
 @needs_kernels
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_fp32_encoder_runs_on_the_kernels_and_gives_the_models_outputs(pre_ln):
+    """`prepare`'s fp32 path (the CPU's default) puts a FusedEncoder in place, the feed-forward's GELU inside its
+    first product: on a padded batch the classifier's logits and the encoder's outputs at the real tokens are the
+    model's as it runs on PyTorch's operators, to fp32 rounding."""
+    if not _has_onednn_ops():
+        pytest.skip("fp32 products are packed for oneDNN only where torch has its operators")
+    model = classifier(pre_layer_norm=pre_ln)
+    reference = copy.deepcopy(model)
+    fast = prepare(model, EngineOptions(), torch.device("cpu"))
+    assert isinstance(fast.bert.encoder, FusedEncoder)
+    assert all(layer.intermediate.activation == "gelu" for layer in fast.bert.encoder.layer)
+    ids, mask = batch()
+    real = mask.bool()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(ids, attention_mask=mask).logits, reference(ids, attention_mask=mask).logits,
+                                   atol=1e-5, rtol=1e-5)
+        got = fast.bert(ids, attention_mask=mask).sequence_output[real]
+        torch.testing.assert_close(got, reference.bert(ids, attention_mask=mask).sequence_output[real], atol=1e-5,
+                                   rtol=1e-5)
+
+
+@needs_kernels
 def test_int8_encoder_runs_longer_batches_on_its_layers(monkeypatch):
-    """Past FusedInt8Encoder's longest batch the layers run as they are: the kernels are not called, and the logits
+    """Past FusedEncoder's longest batch the layers run as they are: the kernels are not called, and the logits
     are those of a plain BertEncoder holding the same layers."""
     model = quantize_int8(classifier())
     fused = model.bert.encoder
@@ -262,7 +288,7 @@ def test_int8_encoder_runs_longer_batches_on_its_layers(monkeypatch):
     plain.layer = fused.layer
     ids, mask = batch(T=19)
     calls = []
-    monkeypatch.setattr(bertforge.infer.transforms, "_fused_int8_layer", lambda *args: calls.append(args))
+    monkeypatch.setattr(bertforge.infer.fused, "_fused_layer", lambda *args: calls.append(args))
     with torch.no_grad():
         longer = model(ids, attention_mask=mask).logits
         model.bert.encoder = plain
@@ -277,7 +303,7 @@ def test_pre_ln_int8_encoder_runs_on_the_kernels_and_agrees_with_its_layers():
     the last layer (classification) and every position (the encoder's output) alike."""
     model = quantize_int8(classifier(pre_layer_norm=True))
     fused = model.bert.encoder
-    assert isinstance(fused, FusedInt8Encoder) and fused.final_norm is not None
+    assert isinstance(fused, FusedEncoder) and fused.final_norm is not None
     plain = BertEncoder(model.config)
     plain.layer, plain.final_norm = fused.layer, fused.final_norm
     ids, mask = batch()
@@ -296,7 +322,7 @@ def test_int8_encoder_is_fused_only_where_it_can_be(monkeypatch):
     if bertforge.cpu.int8_weight_bits() is None or not _has_onednn_ops():
         pytest.skip("Int8Linear runs on x86 CPUs with AVX2 or int8 dot products, where torch has oneDNN's operators")
     if kernels.available():
-        assert isinstance(quantize_int8(classifier()).bert.encoder, FusedInt8Encoder)
+        assert isinstance(quantize_int8(classifier()).bert.encoder, FusedEncoder)
         assert type(quantize_int8(classifier(num_attention_heads=8)).bert.encoder) is BertEncoder
         assert type(quantize_int8(classifier(hidden_act="relu")).bert.encoder) is BertEncoder
     monkeypatch.setattr(kernels, "available", lambda: False)

@@ -15,23 +15,24 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
   with VNNI 8-bit weights on oneDNN, int32 sums; on AVX2 alone 7-bit weights and activations in 7 bits per row on
   bertforge's kernels, so that four products sum in int16; attention over short texts in bf16 where the CPU has
   it, which is faster there than fp32's fused kernel);
-- for int8 on an AVX-512 or AVX2 CPU, bertforge's own kernels between the products (`bertforge.kernels`, built on first
-  use): each layer's attention in one pass per sequence, each residual add + LayerNorm in one pass per row, and
-  the activation ranges handed to the next product (`FusedInt8Encoder`);
+- for int8 and fp32 on an AVX-512 or AVX2 CPU, bertforge's own kernels between the products (`bertforge.kernels`,
+  built on first use): each layer's attention in one pass per sequence, each residual add + LayerNorm in one pass
+  per row, and (int8) the activation ranges handed to the next product (`fused.FusedEncoder`);
 - two batches at a time, each on half the threads, where there are 2 or more threads and 4 or more batches
   (`bertforge.batching`): small products use a CPU's threads better side by side than split.
 
 The package by job: `engines` (Encoder, MaskFiller, Predictor), `transforms` (the model rewritten for the CPU:
-packed and int8 Linear layers, the fused int8 encoder), `packing` (the unpadded encoder), `checks` (the device and
+packed and int8 Linear layers), `fused` (the encoder on the kernels between its products), `packing` (the unpadded
+encoder), `checks` (the device and
 dtype an engine's options give on this machine). The options themselves, checked together, are one
 `bertforge.options.EngineOptions` (also importable from here). Reading the command line's input files is the CLI's
 (`bertforge.commands.inputs`).
 """
 
 from bertforge.infer.engines import Encoder, MaskFiller, Predictor, predict_records
+from bertforge.infer.fused import FusedEncoder
 from bertforge.infer.transforms import (
     INT8_BF16_ATTENTION_MAX_T,
-    FusedInt8Encoder,
     Int8Linear,
     PackedLinear,
     pack_linears,
@@ -39,5 +40,5 @@ from bertforge.infer.transforms import (
 )
 from bertforge.options import EngineOptions
 
-__all__ = ["INT8_BF16_ATTENTION_MAX_T", "Encoder", "EngineOptions", "FusedInt8Encoder", "Int8Linear", "MaskFiller",
+__all__ = ["INT8_BF16_ATTENTION_MAX_T", "Encoder", "EngineOptions", "FusedEncoder", "Int8Linear", "MaskFiller",
            "PackedLinear", "Predictor", "pack_linears", "predict_records", "quantize_int8"]

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from bertforge.encoder import BertEncoder, BertSelfAttention, attend
+from bertforge.infer.fused import FusedEncoder
 
 
 @dataclass
@@ -132,7 +133,7 @@ def pack_sequences(model: nn.Module) -> nn.Module:
     for name, child in model.named_children():
         if isinstance(child, BertEncoder):
             setattr(model, name, PackedEncoder(child))
-        elif not isinstance(child, PackedEncoder):
+        elif not isinstance(child, (PackedEncoder, FusedEncoder)):  # a fused encoder runs its own way
             pack_sequences(child)
     return model
 

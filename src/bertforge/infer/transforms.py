@@ -1,7 +1,7 @@
 """A model rewritten for fast inference on the CPU, in place, same weights: every Linear layer's weight packed once
 for oneDNN's matrix kernels (`pack_linears`), or made int8 (`quantize_int8`): oneDNN's int8 products, the
 feed-forward GELU inside them, short texts' attention in bf16 where the CPU multiplies it natively, and on an
-AVX-512 or AVX2 CPU bertforge's own kernels between the products (`FusedInt8Encoder`). `prepare` picks among them
+AVX-512 or AVX2 CPU bertforge's own kernels between the products (`fused.FusedEncoder`). `prepare` picks among them
 for an engine's options. Why each, with its measurements: `bertforge.infer`.
 """
 
@@ -19,8 +19,9 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
 from bertforge import cpu, kernels
-from bertforge.encoder import BertEncoder, BertLayer, BertSelfAttention
+from bertforge.encoder import BertLayer, BertSelfAttention
 from bertforge.infer.checks import inference_dtype
+from bertforge.infer.fused import fuse_encoders
 from bertforge.infer.packing import pack_sequences, packed_rows
 from bertforge.linear import has_onednn_linear
 from bertforge.options import EngineOptions
@@ -43,8 +44,13 @@ class PackedLinear(nn.Module):
         # a oneDNN tensor (layout torch._mkldnn), not a Parameter: state_dict and .to() do not apply to it
         self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype))
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        self.dtype = dtype
+        self.activation = "none"  # "gelu": the exact GELU applied as the product is written (`_fuse_gelu`)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bounds: torch.Tensor | None = None) -> torch.Tensor:
+        """bounds: unused (`fused.FusedEncoder` hands it to every product)."""
+        if self.activation == "gelu":
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], "none")
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
@@ -57,7 +63,7 @@ class Int8Linear(nn.Module):
     (`bertforge.cpu.int8_weight_bits`). `activation="gelu"` applies the exact (erf) GELU inside the kernel.
     `bf16_max_positions`: the output is bf16 instead, for inputs (..., T, in) of at most this many positions T
     (0: never), for the attention's explicit bf16 kernel (`quantize_int8`). `kernels`: fp32 inputs' range and
-    codes come from bertforge's kernels (`FusedInt8Encoder` sets it): the same codes up to a code off by one at a
+    codes come from bertforge's kernels (`fused.FusedEncoder` sets it): the same codes up to a code off by one at a
     rounding boundary, faster (on 6,912 x 1,536, one thread: the range 1.3x torch.aminmax's speed, the codes 1.2x
     torch.quantize_per_tensor's). The product runs on the input's rows rounded up as a packed batch's are
     (`packing.packed_rows`; spare rows of code `zero`, their outputs dropped): oneDNN builds kernels for every new row
@@ -208,11 +214,13 @@ def _u8_codes(x: torch.Tensor, scale: float, zero: int) -> torch.Tensor:
 
 
 def _fuse_gelu(model: nn.Module) -> None:
-    """The feed-forward GELU of every BertLayer moved into its int8 `intermediate` product (oneDNN applies it
-    as the product is written, instead of a pass over the (B, T, I) output), where the layer's activation
+    """The feed-forward GELU of every BertLayer moved into its int8 or fp32 `intermediate` product (oneDNN applies
+    it as the product is written, instead of a pass over the (B, T, I) output), where the layer's activation
     is the exact GELU: about 1.1x on the whole int8 model (bench/inference.py's MiniLM, 2 threads)."""
     for layer in model.modules():
-        if isinstance(layer, BertLayer) and layer.act is F.gelu and isinstance(layer.intermediate, Int8Linear):
+        if isinstance(layer, BertLayer) and layer.act is F.gelu and (
+                isinstance(layer.intermediate, Int8Linear)
+                or (isinstance(layer.intermediate, PackedLinear) and layer.intermediate.dtype == torch.float32)):
             layer.intermediate.activation = "gelu"
             layer.act = nn.Identity()
 
@@ -239,108 +247,40 @@ def _bf16_attention(model: nn.Module) -> None:
             attention.qkv.bf16_max_positions = INT8_BF16_ATTENTION_MAX_T
 
 
-class FusedInt8Encoder(nn.Module):
-    """A `BertEncoder` of int8 layers (its own modules, same weights) run on bertforge's CPU kernels
-    (`bertforge.kernels`): each layer's attention in one pass per sequence, each residual add + LayerNorm in one
-    pass per row, and the activation range each of them gives handed to the int8 product that follows, which
-    then skips its own pass to find it (on the VNNI kernels, which quantize each row by its own range, it goes
-    unused). Post-LN and pre-LN layers alike. Batches longer than `max_positions` run
-    the layers as they are."""
-
-    def __init__(self, encoder: BertEncoder, max_positions: int):
-        super().__init__()
-        self.plain = encoder  # the same layers, run as they are past max_positions
-        self.max_positions = max_positions
-
-    @property
-    def layer(self) -> nn.ModuleList:
-        return self.plain.layer
-
-    @property
-    def final_norm(self) -> nn.LayerNorm | None:
-        """Pre-LN layers: the LayerNorm after the last."""
-        return self.plain.final_norm
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """As `BertEncoder.forward`: x (B, T, H), mask (B, 1, 1, T) bool or None, positions (B, P) or None."""
-        if x.shape[1] > self.max_positions:
-            return self.plain(x, mask, positions)
-        keys = None if mask is None else mask[:, 0, 0, :]
-        if self.final_norm is not None:
-            return self._pre_ln(x, keys, positions)
-        last = len(self.layer) - 1
-        bounds = None
-        for i, layer in enumerate(self.layer):
-            x, bounds = _fused_int8_layer(layer, x, keys, positions if i == last else None, bounds)
-        return x
-
-    def _pre_ln(self, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None) -> torch.Tensor:
-        """Pre-LN layers, x = x + Attn(LN(x)); x = x + FFN(LN(x)), then the final LayerNorm: each LayerNorm fused
-        with the residual add before it, keeping the sum as the residual stream."""
-        ops = torch.ops.bertforge
-        norm = self.layer[0].attention_norm
-        x, normed, bounds = ops.residual_layer_norm(x, None, norm.weight, norm.bias, norm.eps)
-        last = len(self.layer) - 1
-        for i, layer in enumerate(self.layer):
-            attention = layer.attention
-            y, y_bounds = ops.attention(attention.qkv(normed, bounds), attention.num_heads, keys,
-                                        positions if i == last else None)
-            if i == last and positions is not None:
-                x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[2]))
-            norm = layer.output_norm
-            x, normed, bounds = ops.residual_layer_norm(layer.attention_out(y, y_bounds), x, norm.weight, norm.bias,
-                                                        norm.eps)
-            out = layer.output(layer.intermediate(normed, bounds))
-            norm = self.final_norm if i == last else self.layer[i + 1].attention_norm
-            x, normed, bounds = ops.residual_layer_norm(out, x, norm.weight, norm.bias, norm.eps)
-        return normed
-
-
-def _fused_int8_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None,
-                      bounds: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`BertLayer.forward` (post-LN, eval) on the kernels: (output, its (min, max))."""
-    ops = torch.ops.bertforge
-    attention = layer.attention
-    y, y_bounds = ops.attention(attention.qkv(x, bounds), attention.num_heads, keys, positions)
-    if positions is not None:
-        x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[2]))
-    norm = layer.attention_norm
-    x, x_bounds = ops.add_layer_norm(layer.attention_out(y, y_bounds), x, norm.weight, norm.bias, norm.eps)
-    norm = layer.output_norm
-    return ops.add_layer_norm(layer.output(layer.intermediate(x, x_bounds)), x, norm.weight, norm.bias, norm.eps)
-
-
-# The longest batches the fused int8 encoder runs; longer ones run PyTorch's operators.
-FUSED_INT8_MAX_T = 512
-
-
 def _fuse_int8_encoders(model: nn.Module) -> None:
-    """Every BertEncoder of int8 layers with the feed-forward GELU inside the product (`_fuse_gelu`) and heads of
-    a multiple of 16 replaced by a `FusedInt8Encoder`, where bertforge's CPU kernels are available. Their
-    query/key/value products write fp32: the attention kernel takes bf16 too, 1.02-1.03x faster on the bench's
-    MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev accuracy in four measurements (fp32: +0.0 to +0.2;
-    bench/int8_kernels.py)."""
+    """Every BertEncoder of int8 layers with the feed-forward GELU inside the product (`_fuse_gelu`) run on the
+    kernels between its products (`fused.FusedEncoder`). Their query/key/value products write fp32: the attention
+    kernel takes bf16 too, 1.02-1.03x faster on the bench's MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev
+    accuracy in four measurements (fp32: +0.0 to +0.2; bench/int8_kernels.py)."""
 
-    def fusable(encoder: BertEncoder) -> bool:
-        return all(
-            isinstance(layer.intermediate, Int8Linear) and layer.intermediate.activation == "gelu"
-            and isinstance(layer.act, nn.Identity) and all(
-                isinstance(m, Int8Linear) for m in (layer.attention.qkv, layer.attention_out, layer.output))
-            and layer.attention.head_size % 16 == 0  # so the hidden size too
-            and layer.pre_ln == (encoder.final_norm is not None)
-            for layer in encoder.layer)
+    def fusable(layer: BertLayer) -> bool:
+        a = layer.attention
+        return (isinstance(layer.intermediate, Int8Linear) and layer.intermediate.activation == "gelu"
+                and isinstance(a, BertSelfAttention)
+                and all(isinstance(m, Int8Linear) for m in (a.qkv, layer.attention_out, layer.output)))
 
-    encoders = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-                if isinstance(child, BertEncoder) and fusable(child)]
-    if not encoders or not kernels.available():
-        return
-    for parent, name, encoder in encoders:
+    for encoder in fuse_encoders(model, fusable):
         for layer in encoder.layer:
             layer.attention.qkv.bf16_max_positions = 0
             for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
                 product.kernels = True
-        setattr(parent, name, FusedInt8Encoder(encoder, FUSED_INT8_MAX_T))
+
+
+def _fuse_fp32_encoders(model: nn.Module) -> None:
+    """Every BertEncoder of fp32 `PackedLinear` layers with the feed-forward GELU inside the product run on the
+    kernels between its products (`fused.FusedEncoder`)."""
+
+    def fusable(layer: BertLayer) -> bool:
+        a = layer.attention
+        products = (getattr(a, "qkv", None), layer.attention_out, layer.intermediate, layer.output)
+        return (isinstance(a, BertSelfAttention) and layer.intermediate.activation == "gelu"
+                and all(isinstance(m, PackedLinear) and m.dtype == torch.float32 for m in products))
+
+    if FUSE_FP32:
+        fuse_encoders(model, fusable)
+
+
+FUSE_FP32 = True  # False: fp32 models prepared from now on run packed on PyTorch's operators (a side-by-side run)
 
 
 def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
@@ -392,9 +332,14 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
 def prepare(model: nn.Module, options: EngineOptions, device: torch.device) -> nn.Module:
     """The model in its inference form for `options` on `device` (`checks.engine_device`): in the dtype of its
-    precision, its Linear layers int8 (quantize, CPU) or, on the CPU, packed for oneDNN and its encoders run on real
-    tokens only (`packing`)."""
+    precision, its Linear layers int8 (quantize, CPU) or, on the CPU, packed for oneDNN, its fp32 encoders run on
+    the kernels between their products (`fused`) where they load and the others on real tokens only (`packing`)."""
     model = model.to(device=device, dtype=inference_dtype(options.precision, device, options.quantize))
     if options.quantize == "int8":
         return quantize_int8(model)
-    return pack_sequences(pack_linears(model)) if device.type == "cpu" else model
+    if device.type != "cpu":
+        return model
+    model = pack_linears(model)
+    _fuse_gelu(model)  # fp32 only
+    _fuse_fp32_encoders(model)  # on the kernels between the products where they load
+    return pack_sequences(model)  # the encoders left: on real tokens only
