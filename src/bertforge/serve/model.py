@@ -26,7 +26,9 @@ def group_batch_size(inputs: int) -> int:
     """The batch size that cuts a served group of `inputs` into 4 length-sorted batches (up to `predict`'s 64 a
     batch), which a CPU runs two at a time on a thread each (`bertforge.batching`). A group of concurrent requests is
     a random draw of lengths; the packed encoder (`bertforge.infer.packing`) computes no padding but in the attention,
-    so the cut trades the attention's padding against the fixed cost of each batch. bench/serve.py, MiniLM-L6, 32
+    the fused one (`bertforge.infer.fused`, fp32 and int8 where the kernels load) each sorted batch as padded, so the
+    cut trades padding against the fixed cost of each batch. (Groups of 32 Rotten Tomatoes snippets, a 2-core Xeon
+    with AMX: fp32 fused against packed 1.01x for MiniLM-L6, 1.25x for BERT-tiny, the same groups alternating.) bench/serve.py, MiniLM-L6, 32
     clients, 2-core EPYC with AVX512-BF16, side by side alone (docs/benchmarks.md, twelfth session):
     cut in 4 against 8, fp32 272.5-276.2 against 251.8-267.3 requests/s, bf16 408.3 and 442.0 against 348.8 and
     360.1, int8 556.5 and 587.5 against 515.6 and 568.1; offline (`--cuts`), fp32 283-301 against 256-280 texts/s.
