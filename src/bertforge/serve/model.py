@@ -28,8 +28,9 @@ def group_batch_size(inputs: int) -> int:
     a random draw of lengths; the packed encoder (`bertforge.infer.packing`) computes no padding but in the attention,
     the fused one (`bertforge.infer.fused`, fp32 and int8 where the kernels load) each sorted batch as padded, so the
     cut trades padding against the fixed cost of each batch. (Groups of 32 Rotten Tomatoes snippets, a 2-core Xeon
-    with AMX: fp32 fused against packed 1.01x for MiniLM-L6, 1.25x for BERT-tiny, the same groups alternating.) bench/serve.py, MiniLM-L6, 32
-    clients, 2-core EPYC with AVX512-BF16, side by side alone (docs/benchmarks.md, twelfth session):
+    with AMX: fp32 fused against packed 1.01x for MiniLM-L6, 1.25x for BERT-tiny, the same groups alternating.)
+    bench/serve.py, MiniLM-L6, 32 clients, 2-core EPYC with AVX512-BF16, side by side alone (docs/benchmarks.md,
+    twelfth session):
     cut in 4 against 8, fp32 272.5-276.2 against 251.8-267.3 requests/s, bf16 408.3 and 442.0 against 348.8 and
     360.1, int8 556.5 and 587.5 against 515.6 and 568.1; offline (`--cuts`), fp32 283-301 against 256-280 texts/s.
     Cut in 2 (or 1) a group runs as one stream on both threads, which lost in bf16 (296.9 and 301.9 requests/s
