@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from bertforge import kernels
-from bertforge.encoder import BertEncoder, BertLayer
+from bertforge.encoder import BertEncoder, BertLayer, BertSelfAttention
 
 
 class FusedEncoder(nn.Module):
@@ -75,7 +75,7 @@ class FusedEncoder(nn.Module):
 
 
 def _fused_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None,
-                      bounds: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                 bounds: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """`BertLayer.forward` (post-LN, eval) on the kernels: (output, its (min, max))."""
     ops = torch.ops.bertforge
     attention = layer.attention
@@ -92,13 +92,16 @@ def _fused_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, p
 FUSED_MAX_T = 512
 
 
-def fuse_encoders(model: nn.Module, fusable_layer: Callable[[BertLayer], bool]) -> list[FusedEncoder]:
-    """Every BertEncoder of `model` whose layers are all `fusable_layer` (their products what the kernels expect
-    between them, the GELU inside the feed-forward's first), with heads of a multiple of 16, replaced by a
-    `FusedEncoder` of the same layers, in place, where bertforge's CPU kernels are available; the new encoders."""
+def fuse_encoders(model: nn.Module, is_product: Callable[[nn.Module], bool]) -> list[FusedEncoder]:
+    """Every BertEncoder of `model` whose layers' four products are all `is_product` (what the kernels expect between
+    them), the feed-forward's GELU inside its first, with heads of a multiple of 16, replaced by a `FusedEncoder` of
+    the same layers, in place, where bertforge's CPU kernels are available; the new encoders."""
 
     def fusable(encoder: BertEncoder) -> bool:
-        return all(fusable_layer(layer) and isinstance(layer.act, nn.Identity)
+        return all(isinstance(layer.attention, BertSelfAttention)
+                   and all(is_product(m) for m in (layer.attention.qkv, layer.attention_out, layer.intermediate,
+                                                   layer.output))
+                   and layer.intermediate.activation == "gelu" and isinstance(layer.act, nn.Identity)
                    and layer.attention.head_size % 16 == 0  # so the hidden size too
                    and layer.pre_ln == (encoder.final_norm is not None) for layer in encoder.layer)
 

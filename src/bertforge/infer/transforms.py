@@ -213,14 +213,17 @@ def _u8_codes(x: torch.Tensor, scale: float, zero: int) -> torch.Tensor:
     return shifted.to(torch.int16).to(torch.uint8)
 
 
+def _fp32_packed(product: nn.Module) -> bool:
+    return isinstance(product, PackedLinear) and product.dtype == torch.float32
+
+
 def _fuse_gelu(model: nn.Module) -> None:
     """The feed-forward GELU of every BertLayer moved into its int8 or fp32 `intermediate` product (oneDNN applies
     it as the product is written, instead of a pass over the (B, T, I) output), where the layer's activation
     is the exact GELU: about 1.1x on the whole int8 model (bench/inference.py's MiniLM, 2 threads)."""
     for layer in model.modules():
         if isinstance(layer, BertLayer) and layer.act is F.gelu and (
-                isinstance(layer.intermediate, Int8Linear)
-                or (isinstance(layer.intermediate, PackedLinear) and layer.intermediate.dtype == torch.float32)):
+                isinstance(layer.intermediate, Int8Linear) or _fp32_packed(layer.intermediate)):
             layer.intermediate.activation = "gelu"
             layer.act = nn.Identity()
 
@@ -252,14 +255,7 @@ def _fuse_int8_encoders(model: nn.Module) -> None:
     kernels between its products (`fused.FusedEncoder`). Their query/key/value products write fp32: the attention
     kernel takes bf16 too, 1.02-1.03x faster on the bench's MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev
     accuracy in four measurements (fp32: +0.0 to +0.2; bench/int8_kernels.py)."""
-
-    def fusable(layer: BertLayer) -> bool:
-        a = layer.attention
-        return (isinstance(layer.intermediate, Int8Linear) and layer.intermediate.activation == "gelu"
-                and isinstance(a, BertSelfAttention)
-                and all(isinstance(m, Int8Linear) for m in (a.qkv, layer.attention_out, layer.output)))
-
-    for encoder in fuse_encoders(model, fusable):
+    for encoder in fuse_encoders(model, lambda product: isinstance(product, Int8Linear)):
         for layer in encoder.layer:
             layer.attention.qkv.bf16_max_positions = 0
             for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
@@ -269,15 +265,8 @@ def _fuse_int8_encoders(model: nn.Module) -> None:
 def _fuse_fp32_encoders(model: nn.Module) -> None:
     """Every BertEncoder of fp32 `PackedLinear` layers with the feed-forward GELU inside the product run on the
     kernels between its products (`fused.FusedEncoder`)."""
-
-    def fusable(layer: BertLayer) -> bool:
-        a = layer.attention
-        products = (getattr(a, "qkv", None), layer.attention_out, layer.intermediate, layer.output)
-        return (isinstance(a, BertSelfAttention) and layer.intermediate.activation == "gelu"
-                and all(isinstance(m, PackedLinear) and m.dtype == torch.float32 for m in products))
-
     if FUSE_FP32:
-        fuse_encoders(model, fusable)
+        fuse_encoders(model, _fp32_packed)
 
 
 FUSE_FP32 = True  # False: fp32 models prepared from now on run packed on PyTorch's operators (a side-by-side run)

@@ -51,17 +51,11 @@ inline std::tuple<at::Tensor, at::Tensor> pack_weight(const at::Tensor& codes) {
 // round half to even, as torch.round does.
 inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, uint8_t* q, float* scale, int32_t* zero) {
   quantize_each_row(x, M, K, 255.f, scale, zero, [&](int64_t r, const float* row, float s, int32_t z) {
-    const __m512 inv = _mm512_set1_ps(1.f / s), zf = _mm512_set1_ps(float(z)), top = _mm512_set1_ps(255.f),
-                 bottom = _mm512_setzero_ps();
+    const U8Codes codes(1.f / s, z);
     uint8_t* out = q + r * Kp;
     int64_t k = 0;
-    for (; k < K; k += 16) {
-      const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : Vec::first(K - k);
-      __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + k), inv),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      v = _mm512_min_ps(top, _mm512_max_ps(bottom, _mm512_add_ps(v, zf)));
-      _mm512_mask_cvtusepi32_storeu_epi8(out + k, m, _mm512_cvtps_epi32(v));
-    }
+    for (; k + kLanes <= K; k += kLanes) codes.store(out + k, Vec::load(row + k));
+    if (k < K) codes.store_first(out + k, Vec::load_first(row + k, K - k, 0.f), K - k);
     for (k = K; k < Kp; ++k) out[k] = 0;
   });
 }
