@@ -116,7 +116,7 @@ def test_the_kernels_run_on_torchs_threads_with_the_same_results():
         assert torch.equal(a, b)
 
 # the int8 engine's test that runs on the kernels (the rest of test_infer_int8.py runs on PyTorch's operators),
-# dropout's masks from the kernel against torch's operators, the transpose and training's attention
+# dropout's masks from the kernel against torch's operators, the transpose, training's attention and clipping's norm
 ENGINE_TESTS = (Path(__file__).with_name("test_infer_int8.py").as_posix() + "::test_int8_stays_close_to_fp32",
                 Path(__file__).with_name("test_dropout.py").as_posix()
                 + "::test_the_kernel_gives_the_torch_masks_bit_for_bit",
@@ -124,7 +124,8 @@ ENGINE_TESTS = (Path(__file__).with_name("test_infer_int8.py").as_posix() + "::t
                 + "::test_the_kernel_applies_the_mask_as_torchs_operators_do",
                 Path(__file__).with_name("test_linear.py").as_posix()
                 + "::test_the_transpose_kernel_gives_the_transpose_and_the_column_sums",
-                Path(__file__).with_name("test_attention_train.py").as_posix())
+                Path(__file__).with_name("test_attention_train.py").as_posix(),
+                Path(__file__).with_name("test_optim.py").as_posix())
 
 
 @pytest.mark.slow  # a child pytest and, the first time, the AVX2 build: 12-25 s

@@ -11,9 +11,11 @@ import warnings
 import pytest
 import torch
 
+from bertforge import kernels
 from bertforge.config import BertConfig
 from bertforge.models import BertForSequenceClassification
-from bertforge.train.optim import _unwrapped, build_optimizer, build_scheduler, parameter_groups
+from bertforge.train import optim
+from bertforge.train.optim import _unwrapped, build_optimizer, build_scheduler, clipped_step, parameter_groups
 
 TINY = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
             max_position_embeddings=32, num_labels=3)
@@ -101,3 +103,98 @@ print("torch's", "torch._dynamo" in sys.modules)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split("\n")[:3] == ["adamw False", "lamb False", "torch's True"]
+
+
+def _trained(step, max_norm: float, *, lamb: bool = False, lr: float = 1e-3) -> dict[str, torch.Tensor]:
+    """A tiny classifier's weights after 4 steps whose gradients `step(optimizer, parameters, max_norm)` clips
+    before stepping; the same data, start and optimizer settings for every `step`."""
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(**TINY))
+    optimizer = build_optimizer(model, name="lamb" if lamb else "adamw", lr=lr)
+    for _ in range(4):
+        ids, labels = torch.randint(0, 60, (8, 12)), torch.randint(0, 3, (8,))
+        torch.nn.functional.cross_entropy(model(input_ids=ids).logits, labels).backward()
+        step(optimizer, model.parameters(), max_norm)
+        optimizer.zero_grad(set_to_none=True)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _torchs(optimizer, parameters, max_norm: float) -> None:
+    torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    optimizer.step()
+
+
+needs_kernels = pytest.mark.usefixtures("int8_kernels")
+
+
+@needs_kernels
+def test_the_gradients_norm_is_the_norm_of_every_element_taken_together():
+    """grad_norm over tensors of many sizes (a block's tail, one element, an empty one): the float64 norm of all
+    their elements within fp32 summation error, the same bits on one thread as on two, and 0 for no tensors."""
+    torch.manual_seed(0)
+    tensors = [torch.randn(30_011, 77), torch.randn(1), torch.zeros(0), torch.randn(4096) * 1e-3, torch.randn(5) * 50]
+    exact = torch.cat([t.double().flatten() for t in tensors]).norm().item()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.bertforge.grad_norm(tensors)
+        torch.set_num_threads(2)
+        two = torch.ops.bertforge.grad_norm(tensors)
+    finally:
+        torch.set_num_threads(before)
+    assert one == two
+    assert abs(one - exact) <= 1e-6 * exact
+    assert torch.ops.bertforge.grad_norm([]) == 0.0
+    with pytest.raises(RuntimeError, match="contiguous fp32 CPU tensors"):
+        torch.ops.bertforge.grad_norm([torch.randn(4, 3).t()])
+
+
+@needs_kernels
+@pytest.mark.parametrize("max_norm", [0.05, 1e6])
+def test_a_clipped_step_on_the_kernels_is_torchs_clipping_and_step(monkeypatch, max_norm):
+    """Clipping on (0.05: every step's gradients are scaled down) the kernels' path ends within fp32 rounding of
+    torch's clip_grad_norm_ + fused AdamW; clipping without effect (1e6) is torch's bit for bit (nothing scales).
+    The kernels' path never calls clip_grad_norm_."""
+    theirs, unclipped = _trained(_torchs, max_norm), _trained(_torchs, 1e6)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **kw: pytest.fail("torch's path taken"))
+    ours = _trained(clipped_step, max_norm)
+    for name, p in theirs.items():
+        if max_norm > 1e3:
+            assert torch.equal(ours[name], p), name
+        else:
+            torch.testing.assert_close(ours[name], p, rtol=1e-5, atol=1e-6, msg=name)
+    if max_norm < 1:  # the clipping did change the training: the comparison above means something
+        assert max((ours[n] - unclipped[n]).abs().max().item() for n in ours) > 1e-4
+
+
+@pytest.mark.parametrize("why", ["no kernels", "lamb", "not finite"])
+def test_a_clipped_step_falls_back_to_torchs_clipping_bit_for_bit(monkeypatch, why):
+    """Without the kernels, with an optimizer other than fused AdamW, or with a norm that is not finite, the
+    gradients are clipped by torch's clip_grad_norm_ itself: the weights are its bit for bit."""
+    if why == "no kernels":
+        monkeypatch.setattr(kernels, "available", lambda: False)
+    if why == "not finite":
+        monkeypatch.setattr(torch.ops.bertforge, "grad_norm", lambda grads: float("inf"), raising=False)
+        monkeypatch.setattr(kernels, "available", lambda: True)
+    calls = []
+    real = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    ours = _trained(clipped_step, 0.05, lamb=why == "lamb")
+    assert len(calls) == 4
+    theirs = _trained(_torchs, 0.05, lamb=why == "lamb")
+    for name, p in theirs.items():
+        assert torch.equal(ours[name], p), name
+
+
+def test_a_step_without_clipping_never_takes_a_norm(monkeypatch):
+    """max_norm 0: the optimizer steps on the gradients as they are, no norm taken on either path."""
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **kw: pytest.fail("clipped"))
+    monkeypatch.setattr(optim, "_kernel_clip_scale", lambda *a: pytest.fail("a norm was taken"))
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(**TINY))
+    optimizer = build_optimizer(model, lr=1e-3)
+    model(input_ids=torch.randint(0, 60, (2, 5))).logits.sum().backward()
+    before = copy.deepcopy(model.state_dict())
+    clipped_step(optimizer, model.parameters(), 0)
+    assert any(not torch.equal(before[n], p) for n, p in model.state_dict().items())
+    assert not hasattr(optimizer, "grad_scale")

@@ -16,6 +16,7 @@
 //   quantize_u8    its u8 codes for a scale and zero point.
 // And for training on oneDNN's fp32 products (bertforge/linear.py):
 //   transpose_sum  a Linear layer's output gradient transposed, with its column sums (transpose.h);
+//   grad_norm      the 2-norm of many tensors together, gradient clipping's (grad_norm.h);
 //   attention_train (and its backward) attention with dropout, from and to the products' layouts (attention_train.h).
 // The int8 products themselves: u7_linear (int8_u7.h, CPUs without int8 dot products) and vnni_linear (int8_vnni.h,
 // AVX-512 VNNI without AMX), each quantizing its activations per row.
@@ -35,6 +36,7 @@
 #include "attention.h"
 #include "attention_train.h"
 #include "dropout.h"
+#include "grad_norm.h"
 #include "int8_u7.h"
 #include "int8_vnni.h"
 #include "transpose.h"
@@ -353,6 +355,7 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("keep_mask(int n, float p, int key) -> Tensor", &keep_mask);
   m.def("apply_keep_mask(Tensor x, float p, int key) -> Tensor");
   m.def("transpose_sum(Tensor g) -> (Tensor, Tensor)");
+  m.def("grad_norm(Tensor[] tensors) -> float", &bertforge::grad_norm);
   m.def("attention_train(Tensor qkv, int heads, Tensor? mask, float p, int key) -> (Tensor, Tensor)");
   m.def("attention_train_backward(Tensor grad, Tensor qkv, Tensor probs, int heads, float p, int key) -> Tensor");
   m.def("lanes() -> int", &lanes);

@@ -42,7 +42,7 @@ from bertforge.train.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from bertforge.train.optim import build_optimizer, build_scheduler, set_total_steps
+from bertforge.train.optim import build_optimizer, build_scheduler, clipped_step, set_total_steps
 from bertforge.train.prefetch import Prefetched
 
 # LoopOptions, resolve_precision and autocast: imported from here by the loop's callers (declared below training)
@@ -134,9 +134,7 @@ def train_step(model: nn.Module, host: list[dict], *, objective: Objective, opti
     total = logged[-1]
     if not math.isfinite(total):
         raise NonFiniteLoss(total)
-    if clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    optimizer.step()
+    clipped_step(optimizer, model.parameters(), clip)
     optimizer.zero_grad(set_to_none=True)
     terms = {f"{n}_loss" if n != "loss" else n: v for n, v in zip(names, logged[:-1], strict=True)}
     terms["loss"] = total
