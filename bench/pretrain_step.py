@@ -55,7 +55,7 @@ from bertforge import BertConfig, BertForPreTraining
 from bertforge.linear import has_onednn_linear
 from bertforge.model_files import to_hf_state_dict
 from bertforge.train.memory import keep_freed_memory
-from bertforge.train.optim import build_optimizer
+from bertforge.train.optim import build_optimizer, clipped_step
 
 
 def matmul_peak(device: torch.device, seconds: float = 1.0) -> float:
@@ -173,8 +173,11 @@ def side_step(side: str, preset: str, B: int, T: int, precision: str, device: to
                 loss = model(input_ids=inputs, token_type_ids=types, attention_mask=mask, labels=labels,
                              next_sentence_label=nsp).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if ours:  # as bertforge's training steps clip (on its kernels where they load)
+            clipped_step(opt, model.parameters(), 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
         opt.zero_grad(set_to_none=True)
 
     return step
