@@ -107,21 +107,24 @@ print("torch's", "torch._dynamo" in sys.modules)
 
 def _trained(step, max_norm: float, *, lamb: bool = False, lr: float = 1e-3) -> dict[str, torch.Tensor]:
     """A tiny classifier's weights after 4 steps whose gradients `step(optimizer, parameters, max_norm)` clips
-    before stepping; the same data, start and optimizer settings for every `step`."""
+    before stepping, and under "norms" the 4 norms it returned; the same data, start and optimizer settings for
+    every `step`."""
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(**TINY))
     optimizer = build_optimizer(model, name="lamb" if lamb else "adamw", lr=lr)
+    norms = []
     for _ in range(4):
         ids, labels = torch.randint(0, 60, (8, 12)), torch.randint(0, 3, (8,))
         torch.nn.functional.cross_entropy(model(input_ids=ids).logits, labels).backward()
-        step(optimizer, model.parameters(), max_norm)
+        norms.append(float(step(optimizer, model.parameters(), max_norm)))
         optimizer.zero_grad(set_to_none=True)
-    return {k: v.clone() for k, v in model.state_dict().items()}
+    return {**{k: v.clone() for k, v in model.state_dict().items()}, "norms": torch.tensor(norms)}
 
 
-def _torchs(optimizer, parameters, max_norm: float) -> None:
-    torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+def _torchs(optimizer, parameters, max_norm: float) -> float:
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
     optimizer.step()
+    return float(norm)
 
 
 needs_kernels = pytest.mark.usefixtures("int8_kernels")
@@ -154,17 +157,18 @@ def test_the_gradients_norm_is_the_norm_of_every_element_taken_together():
 def test_a_clipped_step_on_the_kernels_is_torchs_clipping_and_step(monkeypatch, max_norm):
     """Clipping on (0.05: every step's gradients are scaled down) the kernels' path ends within fp32 rounding of
     torch's clip_grad_norm_ + fused AdamW; clipping without effect (1e6) is torch's bit for bit (nothing scales).
-    The kernels' path never calls clip_grad_norm_."""
+    The kernels' path never calls clip_grad_norm_; the norms it returns are torch's within rounding."""
     theirs, unclipped = _trained(_torchs, max_norm), _trained(_torchs, 1e6)
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **kw: pytest.fail("torch's path taken"))
     ours = _trained(clipped_step, max_norm)
+    torch.testing.assert_close(ours.pop("norms"), theirs.pop("norms"), rtol=1e-5, atol=0)  # the norms it returns
     for name, p in theirs.items():
         if max_norm > 1e3:
             assert torch.equal(ours[name], p), name
         else:
             torch.testing.assert_close(ours[name], p, rtol=1e-5, atol=1e-6, msg=name)
     if max_norm < 1:  # the clipping did change the training: the comparison above means something
-        assert max((ours[n] - unclipped[n]).abs().max().item() for n in ours) > 1e-4
+        assert max((ours[n] - unclipped[n]).abs().max().item() for n in ours if n != "norms") > 1e-4
 
 
 @pytest.mark.parametrize("why", ["no kernels", "lamb", "not finite"])
@@ -189,12 +193,12 @@ def test_a_clipped_step_falls_back_to_torchs_clipping_bit_for_bit(monkeypatch, w
 def test_a_step_without_clipping_never_takes_a_norm(monkeypatch):
     """max_norm 0: the optimizer steps on the gradients as they are, no norm taken on either path."""
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **kw: pytest.fail("clipped"))
-    monkeypatch.setattr(optim, "_kernel_clip_scale", lambda *a: pytest.fail("a norm was taken"))
+    monkeypatch.setattr(optim, "_kernel_norm", lambda *a: pytest.fail("a norm was taken"))
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(**TINY))
     optimizer = build_optimizer(model, lr=1e-3)
     model(input_ids=torch.randint(0, 60, (2, 5))).logits.sum().backward()
     before = copy.deepcopy(model.state_dict())
-    clipped_step(optimizer, model.parameters(), 0)
+    assert clipped_step(optimizer, model.parameters(), 0) is None
     assert any(not torch.equal(before[n], p) for n, p in model.state_dict().items())
     assert not hasattr(optimizer, "grad_scale")

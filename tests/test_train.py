@@ -92,7 +92,8 @@ def test_gradient_accumulation_takes_the_same_step(prepared, tmp_path):
 
 def test_a_pretraining_run_equals_a_plain_reference_loop(prepared, tmp_path):
     """`pretrain` (loop, loss weighting, parameter groups, schedule, clipping) ends where a textbook loop with
-    transformers' BertForPreTraining and torch's AdamW ends, from the same weights on the same batches."""
+    transformers' BertForPreTraining and torch's AdamW ends, from the same weights on the same batches; the
+    gradients' norm it logs each step is the norm torch's clip_grad_norm_ returns there."""
     transformers = pytest.importorskip("transformers")
     from bertforge.config import BertConfig
     from bertforge.data.loader import PretrainingData
@@ -113,16 +114,20 @@ def test_a_pretraining_run_equals_a_plain_reference_loop(prepared, tmp_path):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.999), eps=1e-6)
     batches = PretrainingData(prepared, "train", DataOptions()).batches(8)
+    norms = []
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = lr * (step / warmup if step < warmup else (steps - step) / (steps - warmup))
         b = next(batches)
         ref(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"], attention_mask=b["attention_mask"],
             labels=b["mlm_labels"], next_sentence_label=b["nsp_labels"]).loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5).item())
         opt.step()
         opt.zero_grad()
 
+    logged = [r["grad_norm"] for r in read_jsonl(tmp_path / "ours" / "metrics.jsonl") if r["split"] == "train"]
+    assert logged == pytest.approx(norms, rel=1e-3)
+    assert max(norms) > 0.5  # some steps were clipped
     expected = from_hf_state_dict(ref.state_dict(), with_bert_prefix=True)
     got = BertForPreTraining.from_pretrained(tmp_path / "ours", verbose=False).state_dict()
     initial = BertForPreTraining.from_pretrained(tmp_path / "init", verbose=False).state_dict()

@@ -104,9 +104,9 @@ def train_step(model: nn.Module, host: list[dict], *, objective: Objective, opti
                dist: distributed.Dist, precision: str, clip: float) -> tuple[dict[str, float], int]:
     """One optimizer step over the micro-batches `host` (on the host; each moved to the device here): each term's
     mean loss weighted by its share of the global batch, gradients clipped to `clip` (0: not), the optimizer
-    stepped. Returns the global mean of each loss term and the tokens of the global batch; raises NonFiniteLoss
-    before the update when the loss is not finite. `Trainer` runs it, and so does `budget.time_steps`, which
-    times it."""
+    stepped. Returns the global mean of each loss term (and `grad_norm`, their norm before clipping, where clipped)
+    and the global batch's tokens; raises NonFiniteLoss before the update when the loss is not finite. `Trainer`
+    runs it, and so does `budget.time_steps`, which times it."""
     # counted on the host batches, before they move: no device sync per micro-batch
     local = [objective.counts(b) for b in host]
     names = list(local[0])
@@ -134,10 +134,12 @@ def train_step(model: nn.Module, host: list[dict], *, objective: Objective, opti
     total = logged[-1]
     if not math.isfinite(total):
         raise NonFiniteLoss(total)
-    clipped_step(optimizer, model.parameters(), clip)
+    grad_norm = clipped_step(optimizer, model.parameters(), clip)
     optimizer.zero_grad(set_to_none=True)
     terms = {f"{n}_loss" if n != "loss" else n: v for n, v in zip(names, logged[:-1], strict=True)}
     terms["loss"] = total
+    if grad_norm is not None:  # a 0-dim tensor on a GPU, read when the window's mean is logged
+        terms["grad_norm"] = grad_norm
     return terms, tokens
 
 
@@ -367,7 +369,7 @@ class _Window:
         self.steps, self.tokens, self.data_wait = self.steps + 1, self.tokens + tokens, self.data_wait + data_wait
 
     def mean(self) -> dict[str, float]:
-        return {k: v / max(self.steps, 1) for k, v in self.sums.items()}
+        return {k: float(v) / max(self.steps, 1) for k, v in self.sums.items()}
 
     def rates(self, d: distributed.Dist) -> dict[str, float]:
         seconds = time.perf_counter() - self.start

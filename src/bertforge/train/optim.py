@@ -87,9 +87,10 @@ def build_optimizer(model: nn.Module, *, name: str = "adamw", lr: float = 1e-4, 
     raise ValueError(f"unknown optimizer {name!r}; use adamw or lamb")
 
 
-def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> None:
+def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> float | torch.Tensor | None:
     """Clip the gradients of `parameters` to a total 2-norm of `max_norm` (0: no clipping), as torch's
-    `clip_grad_norm_` does, then step `optimizer`.
+    `clip_grad_norm_` does, then step `optimizer`. Returns the norm before clipping (a float, or on torch's path its
+    0-dim tensor, on the gradients' device: reading it there would wait for the device), None without clipping.
 
     On a CPU where bertforge's kernels load, with fused AdamW over fp32 gradients, the norm is taken in one pass over
     every gradient (`grad_norm.h`) and the clipping factor is handed to the fused step (its `grad_scale`, which
@@ -98,21 +99,23 @@ def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) 
     rounding: the norm's sums run in another order, and a gradient is divided by 1 / factor, not multiplied by it."""
     params = [p for p in parameters if p.grad is not None] if max_norm else []
     grads = [p.grad for p in params]
-    scale = _kernel_clip_scale(optimizer, grads, max_norm) if grads else None
-    if grads and scale is None:
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if scale is None or scale <= 1.0:
+    total = _kernel_norm(optimizer, grads) if grads else None
+    if grads and total is None:
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    scale = (total + 1e-6) / max_norm if isinstance(total, float) else 1.0
+    if scale <= 1.0:
         optimizer.step()
-        return
+        return total
     optimizer.grad_scale = torch.tensor(scale, dtype=torch.float32)
     try:
         optimizer.step()
     finally:
         del optimizer.grad_scale
+    return total
 
 
-def _kernel_clip_scale(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor], max_norm: float) -> float | None:
-    """What the gradients must be divided by (<= 1: nothing) where the kernels' path applies, else None."""
+def _kernel_norm(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> float | None:
+    """The gradients' total 2-norm on the kernels where their path applies (and the norm is finite), else None."""
     if not (isinstance(optimizer, AdamW) and all(g.get("fused") for g in optimizer.param_groups)):
         return None
     if not all(g.device.type == "cpu" and g.dtype == torch.float32 and g.is_contiguous() for g in grads):
@@ -122,9 +125,7 @@ def _kernel_clip_scale(optimizer: torch.optim.Optimizer, grads: list[torch.Tenso
     if not kernels.available():
         return None
     total = torch.ops.bertforge.grad_norm(grads)
-    if not math.isfinite(total):
-        return None  # torch's own path, which turns every gradient into NaN as it always has
-    return (total + 1e-6) / max_norm
+    return total if math.isfinite(total) else None  # torch's own path, which turns every gradient into NaN
 
 
 def warmup_linear_decay(warmup_steps: int, total_steps: int):
