@@ -9,6 +9,8 @@ import re
 import torch
 from torch import nn
 
+from bertforge import kernels
+
 NO_DECAY_SUFFIXES = ("bias", "LayerNorm.weight", "_norm.weight", "norm.weight")
 
 
@@ -120,9 +122,7 @@ def _kernel_norm(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) ->
         return None
     if not all(g.device.type == "cpu" and g.dtype == torch.float32 and g.is_contiguous() for g in grads):
         return None
-    from bertforge import kernels  # noqa: PLC0415 (builds or loads them on first use)
-
-    if not kernels.available():
+    if not kernels.available():  # built or loaded on first use
         return None
     total = torch.ops.bertforge.grad_norm(grads)
     return total if math.isfinite(total) else None  # torch's own path, which turns every gradient into NaN
