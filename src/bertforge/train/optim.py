@@ -100,15 +100,13 @@ def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) 
     of a 250 ms MiniLM-L6 fine-tuning step on a 2-core Xeon (docs/benchmarks.md). The result is torch's up to
     rounding: the norm's sums run in another order, and a gradient is divided by 1 / factor, not multiplied by it."""
     params = [p for p in parameters if p.grad is not None] if max_norm else []
-    grads = [p.grad for p in params]
-    total = _kernel_norm(optimizer, grads) if grads else None
-    if grads and total is None:
-        total = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    scale = (total + 1e-6) / max_norm if isinstance(total, float) else 1.0
-    if scale <= 1.0:
+    total = _kernel_norm(optimizer, [p.grad for p in params]) if params else None
+    if total is None:  # no clipping, or torch's
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
         optimizer.step()
-        return total
-    optimizer.grad_scale = torch.tensor(scale, dtype=torch.float32)
+        return norm
+    scale = (total + 1e-6) / max_norm  # torch's clipping multiplies by max_norm / (total + 1e-6) where that is < 1
+    optimizer.grad_scale = torch.tensor(scale, dtype=torch.float32) if scale > 1.0 else None  # fused AdamW reads it
     try:
         optimizer.step()
     finally:
