@@ -11,8 +11,8 @@
 // product's backward reads.
 //
 // The forward keeps the softmax's probabilities (B, N, T, Tp), Tp = T rounded up to whole vectors (the extra columns
-// zeros), for the backward; dropout's mask is not kept: it is dropout.h's hash of each probability's index in the
-// (B, N, T, T) tensor the unfused path drops from, recomputed in the backward, so both paths drop the same
+// zeros), for the backward, with dropout's mask in their sign bits (Dropper): the mask is dropout.h's hash of each
+// probability's index in the (B, N, T, T) tensor the unfused path drops from, so both paths drop the same
 // probabilities for the same key. A query with no key to attend gets zeros (the unfused path gives NaN).
 
 #pragma once
@@ -87,19 +87,31 @@ inline void product(Lhs a, const float* b, int64_t ldb, int64_t M, int64_t K, in
   }
 }
 
-// Dropout on the probabilities: dropout.h's mask for p and a key, applied to a row whose first element has index
-// `base` in the (B, N, T, T) tensor.
+// Dropout on the probabilities: dropout.h's mask for p and a key over the (B, N, T, T) tensor's indices, a vector at a
+// time. The forward marks each probability it drops by setting its sign bit in the probabilities it keeps for the
+// backward (they are >= 0: the magnitudes are the probabilities, the signs the mask), so that the backward reads the
+// mask instead of hashing every index again, twice.
 struct Dropper {
   MaskKey key;
   float scale;
   bool active;
   Dropper(double p, int64_t key) : key(p, key), scale(static_cast<float>(1.0 / (1.0 - p))), active(p > 0) {}
-  // out[j] = x[j] * keep * scale for j < n (apply_mask_range); n whole vectors, so that the loop vectorizes without
-  // a scalar tail (the rows' padding, zeros, stays zeros)
-  void apply(const float* x, float* out, int64_t n, int64_t base) const {
-    apply_mask_range(x, out, 0, n, key, scale, base);
+
+  // A row of probabilities (n floats, whole vectors; element 0 at index `base`): dropped into `out`, marked in x.
+  void drop_and_mark(float* x, float* out, int64_t n, int64_t base) const {
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const Vec keep = key.kept_lanes(static_cast<uint32_t>(base + j)), p = Vec::load(x + j);
+      (p * keep_factor(keep, scale)).store(out + j);
+      bits_xor(p, bits_andnot(keep, Vec::all(-0.0f))).store(x + j);
+    }
   }
+
+  // The factor of each of the kLanes marked probabilities at x (their sign bits: set where dropped).
+  Vec marked_factor(Vec x) const { return bits_andnot(sign_lanes(x), Vec::all(scale)); }
 };
+
+// A marked probability's magnitude (the probability; with no dropout the value itself).
+inline Vec magnitude(Vec x) { return bits_andnot(Vec::all(-0.0f), x); }
 
 // Prefetches share `part` of `parts` of the 64-byte lines of `floats` floats at p into L2.
 inline void prefetch_share(const float* p, int64_t floats, int64_t part, int64_t parts) {
@@ -161,7 +173,7 @@ struct Head {
     }
     const float* p = probs;
     if (drop.active) {
-      for (int64_t i = 0; i < T; ++i) drop.apply(probs + i * Tp, dropped.data() + i * Tp, Tp, base + i * T);
+      for (int64_t i = 0; i < T; ++i) drop.drop_and_mark(probs + i * Tp, dropped.data() + i * Tp, Tp, base + i * T);
       p = dropped.data();
     }
     product({p, Tp, 1}, v.data(), D, T, T, D, 1.0f, {out, stride});
@@ -169,24 +181,29 @@ struct Head {
 
   // The backward from the output's gradient (in `grad`) and the forward's probabilities: the gradients of the
   // queries, keys and values into dq, dk and dv (T rows each, `stride` apart).
-  void backward(const float* probs, float* dq, float* dk, float* dv, int64_t stride, const Dropper& drop,
-                int64_t base) {
+  void backward(const float* probs, float* dq, float* dk, float* dv, int64_t stride, const Dropper& drop) {
     transpose_matrix(v.data(), Tp, D, transposed.data());
     product({grad.data(), D, 1}, transposed.data(), Tp, T, D, Tp, 1.0f, {S.data(), Tp});  // of the dropped probs
-    const float* p = probs;
     for (int64_t i = 0; i < T; ++i) {
       const float* pi = probs + i * Tp;
       float* si = S.data() + i * Tp;
-      if (drop.active) {
-        drop.apply(pi, dropped.data() + i * Tp, Tp, base + i * T);
-        drop.apply(si, si, Tp, base + i * T);  // of the probabilities
-      }
       Vec dot = Vec::zero();
-      for (int64_t j = 0; j < Tp; j += kLanes) dot = fma(Vec::load(pi + j), Vec::load(si + j), dot);
+      if (drop.active) {  // the dropped probabilities again, and the gradient of the probabilities from theirs
+        float* di = dropped.data() + i * Tp;
+        for (int64_t j = 0; j < Tp; j += kLanes) {
+          const Vec x = Vec::load(pi + j), f = drop.marked_factor(x), prob = magnitude(x);
+          (prob * f).store(di + j);
+          const Vec g = Vec::load(si + j) * f;
+          g.store(si + j);
+          dot = fma(prob, g, dot);
+        }
+      } else {
+        for (int64_t j = 0; j < Tp; j += kLanes) dot = fma(Vec::load(pi + j), Vec::load(si + j), dot);
+      }
       const Vec r = Vec::all(reduce_add(dot));
-      for (int64_t j = 0; j < Tp; j += kLanes) (Vec::load(pi + j) * (Vec::load(si + j) - r)).store(si + j);
+      for (int64_t j = 0; j < Tp; j += kLanes) (magnitude(Vec::load(pi + j)) * (Vec::load(si + j) - r)).store(si + j);
     }
-    if (drop.active) p = dropped.data();
+    const float* p = drop.active ? dropped.data() : probs;
     product({p, 1, Tp}, grad.data(), D, T, T, D, 1.0f, {dv, stride});
     product({S.data(), Tp, 1}, k.data(), D, T, T, D, 1.0f / std::sqrt(static_cast<float>(D)), {dq, stride});
     product({S.data(), 1, Tp}, q.data(), D, T, T, D, 1.0f, {dk, stride});
@@ -238,7 +255,7 @@ inline void attention_backward(const float* grad, const float* qkv, const float*
         for (int64_t t = 0; t < s.T; ++t)
           std::copy_n(grad + (b * s.T + t) * H + n * s.D, s.D, head.grad.data() + t * s.D);
         float* dq = dqkv + b * s.T * 3 * H + n * s.D;
-        head.backward(probs + task * s.T * Tp, dq, dq + H, dq + 2 * H, 3 * H, drop, task * s.T * s.T);
+        head.backward(probs + task * s.T * Tp, dq, dq + H, dq + 2 * H, 3 * H, drop);
       }
     }
   });

@@ -286,8 +286,8 @@ std::tuple<at::Tensor, at::Tensor> transpose_sum(const at::Tensor& g) {
   return {gt, sums};
 }
 
-// Training's attention in fp32 (attention_train.h): qkv (B, T, 3H) -> (out (B, T, H), probabilities (B, N, T, Tp)),
-// dropout at p with `key`; and the backward, out's gradient -> qkv's.
+// Training's attention in fp32 (attention_train.h): qkv (B, T, 3H) -> (out (B, T, H), probabilities (B, N, T, Tp),
+// those dropout dropped with their sign bit set), dropout at p with `key`; and the backward, out's gradient -> qkv's.
 std::tuple<at::Tensor, at::Tensor> attention_train(const at::Tensor& qkv, int64_t heads,
                                                    const std::optional<at::Tensor>& mask, double p, int64_t key) {
   TORCH_CHECK(heads > 0 && qkv.dim() == 3 && qkv.size(2) % (3 * heads * kMultiple) == 0,

@@ -58,6 +58,33 @@ inline Vec round_even(Vec a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_N
 // p 2^n, n whole
 inline Vec times_pow2(Vec p, Vec n) { return {_mm512_scalef_ps(p.v, n.v)}; }
 
+// 32-bit unsigned integers in as many lanes as Vec has floats: dropout's hash (dropout.h) a vector at a time.
+struct UVec {
+  __m512i v;
+  static UVec all(uint32_t x) { return {_mm512_set1_epi32(static_cast<int32_t>(x))}; }
+  static UVec index(uint32_t first) {  // first, first + 1, ..., modulo 2^32
+    return {_mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(first)),
+                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))};
+  }
+};
+inline UVec operator^(UVec a, UVec b) { return {_mm512_xor_si512(a.v, b.v)}; }
+inline UVec operator+(UVec a, UVec b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline UVec operator*(UVec a, uint32_t b) { return {_mm512_mullo_epi32(a.v, UVec::all(b).v)}; }  // modulo 2^32
+inline UVec operator>>(UVec a, int n) { return {_mm512_srli_epi32(a.v, static_cast<unsigned>(n))}; }
+// all bits set in the lanes where a >= t (unsigned), none elsewhere, as a Vec's bits
+inline Vec at_least(UVec a, uint32_t t) {
+  const __mmask16 m = _mm512_cmpge_epu32_mask(a.v, UVec::all(t).v);
+  return {_mm512_castsi512_ps(_mm512_maskz_set1_epi32(m, -1))};
+}
+// Bitwise operations on the lanes' bits
+inline __m512i ints(Vec a) { return _mm512_castps_si512(a.v); }
+inline Vec floats(__m512i a) { return {_mm512_castsi512_ps(a)}; }
+inline Vec bits_and(Vec a, Vec b) { return floats(_mm512_and_si512(ints(a), ints(b))); }
+inline Vec bits_andnot(Vec a, Vec b) { return floats(_mm512_andnot_si512(ints(a), ints(b))); }  // ~a & b
+inline Vec bits_xor(Vec a, Vec b) { return floats(_mm512_xor_si512(ints(a), ints(b))); }
+// all bits set in the lanes whose sign bit is set, none elsewhere
+inline Vec sign_lanes(Vec a) { return floats(_mm512_srai_epi32(ints(a), 31)); }
+
 // A kLanes x kLanes block transposed in registers: r[i] holds row i on the way in, column i on the way out.
 inline void transpose(Vec (&r)[Vec::kLanes]) {
   __m512 t[16];
@@ -156,6 +183,30 @@ inline Vec times_pow2(Vec p, Vec n) {
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127)), 23);
   return {_mm256_mul_ps(p.v, _mm256_castsi256_ps(bits))};
 }
+
+// 32-bit unsigned integers in as many lanes as Vec has floats: dropout's hash (dropout.h) a vector at a time.
+struct UVec {
+  __m256i v;
+  static UVec all(uint32_t x) { return {_mm256_set1_epi32(static_cast<int32_t>(x))}; }
+  static UVec index(uint32_t first) {  // first, first + 1, ..., modulo 2^32
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return {_mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(first)), lanes)};
+  }
+};
+inline UVec operator^(UVec a, UVec b) { return {_mm256_xor_si256(a.v, b.v)}; }
+inline UVec operator+(UVec a, UVec b) { return {_mm256_add_epi32(a.v, b.v)}; }
+inline UVec operator*(UVec a, uint32_t b) { return {_mm256_mullo_epi32(a.v, UVec::all(b).v)}; }  // modulo 2^32
+inline UVec operator>>(UVec a, int n) { return {_mm256_srli_epi32(a.v, n)}; }
+// all bits set in the lanes where a >= t (unsigned: max(a, t) == a), none elsewhere, as a Vec's bits
+inline Vec at_least(UVec a, uint32_t t) {
+  return {_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(a.v, UVec::all(t).v), a.v))};
+}
+// Bitwise operations on the lanes' bits
+inline Vec bits_and(Vec a, Vec b) { return {_mm256_and_ps(a.v, b.v)}; }
+inline Vec bits_andnot(Vec a, Vec b) { return {_mm256_andnot_ps(a.v, b.v)}; }  // ~a & b
+inline Vec bits_xor(Vec a, Vec b) { return {_mm256_xor_ps(a.v, b.v)}; }
+// all bits set in the lanes whose sign bit is set, none elsewhere
+inline Vec sign_lanes(Vec a) { return {_mm256_castsi256_ps(_mm256_srai_epi32(_mm256_castps_si256(a.v), 31))}; }
 
 // A kLanes x kLanes block transposed in registers: r[i] holds row i on the way in, column i on the way out.
 inline void transpose(Vec (&r)[Vec::kLanes]) {
