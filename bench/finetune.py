@@ -27,7 +27,8 @@ its best dev epoch (bertforge's `finetune` keeps the best dev model; the referen
   `DataCollatorWithPadding` (dynamic padding), batches grouped by length. The batches are the very same texts as
   bertforge's: their indices come from bertforge's own length-grouped sampler (`FeatureBatches`, the same idea as
   transformers' `group_by_length`: shuffle, sort runs of 50 batches by length, cut, shuffle the batches), so both
-  sides compute on the same padded shapes and the ratio is the code's, not the batching's.
+  sides get the same padded batches and the ratio is the code's, not the batching's (bertforge's code includes
+  running its layers but the last on the real tokens alone, `bertforge.training_attention.TrainingPacking`).
 `--precision bf16` runs both sides under bf16 autocast (bertforge's `--precision bf16`; the reference as transformers'
 Trainer runs `bf16=True`), where the device multiplies bf16 natively.
 Both sides run on --device (default cpu) under the same allocator setting (bertforge's training commands
@@ -37,7 +38,7 @@ CPU kernels are built and loaded before either side runs (the first dropout woul
 Time per epoch counts the optimizer steps only (batch assembly, forward, backward, clipping, optimizer
 and schedule), not tokenization, evaluation or saving, on both sides. Each seed is one repeat: the table
 shows the median time per epoch with min and max over seeds, and the speed ratio is of the medians. On a CPU in
-fp32 the bench then prints each side's share of the matmul rate: an epoch's model FLOPs (seed 42's padded batches)
+fp32 the bench then prints each side's share of the matmul rate: an epoch's model FLOPs (seed 42's batches' real tokens)
 at the median time per epoch, over the rate the step's own products reach on this CPU (bench/train_flops.py).
 
     .venv/bin/python bench/finetune.py                                        # 3 epochs, 3 seeds
@@ -285,11 +286,11 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):6.2f} ± {std:4.2f}"
 
 
-def padding_share(workload: Workload, args: argparse.Namespace) -> tuple[float, int, int, list[tuple[int, int]]]:
+def padding_share(workload: Workload, args: argparse.Namespace) -> tuple[float, int, int, list[list[int]]]:
     """Share of padded positions in the first epoch's batches (seed 42), how many training examples our tokenizer
     and the reference's cut to different lengths (either segment of a pair; 0 when the batches are exactly the
     same), how many of them the reference cuts at all (longer than --max-length with their special tokens), and the
-    batches' shapes (B, T) as padded."""
+    batches' sequence lengths."""
     from bertforge.tokenizer import Tokenizer
 
     texts, pairs, _ = first(args.max_train_examples or None, *read_split(workload.data, "train"))
@@ -302,9 +303,9 @@ def padding_share(workload: Workload, args: argparse.Namespace) -> tuple[float, 
     cut = sum(len(ids) > args.max_length for ids in tok(texts, pairs, truncation=False)["input_ids"])
     lengths = np.array([n for n, _ in theirs])
     batches = FeatureBatches([{"input_ids": [0] * n} for n, _ in theirs], 0, seed=42).epoch_batches(0, args.batch_size)
-    shapes = [(len(b), int(lengths[b].max())) for b in batches]
-    padded = sum(B * T for B, T in shapes)
-    return 1 - lengths.sum() / padded, sum(a != b for a, b in zip(ours, theirs, strict=True)), cut, shapes
+    padded = sum(len(b) * int(lengths[b].max()) for b in batches)
+    return (1 - lengths.sum() / padded, sum(a != b for a, b in zip(ours, theirs, strict=True)), cut,
+            [lengths[b].tolist() for b in batches])
 
 
 def parse_args() -> argparse.Namespace:
@@ -340,13 +341,13 @@ def report(results: dict[str, list[dict]]) -> None:
               f"{spread([r['epoch_s'] for r in rs])}")
     speed = ratio([r["epoch_s"] for r in results["bertforge"]], [r["epoch_s"] for r in results["transformers"]],
                   higher_is_better=False)
-    print(f"speed: bertforge {speed:.2f}x transformers (median time per epoch; both dynamically padded, "
-          f"length-grouped, same batches; goal >= 1.4x, issue 67)")
+    print(f"speed: bertforge {speed:.2f}x transformers (median time per epoch; the same length-grouped, dynamically "
+          f"padded batches; goal >= 1.4x, issue 67)")
 
 
 def compare(workload: Workload, args: argparse.Namespace, kept: bool) -> None:
     n_train = len(read_split(workload.data, "train")[0])
-    share, differ, cut, shapes = padding_share(workload, args)
+    share, differ, cut, lengths = padding_share(workload, args)
     unit = "pairs" if workload.pairs else "texts"
     print(f"{workload.title}: {min(n_train, args.max_train_examples or n_train)} training examples, "
           f"{args.epochs:g} epoch(s), lr {args.lr:g}, batch {args.batch_size}, seeds {args.seeds}, "
@@ -354,8 +355,8 @@ def compare(workload: Workload, args: argparse.Namespace, kept: bool) -> None:
           f"{kept}", flush=True)
     cut_note = f" (of the {cut} longer than {args.max_length} tokens)" if unit == "pairs" else ""
     print(f"both sides: the same length-grouped batches, each padded to its longest ({100 * share:.1f}% of "
-          f"positions are padding); {unit} the two tokenizers cut to different lengths: {differ}{cut_note}",
-          flush=True)
+          f"positions are padding; bertforge's layers but the last skip it); {unit} the two tokenizers cut to "
+          f"different lengths: {differ}{cut_note}", flush=True)
     results: dict[str, list[dict]] = {"bertforge": [], "transformers": []}
     sides = [("bertforge", run_ours), ("transformers", run_reference)]
     for seed in range(42, 42 + args.seeds):
@@ -367,7 +368,7 @@ def compare(workload: Workload, args: argparse.Namespace, kept: bool) -> None:
                   f"{r['epoch_s']:7.1f} s/epoch{note}", flush=True)
     report(results)
     if args.device == "cpu" and args.precision == "fp32":
-        matmul_share(workload.init, shapes, results)
+        matmul_share(workload.init, lengths, results)
 
 
 def main() -> None:

@@ -2,8 +2,11 @@
 
 Model FLOPs of a classification step on a batch of B sequences padded to T: 6 x (the encoder's products, 4H^2 + 2HI
 multiply-adds a position and layer, plus attention's scores and weighted sum, 2TH) x B x T x L, plus the pooler and
-the classifier on B positions: forward 2 FLOPs a multiply-add, backward twice that. Padding counts (both sides compute
-it); the embeddings, LayerNorm, softmax, GELU and the optimizer count nothing: they are the overhead the share shows.
+the classifier on B positions: forward 2 FLOPs a multiply-add, backward twice that. The share is of the work the real
+tokens need (each sequence at its own length n: n positions, attention 2nH): work on padding is not the model's, and
+bertforge's layers skip most of it (`bertforge.training_attention.TrainingPacking`) where the reference computes it;
+the padded batches' work is printed beside it. The embeddings, LayerNorm, softmax, GELU and the optimizer count
+nothing: they are the overhead the share shows.
 
 The matmul rate is measured, not quoted: a training Linear's three products (y = x W^T, dx = dy W, dW = dy^T x) at
 the encoder's four shapes with a batch's rows, on MKL (`torch.mm`) and on oneDNN (`torch.ops.mkldnn._linear_pointwise`,
@@ -24,12 +27,16 @@ from cpu_peak import layer_shapes
 from bertforge.linear import has_onednn_linear
 
 
-def classifier_flops(hidden: int, intermediate: int, layers: int, labels: int, shapes: list[tuple[int, int]]) -> float:
-    """Training FLOPs (forward and backward) of the batches `shapes`, each (B, T) after padding."""
+def classifier_flops(hidden: int, intermediate: int, layers: int, labels: int, batches: list[list[int]],
+                     padded: bool = False) -> float:
+    """Training FLOPs (forward and backward) of `batches`, each its sequences' lengths: each sequence at its own
+    length, or (`padded`) at its batch's longest, as a padded batch computes it."""
     total = 0.0
-    for B, T in shapes:
-        position = layers * (4 * hidden * hidden + 2 * hidden * intermediate + 2 * T * hidden)
-        total += B * T * position + B * (hidden * hidden + hidden * labels)
+    for lengths in batches:
+        for n in lengths:
+            T = max(lengths) if padded else n
+            total += T * layers * (4 * hidden * hidden + 2 * hidden * intermediate + 2 * T * hidden)
+            total += hidden * hidden + hidden * labels
     return 6 * total
 
 
@@ -75,15 +82,22 @@ def product_rate(hidden: int, intermediate: int, rows: int, rounds: int = 5) -> 
     return max(rates[best]), best
 
 
-def matmul_share(init: Path, shapes: list[tuple[int, int]], results: dict[str, list[dict]]) -> None:
+def matmul_share(init: Path, batches: list[list[int]], results: dict[str, list[dict]]) -> None:
     """Prints each side's model FLOPs a second over the rate this CPU's products reach at the step's shapes
-    (`product_rate`): `results` {side: [{"epoch_s": ...}, ...]}, `init` the model directory both sides start from."""
+    (`product_rate`): `batches` an epoch's sequence lengths, batch by batch; `results` {side: [{"epoch_s": ...},
+    ...]}, `init` the model directory both sides start from."""
     config = json.loads((init / "config.json").read_text())
     H, inner = config["hidden_size"], config["intermediate_size"]
-    rows = int(statistics.median(B * T for B, T in shapes))
+    rows = int(statistics.median(len(b) * max(b) for b in batches))
     rate, library = product_rate(H, inner, rows)
-    flops = classifier_flops(H, inner, config["num_hidden_layers"], 2, shapes)
-    shares = ", ".join(f"{side} {100 * flops / statistics.median(r['epoch_s'] for r in rs) / 1e9 / rate:.0f}%"
-                       for side, rs in results.items())
-    print(f"share of the matmul rate: {shares} (an epoch's {flops / 1e12:.2f} model TFLOP at the median s/epoch, over "
-          f"{rate:.0f} GFLOP/s, the training products at the step's shapes, {rows} rows, on {library}; goal >= 75%)")
+    flops = {padded: classifier_flops(H, inner, config["num_hidden_layers"], 2, batches, padded)
+             for padded in (False, True)}
+
+    def shares(work: float) -> str:
+        return ", ".join(f"{side} {100 * work / statistics.median(r['epoch_s'] for r in rs) / 1e9 / rate:.0f}%"
+                         for side, rs in results.items())
+
+    print(f"share of the matmul rate: {shares(flops[False])} (an epoch's real tokens' {flops[False] / 1e12:.2f} model "
+          f"TFLOP at the median s/epoch, over {rate:.0f} GFLOP/s, the training products at the step's shapes, {rows} "
+          f"rows, on {library}; goal >= 75%); counting the padded batches' {flops[True] / 1e12:.2f} TFLOP: "
+          f"{shares(flops[True])}")

@@ -1,7 +1,8 @@
-"""Training's attention on bertforge's kernels (kernels/attention_train.h, `bertforge.encoder.TrainingAttention`):
+"""Training's attention on bertforge's kernels (kernels/attention_train.h, `bertforge.training_attention`):
 outputs and gradients against attention written out in float64 from the definition (dropout's mask from the
 reference hash), against the unfused path the model runs without the kernels, where the model takes it, and bad
-inputs. Also run on the AVX2 build (tests/test_kernels.py's ENGINE_TESTS)."""
+inputs; packed batches (real tokens only) against padded ones, in the kernels and in a model. Also run on the AVX2
+build (tests/test_kernels.py's ENGINE_TESTS)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 from bertforge import BertConfig
 from bertforge.dropout import draw_key, keep_mask_reference
 from bertforge.encoder import BertSelfAttention, TrainingAttention
+from bertforge.models import BertForSequenceClassification, BertForTokenClassification
+from bertforge.training_attention import TrainingPacking
 
 pytestmark = pytest.mark.usefixtures("int8_kernels")
 
@@ -159,3 +162,94 @@ def test_dropout_draws_one_key_as_the_unfused_path_does(monkeypatch):
     monkeypatch.setattr(TrainingAttention, "enabled", False)
     module(x, None)
     assert draw_key() == after_kernels
+
+
+def right_padded(lengths: list[int], T: int) -> torch.Tensor:
+    return torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_a_packed_batch_gives_the_padded_batchs_results_to_the_bit(p):
+    """The real tokens alone, sequence after sequence (offsets), against the right-padded batch: the same outputs and
+    gradients at the real tokens, bit for bit (the padded keys add exact zeros; dropout indexes the padded batch's
+    probabilities either way), including a sequence of one token and one of none."""
+    torch.manual_seed(3)
+    T, heads, D = 21, 3, 32
+    mask = right_padded([21, 5, 17, 1, 0], T)
+    qkv, grad = torch.randn(5, T, 3 * heads * D), torch.randn(5, T, heads * D) * mask[..., None]
+    out, probs = torch.ops.bertforge.attention_train(qkv, heads, mask, p, 77)
+    dqkv = torch.ops.bertforge.attention_train_backward(grad, qkv, probs, heads, p, 77)
+    offsets = torch.tensor([0, 21, 26, 43, 44, 44])
+    packed_out, packed_probs = torch.ops.bertforge.attention_train(qkv[mask], heads, None, p, 77, offsets, T)
+    packed_dqkv = torch.ops.bertforge.attention_train_backward(grad[mask], qkv[mask], packed_probs, heads, p, 77,
+                                                               offsets, T)
+    assert torch.equal(packed_out, out[mask]) and torch.equal(packed_dqkv, dqkv[mask])
+
+
+@pytest.mark.parametrize(("offsets", "message"), [
+    ([1, 3, 6], "0 .. rows"), ([0, 3, 5], "0 .. rows"), ([0, 4, 3, 6], "rise by at most length"),
+    ([0, 5, 6], "rise by at most length")])
+def test_packed_calls_refuse_offsets_that_do_not_fit(offsets, message):
+    """Offsets must run from 0 to the rows given, rising by at most `length` (here 4) a sequence."""
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.bertforge.attention_train(torch.randn(6, 96), 2, None, 0.0, 0, torch.tensor(offsets), 4)
+
+
+def test_a_packed_call_takes_no_mask():
+    with pytest.raises(RuntimeError, match="no mask"):
+        torch.ops.bertforge.attention_train(torch.randn(6, 96), 2, torch.ones(2, 3, dtype=torch.bool), 0.0, 0,
+                                            torch.tensor([0, 3, 6]), 3)
+
+
+def classifier(hidden_dropout: float, layers: int = 3) -> BertForSequenceClassification:
+    config = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=128, num_labels=3, hidden_dropout_prob=hidden_dropout,
+                        attention_probs_dropout_prob=0.1)
+    return BertForSequenceClassification(config).train()
+
+
+def packed_calls(monkeypatch) -> list[int]:
+    calls, pack = [], TrainingPacking.pack
+    monkeypatch.setattr(TrainingPacking, "pack", lambda self, x: calls.append(len(self.index)) or pack(self, x))
+    return calls
+
+
+def test_a_classifier_trains_the_same_on_its_real_tokens_alone(monkeypatch):
+    """A padded batch through a classifier (which reads [CLS] only), with its layers but the last on the real tokens
+    alone and without: the same logits and gradients up to fp32 rounding, attention's dropout included."""
+    torch.manual_seed(0)
+    model, ids = classifier(hidden_dropout=0.0), torch.randint(5, 100, (4, 13))
+    mask, labels = right_padded([13, 7, 11, 2], 13).long(), torch.tensor([0, 1, 2, 1])
+    calls, results = packed_calls(monkeypatch), []
+    for packs in (True, False):
+        monkeypatch.setattr(TrainingPacking, "enabled", packs)
+        model.zero_grad()
+        torch.manual_seed(5)
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        results.append([out.logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert calls == [33]  # packed once: 33 real tokens of 52
+    for packed, padded in zip(*results, strict=True):
+        assert torch.allclose(packed, padded, rtol=1e-5, atol=1e-6 * padded.abs().max().item())
+
+
+def test_models_pack_only_where_it_applies(monkeypatch):
+    """Packing takes a training batch with padding through a model whose head reads some positions, attention on
+    the kernels, more than one layer; not without padding, in evaluation, under autocast, for token-level heads
+    (which read every position), with one layer or with `enabled` off."""
+    calls = packed_calls(monkeypatch)
+    ids, padded, full = torch.randint(5, 100, (2, 9)), right_padded([9, 4], 9).long(), torch.ones(2, 9).long()
+    model = classifier(hidden_dropout=0.1)
+    model(input_ids=ids, attention_mask=padded)
+    assert len(calls) == 1
+    model(input_ids=ids, attention_mask=full)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=padded)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids, attention_mask=padded)
+    model.eval()(input_ids=ids, attention_mask=padded)
+    classifier(hidden_dropout=0.1, layers=1)(input_ids=ids, attention_mask=padded)
+    BertForTokenClassification(classifier(0.1).config).train()(input_ids=ids, attention_mask=padded)
+    monkeypatch.setattr(TrainingPacking, "enabled", False)
+    classifier(hidden_dropout=0.1)(input_ids=ids, attention_mask=padded)
+    assert len(calls) == 1

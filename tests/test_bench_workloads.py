@@ -49,6 +49,9 @@ def test_fine_tuning_flops_count_every_product_of_a_training_step(monkeypatch):
     ids = torch.randint(0, 50, (5, 17))
     with FlopCounterMode(display=False) as counter:
         model(input_ids=ids, labels=torch.zeros(5, dtype=torch.long)).loss.backward()
-    counted = train_flops.classifier_flops(32, 48, 3, 2, [(5, 17)])
+    counted = train_flops.classifier_flops(32, 48, 3, 2, [[17] * 5])
     assert counted == counter.get_total_flops()
-    assert train_flops.classifier_flops(32, 48, 3, 2, [(5, 17), (2, 9)]) > counted  # every batch adds its own
+    assert train_flops.classifier_flops(32, 48, 3, 2, [[17] * 5, [9, 9]]) > counted  # every batch adds its own
+    ragged = [[17, 17, 17, 17, 9]]  # padded, the short sequence costs what a full one does
+    assert train_flops.classifier_flops(32, 48, 3, 2, ragged, padded=True) == counted
+    assert train_flops.classifier_flops(32, 48, 3, 2, ragged) < counted

@@ -40,9 +40,12 @@ PINNED = {"bert": "95978326e8678ad7", "electra": "16312b0bea01442d", "electra-ge
 # runs the same code (the AVX-512 build sums the softmax in 16 lanes, not 8). The budget recipe's runs are pinned
 # without the kernels (its two pairs, below). Moved on purpose since: with the kernels, gradient clipping takes its
 # norm in one pass of its own summing order (kernels/grad_norm.h) and hands the factor to fused AdamW, which divides
-# each gradient by its inverse, where torch's clip_grad_norm_ multiplied (train/optim.py `clipped_step`).
-PINNED_KERNELS = {"bert": "4b464bc0e3f59f34", "electra": "8a98f722ce473a88", "electra-generator": "5874c5a4fcef7874",
-                  "finetune": "23bf1aa26cc0b8a9"}
+# each gradient by its inverse, where torch's clip_grad_norm_ multiplied (train/optim.py `clipped_step`). Then the
+# runs whose heads read some positions of padded batches (bert, finetune): their layers but the last train on the real
+# tokens alone (bertforge.training_attention.TrainingPacking), so their dropout draws its masks over those rows, not
+# over the padded batch's.
+PINNED_KERNELS = {"bert": "b41952217c8427ef", "electra": "8a98f722ce473a88", "electra-generator": "5874c5a4fcef7874",
+                  "finetune": "701124dba716c077"}
 # The budget recipe's runs (the module's docstring says why there are two pairs).
 PINNED_BUDGET = {"Zen 5, Zen 4 EPYCs": {"budget": "5857134b1b640cbd", "budget-half-depth": "e82660d509dbd9c0"},
                  "Xeons, Zen 3 EPYC": {"budget": "08daf67a19f195c0", "budget-half-depth": "47fbf6900cb7fb2f"}}

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend
 
-from bertforge import kernels
 from bertforge.config import BertConfig
-from bertforge.dropout import Dropout, draw_key, dropout
+from bertforge.dropout import Dropout, dropout
 from bertforge.linear import Linear
 from bertforge.model_files import load_pretrained, save_pretrained
+from bertforge.training_attention import TrainingAttention, TrainingPacking
 
 CLS_INDEX = 0  # the tokenizer puts [CLS] first in every sequence: token 0 is what the pooler reads
 
@@ -69,14 +69,17 @@ class BertSelfAttention(nn.Module):
         self.qkv = Linear(config.hidden_size, 3 * config.hidden_size)  # rows: query, key, value
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None,
+                packing: TrainingPacking | None = None) -> torch.Tensor:
         """x (B, T, H); mask (B, 1, 1, T) bool, True where attending is allowed, or None.
         positions (B, P): only these positions query (keys and values still come from every position), and
-        the output is (B, P, H) in their order."""
-        B, T, _ = x.shape
-        qkv = self.qkv(x)  # (B, T, 3H)
+        the output is (B, P, H) in their order. packing: x is the batch's real tokens (rows, H) (`TrainingPacking`),
+        the output (rows, H); only on the kernels (`BertModel` packs only where `TrainingAttention.applies`)."""
+        qkv = self.qkv(x)  # (B, T, 3H), or (rows, 3H) packed
         p = self.dropout_p if self.training else 0.0
+        if packing is not None:
+            return TrainingAttention.apply(qkv, self.num_heads, None, p, packing)
+        B, T, _ = x.shape
         if positions is None and TrainingAttention.takes(qkv, mask, self.head_size, p):
             return TrainingAttention.apply(qkv, self.num_heads, None if mask is None else mask.reshape(B, T), p)
         qkv = qkv.view(B, T, 3, self.num_heads, self.head_size)  # (B, T, 3, N, D)
@@ -85,43 +88,6 @@ class BertSelfAttention(nn.Module):
             q = q.gather(2, positions[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))  # (B, N, P, D)
         y = attend(q, k, v, mask, p)  # (B, N, T or P, D)
         return y.transpose(1, 2).reshape(B, q.shape[2], -1)  # (B, T or P, H)
-
-
-class TrainingAttention(torch.autograd.Function):
-    """Attention with autograd on bertforge's fp32 CPU kernels (`kernels/attention_train.h`): from the query/key/value
-    product's output (B, T, 3H) to (B, T, H) in one pass a head, and the gradient back to (B, T, 3H) in one more,
-    where the unfused path splits, copies and merges heads around two batched products (about ten passes each
-    way). Dropout draws one key from torch's generator as `bertforge.dropout` does and drops the same probabilities
-    (the same hash of their index), so a seed gives the same run on either path up to float rounding. A query with
-    no key to attend gets zeros (the unfused path: NaN). On a 2-core Zen 4 (`bench/attention.py --training-kernels`),
-    forward + backward with dropout 0.1: MiniLM-L6's 12 heads of 32 at 32 x 28 tokens 1.86 against 4.12 ms a layer
-    (2.2x), 2.0x at 128 tokens, BERT-base's 12 heads of 64 at 8 x 512 1.5x. `enabled` switches it off (A/B runs)."""
-
-    enabled = True
-
-    @staticmethod
-    def takes(qkv: torch.Tensor, mask: torch.Tensor | None, head_size: int, p: float) -> bool:
-        """Whether these inputs train on the kernels: fp32 on the CPU, a gradient wanted, heads of whole 16-float
-        vectors, a (B, 1, 1, T) bool mask or none, and the kernels built."""
-        if torch.compiler.is_compiling() or not TrainingAttention.enabled:  # inductor fuses its own
-            return False
-        B, T = qkv.shape[:2]
-        return (qkv.requires_grad and qkv.dtype == torch.float32 and qkv.device.type == "cpu"
-                and head_size % 16 == 0 and p < 1 and (p == 0 or B * qkv.shape[2] // (3 * head_size) * T * T <= 2**32)
-                and (mask is None or (mask.dtype == torch.bool and mask.shape == (B, 1, 1, T))) and kernels.available())
-
-    @staticmethod
-    def forward(ctx, qkv: torch.Tensor, heads: int, mask: torch.Tensor | None, p: float) -> torch.Tensor:
-        ctx.heads, ctx.p, ctx.key = heads, p, draw_key() if p > 0 else 0
-        out, probs = torch.ops.bertforge.attention_train(qkv, heads, mask, p, ctx.key)
-        ctx.save_for_backward(qkv, probs)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        qkv, probs = ctx.saved_tensors
-        dqkv = torch.ops.bertforge.attention_train_backward(grad, qkv, probs, ctx.heads, ctx.p, ctx.key)
-        return dqkv, None, None, None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
@@ -197,10 +163,11 @@ class BertLayer(nn.Module):
         self.output_norm = nn.LayerNorm(H, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """positions (B, P): compute the output at these positions only, (B, P, H) (see `BertModel.forward`)."""
-        y = self.attention(self.attention_norm(x) if self.pre_ln else x, mask, positions)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None,
+                packing: TrainingPacking | None = None) -> torch.Tensor:
+        """positions (B, P): compute the output at these positions only, (B, P, H) (see `BertModel.forward`).
+        packing: x holds the real tokens only, (rows, H), as the output does."""
+        y = self.attention(self.attention_norm(x) if self.pre_ln else x, mask, positions, packing)
         if positions is not None:
             x = x.gather(1, positions[..., None].expand(-1, -1, x.shape[2]))
         if self.pre_ln:
@@ -212,6 +179,8 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
+    compiled = False  # compile_encoder sets it
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
@@ -219,12 +188,15 @@ class BertEncoder(nn.Module):
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_layer_norm \
             else None
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """positions (B, P): the last layer computes these positions only."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None,
+                packing: TrainingPacking | None = None) -> torch.Tensor:
+        """positions (B, P): the last layer computes these positions only. packing: x is the batch's real tokens
+        (rows, H); every layer but the last runs on them, the last on the padded batch again, at `positions`."""
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
-            x = layer(x, mask, positions if i == last else None)
+            if packing is not None and i == last:
+                x, packing = packing.unpack(x), None
+            x = layer(x, mask, positions if i == last else None, packing)
         return self.final_norm(x) if self.final_norm is not None else x
 
 
@@ -288,6 +260,7 @@ class BertPreTrainedModel(nn.Module):
         for module in self.modules():
             if isinstance(module, BertEncoder):
                 module.compile(dynamic=True)
+                module.compiled = True
 
     def _init_module(self, module: nn.Module) -> None:
         std = self.config.initializer_range
@@ -346,7 +319,24 @@ class BertModel(BertPreTrainedModel):
         if cls_only:
             positions = torch.full((input_ids.shape[0], 1), CLS_INDEX, dtype=torch.long, device=input_ids.device)
             cls_column = 0
-        x = self.encoder(x, attention_mask_for_sdpa(attention_mask), positions)
+        mask = attention_mask_for_sdpa(attention_mask)
+        if self._packs(x, mask, positions):
+            packing = TrainingPacking.of(attention_mask)
+            x = self.encoder(packing.pack(x), mask, positions, packing)
+        else:
+            x = self.encoder(x, mask, positions)  # or inference's encoder in its place (bertforge.infer)
         cls_index = CLS_INDEX if positions is None else cls_column
         pooled = self.pooler(x, cls_index) if self.pooler is not None and cls_index is not None else None
         return EncoderOutput(sequence_output=x, pooled_output=pooled)
+
+    def _packs(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None) -> bool:
+        """Whether the layers before the last train on the batch's real tokens alone (`TrainingPacking`): training
+        with padding, a head that reads only some positions (the last layer runs on the padded batch at those), more
+        than one layer, and attention on the kernels."""
+        config = self.config
+        B, T = x.shape[:2]
+        return (TrainingPacking.enabled and self.training and torch.is_grad_enabled() and mask is not None
+                and isinstance(self.encoder, BertEncoder) and not self.encoder.compiled
+                and positions is not None and config.num_hidden_layers > 1 and not torch.is_autocast_enabled("cpu")
+                and TrainingAttention.applies(x, config.head_size, config.attention_probs_dropout_prob,
+                                              B * config.num_attention_heads * T * T))

@@ -24,6 +24,7 @@ from torch import nn
 
 from bertforge.encoder import BertEncoder, BertSelfAttention, attend
 from bertforge.infer.fused import FusedEncoder
+from bertforge.training_attention import TrainingPacking
 
 
 @dataclass
@@ -61,10 +62,10 @@ class PackedSelfAttention(nn.Module):
         super().__init__()
         self.inner = attention
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, positions: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        if not isinstance(mask, Packing):
-            return self.inner(x, mask, positions)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, positions: torch.Tensor | None = None,
+                training_rows: TrainingPacking | None = None) -> torch.Tensor:
+        if not isinstance(mask, Packing):  # training_rows: a training batch's real tokens (bertforge.encoder)
+            return self.inner(x, mask, positions, training_rows)
         inner, packing = self.inner, mask
         B, T = packing.keep.shape
         N, D = inner.num_heads, inner.head_size

@@ -124,11 +124,13 @@ inline void prefetch_share(const float* p, int64_t floats, int64_t part, int64_t
 // One head's working set: its queries (scaled by 1 / sqrt(D)), keys and values (T rows of D; the keys and values
 // padded with zero rows to Tp), keys or values transposed (D x Tp), which keys may be attended (keep 1 / 0, bias
 // 0 / -inf), a (T x Tp) matrix of scores or their gradients, the dropped probabilities and the output's gradient.
+// `row`: the length of a row of the (B, N, T, T) tensor dropout's indices count in (T, or the padded batch's length
+// for a packed sequence).
 struct Head {
-  int64_t T, D, Tp;
+  int64_t T, D, Tp, row;
   std::vector<float> q, k, v, transposed, keep, bias, S, dropped, grad;
-  Head(int64_t T, int64_t D)
-      : T(T), D(D), Tp(padded_length(T)), q(T * D), k(Tp * D, 0.0f), v(Tp * D, 0.0f),
+  Head(int64_t T, int64_t D, int64_t row)
+      : T(T), D(D), Tp(padded_length(T)), row(row), q(T * D), k(Tp * D, 0.0f), v(Tp * D, 0.0f),
         transposed(D * Tp), keep(Tp, 0.0f), bias(Tp, -kInf), S(T * Tp), dropped(T * Tp, 0.0f), grad(T * D) {}
 
   // The head's columns [n D, n D + D) of the query, key and value thirds of `rows` (T rows of 3H); the mask row
@@ -173,7 +175,7 @@ struct Head {
     }
     const float* p = probs;
     if (drop.active) {
-      for (int64_t i = 0; i < T; ++i) drop.drop_and_mark(probs + i * Tp, dropped.data() + i * Tp, Tp, base + i * T);
+      for (int64_t i = 0; i < T; ++i) drop.drop_and_mark(probs + i * Tp, dropped.data() + i * Tp, Tp, base + i * row);
       p = dropped.data();
     }
     product({p, Tp, 1}, v.data(), D, T, T, D, 1.0f, {out, stride});
@@ -210,52 +212,83 @@ struct Head {
   }
 };
 
-// Shapes of a call: B sequences of T tokens, N heads of D.
+// Shapes of a call: B sequences of at most T tokens, N heads of D.
 struct Shape {
   int64_t B, T, N, D;
 };
 
-// qkv (B, T, 3H) -> out (B, T, H) and probs (B, N, T, Tp); mask (B, T) true where a key may be attended, or null.
-// A task is a sequence, its heads in turn; while a head is worked, a share of the next sequence's rows is prefetched,
-// so that the heads find them in cache (the rows hold every head's columns; with one head of any sequence a task, the
-// loads of qkv's rows took a third of the backward's time under perf).
-inline void attention_forward(const float* qkv, const bool* mask, Shape s, const Dropper& drop, float* out,
-                              float* probs) {
+// Where each sequence of a call lies. Padded (offsets null): sequence b is rows b T .. b T + T, its padding masked.
+// Packed: rows offsets[b] .. offsets[b + 1], real tokens only (at most T), its probabilities from probs_first[b].
+// Either way dropout's index of head n's probability (i, j) is ((b N + n) T + i) T + j, as in the padded batch's
+// (B, N, T, T) probabilities, so a right-padded batch drops the same probabilities packed or not.
+struct Layout {
+  const int64_t* offsets = nullptr;  // B + 1
+  const int64_t* probs_first = nullptr;  // B
+  int64_t first(int64_t b, const Shape& s) const { return offsets == nullptr ? b * s.T : offsets[b]; }
+  int64_t length(int64_t b, const Shape& s) const { return offsets == nullptr ? s.T : offsets[b + 1] - offsets[b]; }
+  int64_t probs_at(int64_t b, const Shape& s) const {
+    return offsets == nullptr ? b * s.N * s.T * padded_length(s.T) : probs_first[b];
+  }
+};
+
+// Where a packed call's probabilities begin, sequence by sequence (N T_b Tp_b floats each), and their total.
+inline int64_t packed_probs(const int64_t* offsets, int64_t B, int64_t N, int64_t* first) {
+  int64_t total = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    first[b] = total;
+    const int64_t T = offsets[b + 1] - offsets[b];
+    total += N * T * padded_length(T);
+  }
+  return total;
+}
+
+// qkv (rows, 3H) -> out (rows, H) and the probabilities; mask (B, T) true where a key may be attended, or null (and
+// null when packed). A task is a sequence, its heads in turn; while a head is worked, a share of the next sequence's
+// rows is prefetched, so that the heads find them in cache (the rows hold every head's columns; with one head of any
+// sequence a task, the loads of qkv's rows took a third of the backward's time under perf).
+inline void attention_forward(const float* qkv, const bool* mask, Shape s, Layout where, const Dropper& drop,
+                              float* out, float* probs) {
   const int64_t H = s.N * s.D;
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
-    Head head(s.T, s.D);
     for (int64_t b = begin; b < end; ++b) {
-      const float* rows = qkv + b * s.T * 3 * H;
+      const int64_t T = where.length(b, s);
+      if (T == 0) continue;
+      Head head(T, s.D, s.T);
+      const float* rows = qkv + where.first(b, s) * 3 * H;
       for (int64_t n = 0; n < s.N; ++n) {
         const int64_t task = b * s.N + n;
-        if (b + 1 < end) prefetch_share(rows + s.T * 3 * H, s.T * 3 * H, n, s.N);  // share n of the next rows
+        if (b + 1 < end)  // share n of the next sequence's rows
+          prefetch_share(qkv + where.first(b + 1, s) * 3 * H, where.length(b + 1, s) * 3 * H, n, s.N);
         head.read(rows, H, n, mask == nullptr ? nullptr : mask + b * s.T);
-        head.forward(probs + task * s.T * head.Tp, out + b * s.T * H + n * s.D, H, drop, task * s.T * s.T);
+        head.forward(probs + where.probs_at(b, s) + n * T * head.Tp, out + where.first(b, s) * H + n * s.D, H, drop,
+                     task * s.T * s.T);
       }
     }
   });
 }
 
-// grad (B, T, H), the output's gradient -> dqkv (B, T, 3H), from the forward's qkv and probs.
-inline void attention_backward(const float* grad, const float* qkv, const float* probs, Shape s, const Dropper& drop,
-                               float* dqkv) {
-  const int64_t H = s.N * s.D, Tp = padded_length(s.T);
+// grad (rows, H), the output's gradient -> dqkv (rows, 3H), from the forward's qkv and probabilities.
+inline void attention_backward(const float* grad, const float* qkv, const float* probs, Shape s, Layout where,
+                               const Dropper& drop, float* dqkv) {
+  const int64_t H = s.N * s.D;
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
-    Head head(s.T, s.D);
     for (int64_t b = begin; b < end; ++b) {
-      const float* rows = qkv + b * s.T * 3 * H;
+      const int64_t T = where.length(b, s), first = where.first(b, s);
+      if (T == 0) continue;
+      Head head(T, s.D, s.T);
+      const float* rows = qkv + first * 3 * H;
       for (int64_t n = 0; n < s.N; ++n) {
-        const int64_t task = b * s.N + n;
         if (b + 1 < end) {  // share n of sequence b + 1's rows of qkv, its output's gradient and its probabilities
-          prefetch_share(rows + s.T * 3 * H, s.T * 3 * H, n, s.N);
-          prefetch_share(grad + (b + 1) * s.T * H, s.T * H, n, s.N);
-          prefetch_share(probs + (b + 1) * s.N * s.T * Tp, s.N * s.T * Tp, n, s.N);
+          const int64_t next = where.first(b + 1, s), length = where.length(b + 1, s);
+          prefetch_share(qkv + next * 3 * H, length * 3 * H, n, s.N);
+          prefetch_share(grad + next * H, length * H, n, s.N);
+          prefetch_share(probs + where.probs_at(b + 1, s), s.N * length * padded_length(length), n, s.N);
         }
         head.read(rows, H, n, nullptr);
-        for (int64_t t = 0; t < s.T; ++t)
-          std::copy_n(grad + (b * s.T + t) * H + n * s.D, s.D, head.grad.data() + t * s.D);
-        float* dq = dqkv + b * s.T * 3 * H + n * s.D;
-        head.backward(probs + task * s.T * Tp, dq, dq + H, dq + 2 * H, 3 * H, drop);
+        for (int64_t t = 0; t < T; ++t)
+          std::copy_n(grad + (first + t) * H + n * s.D, s.D, head.grad.data() + t * s.D);
+        float* dq = dqkv + first * 3 * H + n * s.D;
+        head.backward(probs + where.probs_at(b, s) + n * T * head.Tp, dq, dq + H, dq + 2 * H, 3 * H, drop);
       }
     }
   });

@@ -17,7 +17,8 @@
 // And for training on oneDNN's fp32 products (bertforge/linear.py):
 //   transpose_sum  a Linear layer's output gradient transposed, with its column sums (transpose.h);
 //   grad_norm      the 2-norm of many tensors together, gradient clipping's (grad_norm.h);
-//   attention_train (and its backward) attention with dropout, from and to the products' layouts (attention_train.h).
+//   attention_train (and its backward) attention with dropout, from and to the products' layouts, padded or packed
+//                  (attention_train.h; the ops in attention_train_ops.h).
 // The int8 products themselves: u7_linear (int8_u7.h, CPUs without int8 dot products) and vnni_linear (int8_vnni.h,
 // AVX-512 VNNI without AMX), each quantizing its activations per row.
 // (lanes() says which build this is: 16 floats a vector on AVX-512, 8 on AVX2.)
@@ -35,6 +36,7 @@
 
 #include "attention.h"
 #include "attention_train.h"
+#include "attention_train_ops.h"
 #include "dropout.h"
 #include "grad_norm.h"
 #include "int8_u7.h"
@@ -286,48 +288,6 @@ std::tuple<at::Tensor, at::Tensor> transpose_sum(const at::Tensor& g) {
   return {gt, sums};
 }
 
-// Training's attention in fp32 (attention_train.h): qkv (B, T, 3H) -> (out (B, T, H), probabilities (B, N, T, Tp),
-// those dropout dropped with their sign bit set), dropout at p with `key`; and the backward, out's gradient -> qkv's.
-std::tuple<at::Tensor, at::Tensor> attention_train(const at::Tensor& qkv, int64_t heads,
-                                                   const std::optional<at::Tensor>& mask, double p, int64_t key) {
-  TORCH_CHECK(heads > 0 && qkv.dim() == 3 && qkv.size(2) % (3 * heads * kMultiple) == 0,
-              "qkv must be (B, T, 3H), H heads x a multiple of 16");
-  TORCH_CHECK(qkv.scalar_type() == at::kFloat, "qkv must be fp32");
-  TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
-  const at::Tensor x = qkv.contiguous();
-  const bertforge::train::Shape s{x.size(0), x.size(1), heads, x.size(2) / 3 / heads};
-  TORCH_CHECK(p == 0 || s.B * s.N * s.T * s.T <= (int64_t{1} << 32), "dropout masks of at most 2^32 elements");
-  at::Tensor m;
-  if (mask.has_value()) {
-    m = mask->to(at::kBool).contiguous();
-    TORCH_CHECK(m.dim() == 2 && m.size(0) == s.B && m.size(1) == s.T, "mask must be (B, T)");
-  }
-  const int64_t Tp = bertforge::padded_length(s.T);
-  at::Tensor out = at::empty({s.B, s.T, s.N * s.D}, x.options()), probs = at::empty({s.B, s.N, s.T, Tp}, x.options());
-  const bool* mp = mask.has_value() ? m.data_ptr<bool>() : nullptr;
-  bertforge::train::attention_forward(x.data_ptr<float>(), mp, s, bertforge::train::Dropper(p, key),
-                                      out.data_ptr<float>(), probs.data_ptr<float>());
-  return {out, probs};
-}
-
-at::Tensor attention_train_backward(const at::Tensor& grad, const at::Tensor& qkv, const at::Tensor& probs,
-                                    int64_t heads, double p, int64_t key) {
-  TORCH_CHECK(heads > 0 && qkv.dim() == 3 && qkv.size(2) % (3 * heads * kMultiple) == 0 &&
-                  qkv.scalar_type() == at::kFloat, "qkv must be fp32 (B, T, 3H), H heads x a multiple of 16");
-  const at::Tensor x = qkv.contiguous(), g = grad.contiguous(), pr = probs.contiguous();
-  const bertforge::train::Shape s{x.size(0), x.size(1), heads, x.size(2) / 3 / heads};
-  const int64_t Tp = bertforge::padded_length(s.T);
-  TORCH_CHECK(g.scalar_type() == at::kFloat && g.sizes() == at::IntArrayRef({s.B, s.T, s.N * s.D}),
-              "grad must be fp32 (B, T, H)");
-  TORCH_CHECK(pr.scalar_type() == at::kFloat && pr.sizes() == at::IntArrayRef({s.B, s.N, s.T, Tp}),
-              "probs must be attention_train's");
-  TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
-  at::Tensor dqkv = at::empty_like(x);
-  bertforge::train::attention_backward(g.data_ptr<float>(), x.data_ptr<float>(), pr.data_ptr<float>(), s,
-                                       bertforge::train::Dropper(p, key), dqkv.data_ptr<float>());
-  return dqkv;
-}
-
 // Floats in one vector of this build: 16 (AVX-512) or 8 (AVX2).
 int64_t lanes() { return kLanes; }
 
@@ -356,8 +316,10 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("apply_keep_mask(Tensor x, float p, int key) -> Tensor");
   m.def("transpose_sum(Tensor g) -> (Tensor, Tensor)");
   m.def("grad_norm(Tensor[] tensors) -> float", &bertforge::grad_norm);
-  m.def("attention_train(Tensor qkv, int heads, Tensor? mask, float p, int key) -> (Tensor, Tensor)");
-  m.def("attention_train_backward(Tensor grad, Tensor qkv, Tensor probs, int heads, float p, int key) -> Tensor");
+  m.def("attention_train(Tensor qkv, int heads, Tensor? mask, float p, int key, Tensor? offsets=None, int length=0)"
+        " -> (Tensor, Tensor)");
+  m.def("attention_train_backward(Tensor grad, Tensor qkv, Tensor probs, int heads, float p, int key, "
+        "Tensor? offsets=None, int length=0) -> Tensor");
   m.def("lanes() -> int", &lanes);
   m.def("parallel_threads() -> int", &parallel_threads);
   m.def("u7_pack(Tensor codes) -> (Tensor, Tensor)");
@@ -381,6 +343,6 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("vnni_pack", bertforge::vnni::checked_pack);
   m.impl("vnni_linear", bertforge::vnni::checked_linear);
   m.impl("transpose_sum", transpose_sum);
-  m.impl("attention_train", attention_train);
-  m.impl("attention_train_backward", attention_train_backward);
+  m.impl("attention_train", bertforge::train::attention_train);
+  m.impl("attention_train_backward", bertforge::train::attention_train_backward);
 }

@@ -1,0 +1,101 @@
+// The ops of training's attention (cpu_kernels.cpp registers them): their arguments checked and the kernels of
+// attention_train.h called on them.
+
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "attention_train.h"
+
+namespace bertforge {
+namespace train {
+
+constexpr int64_t kHeadMultiple = 16;  // floats a head: whole vectors on either build
+static_assert(kHeadMultiple % kLanes == 0, "a head is whole vectors");
+
+// Training's attention in fp32 (attention_train.h): qkv (B, T, 3H) -> (out (B, T, H), probabilities (B, N, T, Tp),
+// those dropout dropped with their sign bit set), dropout at p with `key`; and the backward, out's gradient -> qkv's.
+// Packed: qkv (rows, 3H) holds B sequences of real tokens, sequence b rows offsets[b] .. offsets[b + 1] (int64, B + 1),
+// each at most `length` long (the padded batch's T, which dropout's indices count in); out (rows, H), the
+// probabilities flat.
+struct TrainCall {
+  Shape shape;
+  Layout layout;
+  at::Tensor offsets;
+  std::vector<int64_t> probs_first;
+  int64_t probs = 0;  // floats
+  TrainCall(const at::Tensor& qkv, int64_t heads, const std::optional<at::Tensor>& packed, int64_t length) {
+    const int64_t dims = packed.has_value() ? 2 : 3;
+    TORCH_CHECK(heads > 0 && qkv.dim() == dims && qkv.size(dims - 1) % (3 * heads * kHeadMultiple) == 0,
+                "qkv must be (B, T, 3H), or (rows, 3H) packed, H heads x a multiple of 16");
+    TORCH_CHECK(qkv.scalar_type() == at::kFloat, "qkv must be fp32");
+    const int64_t D = qkv.size(dims - 1) / 3 / heads;
+    if (!packed.has_value()) {
+      shape = {qkv.size(0), qkv.size(1), heads, D};
+      probs = shape.B * heads * shape.T * padded_length(shape.T);
+      return;
+    }
+    offsets = packed->to(at::kLong).contiguous();
+    const int64_t* o = offsets.data_ptr<int64_t>();
+    const int64_t B = offsets.numel() - 1;
+    TORCH_CHECK(offsets.dim() == 1 && B >= 0 && o[0] == 0 && o[B] == qkv.size(0), "offsets must be 0 .. rows");
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(o[b + 1] >= o[b] && o[b + 1] - o[b] <= length, "offsets must rise by at most length a sequence");
+    shape = {B, length, heads, D};
+    probs_first.resize(B);
+    probs = packed_probs(o, B, heads, probs_first.data());
+    layout = {o, probs_first.data()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> attention_train(const at::Tensor& qkv, int64_t heads,
+                                                   const std::optional<at::Tensor>& mask, double p, int64_t key,
+                                                   const std::optional<at::Tensor>& offsets, int64_t length) {
+  const TrainCall call(qkv, heads, offsets, length);
+  const Shape& s = call.shape;
+  TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
+  TORCH_CHECK(p == 0 || s.B * s.N * s.T * s.T <= (int64_t{1} << 32), "dropout masks of at most 2^32 elements");
+  const at::Tensor x = qkv.contiguous();
+  at::Tensor m;
+  if (mask.has_value()) {
+    TORCH_CHECK(!offsets.has_value(), "a packed call has no mask");
+    m = mask->to(at::kBool).contiguous();
+    TORCH_CHECK(m.dim() == 2 && m.size(0) == s.B && m.size(1) == s.T, "mask must be (B, T)");
+  }
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = s.N * s.D;
+  at::Tensor out = at::empty(out_shape, x.options());
+  at::Tensor probs = offsets.has_value() ? at::empty({call.probs}, x.options())
+                                         : at::empty({s.B, s.N, s.T, padded_length(s.T)}, x.options());
+  attention_forward(x.data_ptr<float>(), mask.has_value() ? m.data_ptr<bool>() : nullptr, s,
+                                      call.layout, Dropper(p, key), out.data_ptr<float>(),
+                                      probs.data_ptr<float>());
+  return {out, probs};
+}
+
+at::Tensor attention_train_backward(const at::Tensor& grad, const at::Tensor& qkv, const at::Tensor& probs,
+                                    int64_t heads, double p, int64_t key, const std::optional<at::Tensor>& offsets,
+                                    int64_t length) {
+  const TrainCall call(qkv, heads, offsets, length);
+  const Shape& s = call.shape;
+  const at::Tensor x = qkv.contiguous(), g = grad.contiguous(), pr = probs.contiguous();
+  std::vector<int64_t> grad_shape(x.sizes().begin(), x.sizes().end());
+  grad_shape.back() = s.N * s.D;
+  TORCH_CHECK(g.scalar_type() == at::kFloat && g.sizes() == at::IntArrayRef(grad_shape),
+              "grad must be fp32 (B, T, H), or (rows, H) packed");
+  TORCH_CHECK(pr.scalar_type() == at::kFloat && pr.numel() == call.probs && pr.dim() == (offsets ? 1 : 4),
+              "probs must be attention_train's");
+  TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
+  at::Tensor dqkv = at::empty_like(x);
+  attention_backward(g.data_ptr<float>(), x.data_ptr<float>(), pr.data_ptr<float>(), s,
+                                       call.layout, Dropper(p, key), dqkv.data_ptr<float>());
+  return dqkv;
+}
+
+}  // namespace train
+}  // namespace bertforge
