@@ -12,7 +12,7 @@ import torch
 from bertforge import BertConfig
 from bertforge.dropout import draw_key, keep_mask_reference
 from bertforge.encoder import BertSelfAttention, TrainingAttention
-from bertforge.models import BertForSequenceClassification, BertForTokenClassification
+from bertforge.models import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bertforge.training_attention import TrainingPacking
 
 pytestmark = pytest.mark.usefixtures("int8_kernels")
@@ -233,15 +233,37 @@ def test_a_classifier_trains_the_same_on_its_real_tokens_alone(monkeypatch):
         assert torch.allclose(packed, padded, rtol=1e-5, atol=1e-6 * padded.abs().max().item())
 
 
+def test_a_tagger_trains_the_same_on_its_real_tokens_alone(monkeypatch):
+    """A tagger's labels ignore the padding, so every layer may run on the real tokens alone, one layer too: the same
+    logits at the real tokens, the same loss and gradients up to fp32 rounding as the padded batch's."""
+    torch.manual_seed(0)
+    config = classifier(0.0, layers=1).config.replace(attention_probs_dropout_prob=0.0)
+    model, ids = BertForTokenClassification(config).train(), torch.randint(5, 100, (3, 11))
+    mask = right_padded([11, 6, 3], 11)
+    labels = torch.randint(0, 3, (3, 11)).masked_fill(~mask, -100)
+    calls, results = packed_calls(monkeypatch), []
+    for packs in (True, False):
+        monkeypatch.setattr(TrainingPacking, "enabled", packs)
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask.long(), labels=labels)
+        out.loss.backward()
+        results.append([out.logits.detach()[mask], out.loss.detach()] + [p.grad.clone() for p in model.parameters()])
+    assert calls == [20]
+    for packed, padded in zip(*results, strict=True):
+        assert torch.allclose(packed, padded, rtol=1e-5, atol=1e-6 * padded.abs().max().item())
+
+
 def test_models_pack_only_where_it_applies(monkeypatch):
-    """Packing takes a training batch with padding through a model whose head reads some positions, attention on
-    the kernels, more than one layer; not without padding, in evaluation, under autocast, for token-level heads
-    (which read every position), with one layer or with `enabled` off."""
+    """Packing takes a training batch with padding through a model whose head reads some positions (with more than
+    one layer) or no padded one (a tagger), attention on the kernels; not without padding, in evaluation, under
+    autocast, for a head that reads padded positions (question answering's spans), a one-layer classifier, or with
+    `enabled` off."""
     calls = packed_calls(monkeypatch)
     ids, padded, full = torch.randint(5, 100, (2, 9)), right_padded([9, 4], 9).long(), torch.ones(2, 9).long()
-    model = classifier(hidden_dropout=0.1)
+    model, config = classifier(hidden_dropout=0.1), classifier(0.1).config
     model(input_ids=ids, attention_mask=padded)
-    assert len(calls) == 1
+    BertForTokenClassification(config).train()(input_ids=ids, attention_mask=padded)
+    assert len(calls) == 2
     model(input_ids=ids, attention_mask=full)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=padded)
@@ -249,7 +271,7 @@ def test_models_pack_only_where_it_applies(monkeypatch):
         model(input_ids=ids, attention_mask=padded)
     model.eval()(input_ids=ids, attention_mask=padded)
     classifier(hidden_dropout=0.1, layers=1)(input_ids=ids, attention_mask=padded)
-    BertForTokenClassification(classifier(0.1).config).train()(input_ids=ids, attention_mask=padded)
+    BertForQuestionAnswering(config).train()(input_ids=ids, attention_mask=padded)
     monkeypatch.setattr(TrainingPacking, "enabled", False)
     classifier(hidden_dropout=0.1)(input_ids=ids, attention_mask=padded)
-    assert len(calls) == 1
+    assert len(calls) == 2

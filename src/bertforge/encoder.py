@@ -191,13 +191,15 @@ class BertEncoder(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None,
                 packing: TrainingPacking | None = None) -> torch.Tensor:
         """positions (B, P): the last layer computes these positions only. packing: x is the batch's real tokens
-        (rows, H); every layer but the last runs on them, the last on the padded batch again, at `positions`."""
+        (rows, H), which the layers run on; with positions the last runs on the padded batch again, at those, and
+        without, the output is the padded batch's (B, T, H), zeros at the padding."""
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
-            if packing is not None and i == last:
+            if packing is not None and i == last and positions is not None:
                 x, packing = packing.unpack(x), None
             x = layer(x, mask, positions if i == last else None, packing)
-        return self.final_norm(x) if self.final_norm is not None else x
+        x = self.final_norm(x) if self.final_norm is not None else x
+        return x if packing is None else packing.unpack(x)
 
 
 class BertPooler(nn.Module):
@@ -304,14 +306,17 @@ class BertModel(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, *, cls_only: bool = False,
-                positions: torch.Tensor | None = None, cls_column: int | None = None) -> EncoderOutput:
+                positions: torch.Tensor | None = None, cls_column: int | None = None,
+                reads_padding: bool = True) -> EncoderOutput:
         """input_ids (B, T); token_type_ids (B, T) or None (all segment A); attention_mask (B, T) 1 = real.
 
         positions (B, P): the last layer is computed at these positions only, and sequence_output is (B, P, H)
         in their order: the same values for most of a layer's work less, when a head reads only some
         positions. cls_column: the column of positions that holds [CLS] (CLS_INDEX), which the pooler reads;
         with positions and no cls_column the pooler does not run. cls_only: [CLS] only, positions
-        [[CLS_INDEX]] * B."""
+        [[CLS_INDEX]] * B. reads_padding False: the caller reads no padded position of sequence_output (a tagger
+        whose labels ignore the padding), so training may run every layer on the real tokens alone (`_packs`),
+        sequence_output then zeros at the padding."""
         if input_ids.shape[-1] > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds max_position_embeddings="
                              f"{self.config.max_position_embeddings}; truncate the input")
@@ -320,7 +325,7 @@ class BertModel(BertPreTrainedModel):
             positions = torch.full((input_ids.shape[0], 1), CLS_INDEX, dtype=torch.long, device=input_ids.device)
             cls_column = 0
         mask = attention_mask_for_sdpa(attention_mask)
-        if self._packs(x, mask, positions):
+        if self._packs(x, mask, positions, reads_padding):
             packing = TrainingPacking.of(attention_mask)
             x = self.encoder(packing.pack(x), mask, positions, packing)
         else:
@@ -329,14 +334,16 @@ class BertModel(BertPreTrainedModel):
         pooled = self.pooler(x, cls_index) if self.pooler is not None and cls_index is not None else None
         return EncoderOutput(sequence_output=x, pooled_output=pooled)
 
-    def _packs(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None) -> bool:
-        """Whether the layers before the last train on the batch's real tokens alone (`TrainingPacking`): training
-        with padding, a head that reads only some positions (the last layer runs on the padded batch at those), more
-        than one layer, and attention on the kernels."""
+    def _packs(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None,
+               reads_padding: bool) -> bool:
+        """Whether layers train on the batch's real tokens alone (`TrainingPacking`): training with padding,
+        attention on the kernels, and a head that reads only some positions (the layers before the last, where
+        there is more than one: the last runs on the padded batch at those) or no padded position (every layer)."""
         config = self.config
         B, T = x.shape[:2]
-        return (TrainingPacking.enabled and self.training and torch.is_grad_enabled() and mask is not None
+        head = (positions is not None and config.num_hidden_layers > 1) or (positions is None and not reads_padding)
+        return (TrainingPacking.enabled and head and self.training and torch.is_grad_enabled() and mask is not None
                 and isinstance(self.encoder, BertEncoder) and not self.encoder.compiled
-                and positions is not None and config.num_hidden_layers > 1 and not torch.is_autocast_enabled("cpu")
+                and not torch.is_autocast_enabled("cpu")
                 and TrainingAttention.applies(x, config.head_size, config.attention_probs_dropout_prob,
                                               B * config.num_attention_heads * T * T))

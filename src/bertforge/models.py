@@ -301,7 +301,7 @@ class BertForTokenClassification(BertPreTrainedModel):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> TaskOutput:
         """labels (B, T): label ids, -100 on specials, padding and non-first sub-tokens."""
-        x = self.bert(input_ids, token_type_ids, attention_mask).sequence_output
+        x = self.bert(input_ids, token_type_ids, attention_mask, reads_padding=False).sequence_output
         logits = self.classifier(self.dropout(x))  # (B, T, num_labels)
         loss = None
         if labels is not None:
