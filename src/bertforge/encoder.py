@@ -340,10 +340,11 @@ class BertModel(BertPreTrainedModel):
         attention on the kernels, and a head that reads only some positions (the layers before the last, where
         there is more than one: the last runs on the padded batch at those) or no padded position (every layer)."""
         config = self.config
-        B, T = x.shape[:2]
         head = (positions is not None and config.num_hidden_layers > 1) or (positions is None and not reads_padding)
-        return (TrainingPacking.enabled and head and self.training and torch.is_grad_enabled() and mask is not None
+        if not (TrainingPacking.enabled and head and self.training and torch.is_grad_enabled() and mask is not None
                 and isinstance(self.encoder, BertEncoder) and not self.encoder.compiled
-                and not torch.is_autocast_enabled("cpu")
-                and TrainingAttention.applies(x, config.head_size, config.attention_probs_dropout_prob,
-                                              B * config.num_attention_heads * T * T))
+                and not torch.is_autocast_enabled("cpu")):
+            return False
+        B, T = x.shape[:2]
+        p = max(layer.attention.dropout_p for layer in self.encoder.layer)  # as set_dropout may have set it
+        return TrainingAttention.applies(x, config.head_size, p, B * config.num_attention_heads * T * T)

@@ -46,8 +46,8 @@ class TrainingAttention(torch.autograd.Function):
         """Whether a padded batch's qkv (B, T, 3H) trains on the kernels: as `applies` says, a gradient wanted, and
         a (B, 1, 1, T) bool mask or none."""
         B, T = qkv.shape[:2]
-        return (qkv.requires_grad and TrainingAttention.applies(qkv, head_size, p, B * qkv.shape[2] // (3 * head_size)
-                                                                 * T * T)
+        probabilities = B * qkv.shape[2] // (3 * head_size) * T * T
+        return (qkv.requires_grad and TrainingAttention.applies(qkv, head_size, p, probabilities)
                 and (mask is None or (mask.dtype == torch.bool and mask.shape == (B, 1, 1, T))))
 
     @staticmethod
