@@ -14,8 +14,9 @@ attention's inputs come from an int8 product that can write fp32 or bf16: fp32's
 explicit one, forward only, masked; the model takes bf16 up to `INT8_BF16_ATTENTION_MAX_T` keys, read from this.
 With --training-kernels: fp32 training as fine-tuning runs it (dropout 0.1 on the probabilities), the model's
 attention from its query/key/value product's output (B, T, 3H) to (B, T, H) and back: bertforge's kernels
-(`bertforge.encoder.TrainingAttention`, what the model takes) against the unfused path it takes without them (head
-views, `attend`, heads merged); forward + backward. Median (min-max) of --rounds rounds, the sides interleaved.
+(`bertforge.training_attention.TrainingAttention`, what the model takes) against the unfused path it takes without
+them (head views, `attend`, heads merged); forward + backward. Median (min-max) of --rounds rounds, the sides
+interleaved.
 
     .venv/bin/python bench/attention.py
     .venv/bin/python bench/attention.py --lengths 64 128 256 --heads 4 12 --rounds 5
@@ -37,12 +38,12 @@ from bertforge import kernels
 from bertforge.encoder import (
     _EXPLICIT_ATTENTION_MAX_T,
     _EXPLICIT_INFERENCE_MAX_T,
-    TrainingAttention,
     _explicit_attention,
     attend,
 )
 from bertforge.infer import INT8_BF16_ATTENTION_MAX_T
 from bertforge.train.memory import keep_freed_memory
+from bertforge.training_attention import TrainingAttention
 
 
 def fused(q, k, v, mask):

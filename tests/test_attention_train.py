@@ -11,9 +11,9 @@ import torch
 
 from bertforge import BertConfig
 from bertforge.dropout import draw_key, keep_mask_reference
-from bertforge.encoder import BertSelfAttention, TrainingAttention
+from bertforge.encoder import BertSelfAttention
 from bertforge.models import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from bertforge.training_attention import TrainingPacking
+from bertforge.training_attention import TrainingAttention, TrainingPacking
 
 pytestmark = pytest.mark.usefixtures("int8_kernels")
 

@@ -30,7 +30,7 @@ struct TrainCall {
   std::vector<int64_t> probs_first;
   int64_t probs = 0;  // floats
   TrainCall(const at::Tensor& qkv, int64_t heads, const std::optional<at::Tensor>& packed, int64_t length) {
-    const int64_t dims = packed.has_value() ? 2 : 3;
+    const int64_t dims = packed.has_value() ? 2 : 3;  // packed: `packed` holds the offsets
     TORCH_CHECK(heads > 0 && qkv.dim() == dims && qkv.size(dims - 1) % (3 * heads * kHeadMultiple) == 0,
                 "qkv must be (B, T, 3H), or (rows, 3H) packed, H heads x a multiple of 16");
     TORCH_CHECK(qkv.scalar_type() == at::kFloat, "qkv must be fp32");
@@ -53,9 +53,10 @@ struct TrainCall {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor> attention_train(const at::Tensor& qkv, int64_t heads,
-                                                   const std::optional<at::Tensor>& mask, double p, int64_t key,
-                                                   const std::optional<at::Tensor>& offsets, int64_t length) {
+inline std::tuple<at::Tensor, at::Tensor> attention_train(const at::Tensor& qkv, int64_t heads,
+                                                          const std::optional<at::Tensor>& mask, double p,
+                                                          int64_t key, const std::optional<at::Tensor>& offsets,
+                                                          int64_t length) {
   const TrainCall call(qkv, heads, offsets, length);
   const Shape& s = call.shape;
   TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
@@ -72,15 +73,14 @@ std::tuple<at::Tensor, at::Tensor> attention_train(const at::Tensor& qkv, int64_
   at::Tensor out = at::empty(out_shape, x.options());
   at::Tensor probs = offsets.has_value() ? at::empty({call.probs}, x.options())
                                          : at::empty({s.B, s.N, s.T, padded_length(s.T)}, x.options());
-  attention_forward(x.data_ptr<float>(), mask.has_value() ? m.data_ptr<bool>() : nullptr, s,
-                                      call.layout, Dropper(p, key), out.data_ptr<float>(),
-                                      probs.data_ptr<float>());
+  attention_forward(x.data_ptr<float>(), mask.has_value() ? m.data_ptr<bool>() : nullptr, s, call.layout,
+                    Dropper(p, key), out.data_ptr<float>(), probs.data_ptr<float>());
   return {out, probs};
 }
 
-at::Tensor attention_train_backward(const at::Tensor& grad, const at::Tensor& qkv, const at::Tensor& probs,
-                                    int64_t heads, double p, int64_t key, const std::optional<at::Tensor>& offsets,
-                                    int64_t length) {
+inline at::Tensor attention_train_backward(const at::Tensor& grad, const at::Tensor& qkv, const at::Tensor& probs,
+                                           int64_t heads, double p, int64_t key,
+                                           const std::optional<at::Tensor>& offsets, int64_t length) {
   const TrainCall call(qkv, heads, offsets, length);
   const Shape& s = call.shape;
   const at::Tensor x = qkv.contiguous(), g = grad.contiguous(), pr = probs.contiguous();
@@ -92,8 +92,8 @@ at::Tensor attention_train_backward(const at::Tensor& grad, const at::Tensor& qk
               "probs must be attention_train's");
   TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
   at::Tensor dqkv = at::empty_like(x);
-  attention_backward(g.data_ptr<float>(), x.data_ptr<float>(), pr.data_ptr<float>(), s,
-                                       call.layout, Dropper(p, key), dqkv.data_ptr<float>());
+  attention_backward(g.data_ptr<float>(), x.data_ptr<float>(), pr.data_ptr<float>(), s, call.layout,
+                     Dropper(p, key), dqkv.data_ptr<float>());
   return dqkv;
 }
 
