@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertforge import BertConfig
+from bertforge import BertConfig, kernels
 from bertforge.dropout import draw_key, keep_mask_reference
 from bertforge.encoder import BertSelfAttention
 from bertforge.models import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
@@ -256,8 +256,8 @@ def test_a_tagger_trains_the_same_on_its_real_tokens_alone(monkeypatch):
 def test_models_pack_only_where_it_applies(monkeypatch):
     """Packing takes a training batch with padding through a model whose head reads some positions (with more than
     one layer) or no padded one (a tagger), attention on the kernels; not without padding, in evaluation, under
-    autocast, for a head that reads padded positions (question answering's spans), a one-layer classifier, or with
-    `enabled` off."""
+    autocast, for a head that reads padded positions (question answering's spans), a one-layer classifier, without
+    the kernels, or with `enabled` off."""
     calls = packed_calls(monkeypatch)
     ids, padded, full = torch.randint(5, 100, (2, 9)), right_padded([9, 4], 9).long(), torch.ones(2, 9).long()
     model, config = classifier(hidden_dropout=0.1), classifier(0.1).config
@@ -272,6 +272,9 @@ def test_models_pack_only_where_it_applies(monkeypatch):
     model.eval()(input_ids=ids, attention_mask=padded)
     classifier(hidden_dropout=0.1, layers=1)(input_ids=ids, attention_mask=padded)
     BertForQuestionAnswering(config).train()(input_ids=ids, attention_mask=padded)
+    with monkeypatch.context() as patched:  # without the kernels (none built, or BERTFORGE_KERNELS=0)
+        patched.setattr(kernels, "available", lambda: False)
+        classifier(hidden_dropout=0.1)(input_ids=ids, attention_mask=padded)
     monkeypatch.setattr(TrainingPacking, "enabled", False)
     classifier(hidden_dropout=0.1)(input_ids=ids, attention_mask=padded)
     assert len(calls) == 2
