@@ -16,6 +16,10 @@
 namespace bertforge {
 
 constexpr int64_t kLanes = Vec::kLanes;
+// What the operators ask of a head's and a row's size: whole vectors on either ISA (AVX-512's 16 floats), so that
+// both builds take the same shapes.
+constexpr int64_t kMultiple = 16;
+static_assert(kMultiple % kLanes == 0, "a head is whole vectors");
 
 // acc[i][c] += sum over k < K of a[i * lda + k * ka] * b[k * ldb + kLanes c ..]: QN rows of A (ka = 1; lda = 1 reads
 // A transposed) against kLanes NB columns of B, the register-blocked product attention's scores (queries x transposed

@@ -124,14 +124,25 @@ inline void prefetch_share(const float* p, int64_t floats, int64_t part, int64_t
 // One head's working set: its queries (scaled by 1 / sqrt(D)), keys and values (T rows of D; the keys and values
 // padded with zero rows to Tp), keys or values transposed (D x Tp), which keys may be attended (keep 1 / 0, bias
 // 0 / -inf), a (T x Tp) matrix of scores or their gradients, the dropped probabilities and the output's gradient.
-// `row`: the length of a row of the (B, N, T, T) tensor dropout's indices count in (T, or the padded batch's length
-// for a packed sequence).
+// Made once a thread for the call's length `row` (the padded batch's T, which dropout's indices count in), and fitted
+// to each packed sequence's own length.
 struct Head {
   int64_t T, D, Tp, row;
   std::vector<float> q, k, v, transposed, keep, bias, S, dropped, grad;
-  Head(int64_t T, int64_t D, int64_t row)
-      : T(T), D(D), Tp(padded_length(T)), row(row), q(T * D), k(Tp * D, 0.0f), v(Tp * D, 0.0f),
+  Head(int64_t D, int64_t row)
+      : T(row), D(D), Tp(padded_length(row)), row(row), q(T * D), k(Tp * D, 0.0f), v(Tp * D, 0.0f),
         transposed(D * Tp), keep(Tp, 0.0f), bias(Tp, -kInf), S(T * Tp), dropped(T * Tp, 0.0f), grad(T * D) {}
+
+  // A sequence of `length` (<= row) tokens next: the rows from `length` up to whole vectors are padding again
+  // (zero keys and values, keep 0, bias -inf), as the constructor leaves them.
+  void fit(int64_t length) {
+    if (length == T) return;
+    T = length, Tp = padded_length(length);
+    std::fill(k.begin() + T * D, k.begin() + Tp * D, 0.0f);
+    std::fill(v.begin() + T * D, v.begin() + Tp * D, 0.0f);
+    std::fill(keep.begin() + T, keep.begin() + Tp, 0.0f);
+    std::fill(bias.begin() + T, bias.begin() + Tp, -kInf);
+  }
 
   // The head's columns [n D, n D + D) of the query, key and value thirds of `rows` (T rows of 3H); the mask row
   // (null: every key) into keep and bias.
@@ -250,10 +261,11 @@ inline void attention_forward(const float* qkv, const bool* mask, Shape s, Layou
                               float* out, float* probs) {
   const int64_t H = s.N * s.D;
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
+    Head head(s.D, s.T);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t T = where.length(b, s);
       if (T == 0) continue;
-      Head head(T, s.D, s.T);
+      head.fit(T);
       const float* rows = qkv + where.first(b, s) * 3 * H;
       for (int64_t n = 0; n < s.N; ++n) {
         const int64_t task = b * s.N + n;
@@ -272,10 +284,11 @@ inline void attention_backward(const float* grad, const float* qkv, const float*
                                const Dropper& drop, float* dqkv) {
   const int64_t H = s.N * s.D;
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
+    Head head(s.D, s.T);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t T = where.length(b, s), first = where.first(b, s);
       if (T == 0) continue;
-      Head head(T, s.D, s.T);
+      head.fit(T);
       const float* rows = qkv + first * 3 * H;
       for (int64_t n = 0; n < s.N; ++n) {
         if (b + 1 < end) {  // share n of sequence b + 1's rows of qkv, its output's gradient and its probabilities

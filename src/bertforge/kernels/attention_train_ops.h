@@ -15,9 +15,6 @@
 namespace bertforge {
 namespace train {
 
-constexpr int64_t kHeadMultiple = 16;  // floats a head: whole vectors on either build
-static_assert(kHeadMultiple % kLanes == 0, "a head is whole vectors");
-
 // Training's attention in fp32 (attention_train.h): qkv (B, T, 3H) -> (out (B, T, H), probabilities (B, N, T, Tp),
 // those dropout dropped with their sign bit set), dropout at p with `key`; and the backward, out's gradient -> qkv's.
 // Packed: qkv (rows, 3H) holds B sequences of real tokens, sequence b rows offsets[b] .. offsets[b + 1] (int64, B + 1),
@@ -31,7 +28,7 @@ struct TrainCall {
   int64_t probs = 0;  // floats
   TrainCall(const at::Tensor& qkv, int64_t heads, const std::optional<at::Tensor>& packed, int64_t length) {
     const int64_t dims = packed.has_value() ? 2 : 3;  // packed: `packed` holds the offsets
-    TORCH_CHECK(heads > 0 && qkv.dim() == dims && qkv.size(dims - 1) % (3 * heads * kHeadMultiple) == 0,
+    TORCH_CHECK(heads > 0 && qkv.dim() == dims && qkv.size(dims - 1) % (3 * heads * kMultiple) == 0,
                 "qkv must be (B, T, 3H), or (rows, 3H) packed, H heads x a multiple of 16");
     TORCH_CHECK(qkv.scalar_type() == at::kFloat, "qkv must be fp32");
     const int64_t D = qkv.size(dims - 1) / 3 / heads;

@@ -48,13 +48,9 @@ namespace {
 
 using bertforge::kInf;
 using bertforge::kLanes;
+using bertforge::kMultiple;
 using bertforge::Range;
 using bertforge::Vec;
-
-// What the operators ask of a head's and a row's size: whole vectors on either ISA (AVX-512's 16 floats), so that
-// both builds take the same shapes.
-constexpr int64_t kMultiple = 16;
-static_assert(kMultiple % kLanes == 0, "a head is whole vectors");
 
 at::Tensor range_tensor(const std::vector<Range>& parts) {
   float lo = kInf, hi = -kInf;
