@@ -317,6 +317,29 @@ def test_pre_ln_int8_encoder_runs_on_the_kernels_and_agrees_with_its_layers():
         assert (a - b).abs().mean() < 1e-4  # seen: 6e-8 and below
 
 
+@needs_kernels
+def test_the_encoder_runs_a_sequence_at_a_time_only_on_a_build_with_vnni():
+    """The int8_encoder operator (the whole encoder a sequence at a time, tests/test_int8_encoder.py) needs the VNNI
+    kernels: a build without them (the AVX2 build, an AVX-512 CPU without avx512_vnni) refuses it in one line, and
+    its encoders run operator by operator, their logits those of the same layers run as they are."""
+    model = quantize_int8(classifier())
+    encoder = model.bert.encoder
+    ids, mask = batch()
+    if torch.ops.bertforge.has_vnni() and bertforge.infer.transforms.vnni_products():
+        assert encoder.sequence_weights is not None  # 64 wide: a sequence at a time with AMX or without
+        return
+    assert encoder.sequence_weights is None
+    with pytest.raises(RuntimeError, match="has no AVX-512 VNNI"):
+        torch.ops.bertforge.int8_encoder(torch.zeros(1, 2, 64), None, None, [torch.zeros(1)] * 20, 2, [1e-12] * 2,
+                                         False)
+    plain = BertEncoder(model.config)
+    plain.layer = encoder.layer
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits
+        model.bert.encoder = plain
+        torch.testing.assert_close(logits, model(ids, attention_mask=mask).logits, atol=0.02, rtol=0)
+
+
 def test_int8_encoder_is_fused_only_where_it_can_be(monkeypatch):
     """Heads of a size the kernels do not take (8), a feed-forward activation other than GELU (not inside the
     product) and a machine without the kernels keep the encoder as it is."""

@@ -22,12 +22,36 @@ class FusedEncoder(nn.Module):
     + LayerNorm in one pass per row, and the activation range each of them gives handed to an int8 product that
     follows, which then skips its own pass to find it (on the VNNI kernels, which quantize each row by its own
     range, and in fp32, it goes unused). Post-LN and pre-LN layers alike. Batches longer than `max_positions` run
-    the layers as they are."""
+    the layers as they are.
+
+    Int8 layers on the VNNI kernels can instead run a sequence at a time (`by_sequence`; the kernels'
+    int8_encoder.h): every layer of one sequence before the next sequence, its activations kept in the core's caches,
+    the same results bit for bit."""
 
     def __init__(self, encoder: BertEncoder, max_positions: int):
         super().__init__()
         self.plain = encoder  # the same layers, run as they are past max_positions
         self.max_positions = max_positions
+        self.sequence_weights: list[torch.Tensor] | None = None  # by_sequence's operands
+        self.sequence_eps: list[float] = []
+
+    def by_sequence(self) -> None:
+        """Run on the kernels' int8_encoder from now on, where a batch gives each thread a sequence or its sequences
+        are short (`SEQUENCE_SHORT_T`; else a thread's one long sequence would run alone, where the products split
+        it over the threads). Every layer's products must be `transforms.Int8Linear`s on the VNNI kernels."""
+        weights, eps = [], []
+        for layer in self.layer:
+            for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
+                bias = product.bias if product.bias is not None else torch.zeros(product.out_features)
+                weights += [*product.vnni, product.weight_scale, bias]
+            for norm in (layer.attention_norm, layer.output_norm):
+                weights += [norm.weight.detach().float().contiguous(), norm.bias.detach().float().contiguous()]
+                eps.append(norm.eps)
+        if self.final_norm is not None:
+            weights += [self.final_norm.weight.detach().float().contiguous(),
+                        self.final_norm.bias.detach().float().contiguous()]
+            eps.append(self.final_norm.eps)
+        self.sequence_weights, self.sequence_eps = weights, eps
 
     @property
     def layer(self) -> nn.ModuleList:
@@ -44,6 +68,11 @@ class FusedEncoder(nn.Module):
         if x.shape[1] > self.max_positions:
             return self.plain(x, mask, positions)
         keys = None if mask is None else mask[:, 0, 0, :]
+        if self.sequence_weights is not None and (x.shape[1] <= SEQUENCE_SHORT_T
+                                                  or x.shape[0] >= torch.get_num_threads()):
+            return torch.ops.bertforge.int8_encoder(x, keys, positions, self.sequence_weights,
+                                                    self.layer[0].attention.num_heads, self.sequence_eps,
+                                                    self.final_norm is not None)
         if self.final_norm is not None:
             return self._pre_ln(x, keys, positions)
         last = len(self.layer) - 1
@@ -90,6 +119,11 @@ def _fused_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, p
 
 # The longest batches the fused encoder runs; longer ones run PyTorch's operators.
 FUSED_MAX_T = 512
+
+# Sequences this short run a sequence a time (`FusedEncoder.by_sequence`) however few a batch holds: one text of
+# Rotten Tomatoes (27 tokens on average) was answered sooner on one thread that way than on two operator by
+# operator, fine-tuned MiniLM-L6 (2.52 against 2.73 ms) and BERT-tiny (0.58 against 0.74), 2-core Xeon.
+SEQUENCE_SHORT_T = 64
 
 
 def fuse_encoders(model: nn.Module, is_product: Callable[[nn.Module], bool]) -> list[FusedEncoder]:

@@ -151,6 +151,12 @@ def vnni_products() -> bool:
 # that the faster side depended on the shape (BERT-tiny's and MiniLM-L6's at 32-1,920 rows: docs/benchmarks.md).
 AMX_VNNI_MAX_MACS = 20_000_000
 
+# With AMX, the widest int8 encoder (its hidden size) run a sequence at a time (`fused.FusedEncoder.by_sequence`) on
+# the VNNI kernels, against oneDNN's AMX tiles for a batch's larger products. Encoders alone, batches of 64 x 28
+# tokens, 2-core Xeon with AMX: BERT-tiny (128) 1.31-1.43x faster a sequence at a time, mini (256) 0.87-0.95x,
+# MiniLM-L6 (384) 0.63-0.68x. Without AMX every size is faster that way (every product is on the VNNI kernels).
+AMX_SEQUENCE_MAX_HIDDEN = 128
+
 
 VNNI_PRODUCTS = True  # False: `Int8Linear`s made from now on run on oneDNN even where the VNNI kernels would
 
@@ -252,14 +258,21 @@ def _bf16_attention(model: nn.Module) -> None:
 
 def _fuse_int8_encoders(model: nn.Module) -> None:
     """Every BertEncoder of int8 layers with the feed-forward GELU inside the product (`_fuse_gelu`) run on the
-    kernels between its products (`fused.FusedEncoder`). Their query/key/value products write fp32: the attention
-    kernel takes bf16 too, 1.02-1.03x faster on the bench's MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev
-    accuracy in four measurements (fp32: +0.0 to +0.2; bench/int8_kernels.py)."""
+    kernels between its products (`fused.FusedEncoder`); where every product runs on the VNNI kernels, a sequence
+    at a time (`FusedEncoder.by_sequence`), with AMX only up to `AMX_SEQUENCE_MAX_HIDDEN` wide. Their
+    query/key/value products write fp32: the attention kernel takes bf16 too, 1.02-1.03x faster on the bench's
+    MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev accuracy in four measurements (fp32: +0.0 to +0.2;
+    bench/int8_kernels.py)."""
     for encoder in fuse_encoders(model, lambda product: isinstance(product, Int8Linear)):
+        products = [p for layer in encoder.layer
+                    for p in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output)]
         for layer in encoder.layer:
             layer.attention.qkv.bf16_max_positions = 0
-            for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
-                product.kernels = True
+        for product in products:
+            product.kernels = True
+        if all(p.vnni is not None for p in products) and (
+                products[0].vnni_max_rows is None or products[0].in_features <= AMX_SEQUENCE_MAX_HIDDEN):
+            encoder.by_sequence()
 
 
 def _fuse_fp32_encoders(model: nn.Module) -> None:

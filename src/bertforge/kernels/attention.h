@@ -4,11 +4,13 @@
 
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "vec.h"
@@ -153,6 +155,28 @@ inline void transpose_matrix(const float* src, int64_t rows, int64_t cols, float
       for (int64_t i = 0; i < kLanes; ++i) block[i].store(dst + (c0 + i) * rows + r0);
     }
 }
+
+// The operators' mask (B, T), True where a key may be attended, and query positions (B, P), each optional: checked,
+// made contiguous, and P (T without positions).
+struct Queries {
+  at::Tensor mask, positions;
+  int64_t P;
+  Queries(const std::optional<at::Tensor>& m, const std::optional<at::Tensor>& p, int64_t B, int64_t T) : P(T) {
+    if (m.has_value()) {
+      mask = m->to(at::kBool).contiguous();
+      TORCH_CHECK(mask.dim() == 2 && mask.size(0) == B && mask.size(1) == T, "mask must be (B, T)");
+    }
+    if (p.has_value()) {
+      positions = p->to(at::kLong).contiguous();
+      TORCH_CHECK(positions.dim() == 2 && positions.size(0) == B, "positions must be (B, P)");
+      P = positions.size(1);
+      TORCH_CHECK(P == 0 || (positions.min().item<int64_t>() >= 0 && positions.max().item<int64_t>() < T),
+                  "positions must lie within the sequence");
+    }
+  }
+  const bool* mask_data() const { return mask.defined() ? mask.data_ptr<bool>() : nullptr; }
+  const int64_t* positions_data() const { return positions.defined() ? positions.data_ptr<int64_t>() : nullptr; }
+};
 
 // Queries handled together: enough independent accumulators to hide the FMA latency, few enough to stay in registers.
 constexpr int kQueries = 4;

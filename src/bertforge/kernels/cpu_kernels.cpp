@@ -20,7 +20,8 @@
 //   attention_train (and its backward) attention with dropout, from and to the products' layouts, padded or packed
 //                  (attention_train.h; the ops in attention_train_ops.h).
 // The int8 products themselves: u7_linear (int8_u7.h, CPUs without int8 dot products) and vnni_linear (int8_vnni.h,
-// AVX-512 VNNI without AMX), each quantizing its activations per row.
+// AVX-512 VNNI without AMX), each quantizing its activations per row; int8_encoder (int8_encoder.h) runs a whole
+// post-LN encoder of vnni_linear's products a sequence at a time.
 // (lanes() says which build this is: 16 floats a vector on AVX-512, 8 on AVX2.)
 
 #include <ATen/ATen.h>
@@ -40,7 +41,9 @@
 #include "dropout.h"
 #include "grad_norm.h"
 #include "int8_u7.h"
+#include "int8_encoder.h"
 #include "int8_vnni.h"
+#include "layer_norm.h"
 #include "transpose.h"
 #include "vec.h"
 
@@ -49,6 +52,7 @@ namespace {
 using bertforge::kInf;
 using bertforge::kLanes;
 using bertforge::kMultiple;
+using bertforge::normalize_row;
 using bertforge::Range;
 using bertforge::Vec;
 
@@ -72,23 +76,12 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t head
   TORCH_CHECK(qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16, "qkv must be fp32 or bf16");
   const at::Tensor x = qkv.contiguous();
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2) / 3, D = H / heads;
-  at::Tensor m, pos;
-  if (mask.has_value()) {
-    m = mask->to(at::kBool).contiguous();
-    TORCH_CHECK(m.dim() == 2 && m.size(0) == B && m.size(1) == T, "mask must be (B, T)");
-  }
-  int64_t P = T;
-  if (positions.has_value()) {
-    pos = positions->to(at::kLong).contiguous();
-    TORCH_CHECK(pos.dim() == 2 && pos.size(0) == B, "positions must be (B, P)");
-    P = pos.size(1);
-    TORCH_CHECK(P == 0 || (pos.min().item<int64_t>() >= 0 && pos.max().item<int64_t>() < T),
-                "positions must lie within the sequence");
-  }
+  const bertforge::Queries queries(mask, positions, B, T);
+  const int64_t P = queries.P;
   at::Tensor out = at::empty({B, P, H}, x.options().dtype(at::kFloat));
   std::vector<Range> ranges(B);
-  const bool* mp = mask.has_value() ? m.data_ptr<bool>() : nullptr;
-  const int64_t* pp = positions.has_value() ? pos.data_ptr<int64_t>() : nullptr;
+  const bool* mp = queries.mask_data();
+  const int64_t* pp = queries.positions_data();
   float* op = out.data_ptr<float>();
   if (x.scalar_type() == at::kFloat) {
     bertforge::attention_kernel(x.data_ptr<float>(), mp, pp, op, B, T, P, heads, D, ranges);
@@ -96,33 +89,6 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t head
     bertforge::attention_kernel(x.data_ptr<at::BFloat16>(), mp, pp, op, B, T, P, heads, D, ranges);
   }
   return {out, range_tensor(ranges)};
-}
-
-// Row x (H long) + residual (null: x alone) into y, the sum into s too (null: not kept); then y normalized in place:
-// (y - mean) / sqrt(var + eps) * weight + bias, its values added to `range`. H is whole vectors; y holds the sum
-// until it is overwritten by the normalized values.
-inline void normalize_row(const float* x, const float* residual, const float* weight, const float* bias, float eps,
-                          int64_t H, float* y, float* s, Range& range) {
-  Vec total = Vec::zero();
-  for (int64_t h = 0; h < H; h += kLanes) {
-    Vec a = Vec::load(x + h);
-    if (residual != nullptr) a = a + Vec::load(residual + h);
-    if (s != nullptr) a.store(s + h);
-    a.store(y + h);
-    total = total + a;
-  }
-  const Vec mean = Vec::all(bertforge::reduce_add(total) / H);
-  Vec sq = Vec::zero();
-  for (int64_t h = 0; h < H; h += kLanes) {
-    const Vec c = Vec::load(y + h) - mean;
-    sq = bertforge::fma(c, c, sq);
-  }
-  const Vec rstd = Vec::all(1.0f / std::sqrt(bertforge::reduce_add(sq) / H + eps));
-  for (int64_t h = 0; h < H; h += kLanes) {
-    const Vec out = bertforge::fma((Vec::load(y + h) - mean) * rstd, Vec::load(weight + h), Vec::load(bias + h));
-    out.store(y + h);
-    range.add(out);
-  }
 }
 
 // LayerNorm over the last dimension (fp32) of x + residual, or of x alone (residual null); with `sum` not null the sum
@@ -325,6 +291,8 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("vnni_linear(Tensor x, Tensor packed, Tensor column_sums, Tensor weight_scale, Tensor? bias, "
         "int out_features, bool gelu) -> Tensor");
   m.def("has_vnni() -> bool", &bertforge::vnni::has_vnni);
+  m.def("int8_encoder(Tensor x, Tensor? mask, Tensor? positions, Tensor[] weights, int heads, float[] eps, "
+        "bool pre_ln) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
@@ -338,6 +306,7 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("u7_linear", u7_linear);
   m.impl("vnni_pack", bertforge::vnni::checked_pack);
   m.impl("vnni_linear", bertforge::vnni::checked_linear);
+  m.impl("int8_encoder", bertforge::vnni::int8_encoder);
   m.impl("transpose_sum", transpose_sum);
   m.impl("attention_train", bertforge::train::attention_train);
   m.impl("attention_train_backward", bertforge::train::attention_train_backward);

@@ -1,0 +1,234 @@
+// A post-LN encoder of int8 layers run a sequence at a time (the int8_encoder operator; AVX-512 VNNI builds only):
+// every layer of one sequence, one after the other, on one thread, before the next sequence. Each piece is the
+// operators' own (vnni_linear's per-row quantization, tiles and epilogue, int8_vnni.h; attention's Sequence,
+// attention.h; add_layer_norm's rows, layer_norm.h), so the results are theirs bit for bit; what goes is the work
+// between them. Run operator by operator over a batch, a small model's layer writes each activation of the whole
+// batch out and reads it back (BERT-tiny's feed-forward: 3.6 MB for 64 snippets, past the core's L2), each of about
+// ten operators finds its rows again, and the products of a batch are tall and thin (K = 128). A sequence's
+// activations (tens of rows) stay in L1 and L2 from its first product to its last.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "attention.h"
+#include "int8_vnni.h"
+#include "layer_norm.h"
+#include "vec.h"
+
+namespace bertforge::vnni {
+
+// One int8 product's weights, as vnni_pack made them (panels of NR columns over K rounded up to 4).
+struct Product {
+  const int8_t* panels;
+  const int32_t* sums;
+  const float* wscale;
+  const float* bias;
+  int64_t K, N;
+};
+
+// A layer's products and LayerNorms. Post-LN: x1 = LN1(out(attention(qkv(x))) + x), then LN2(output(gelu(
+// intermediate(x1))) + x1). Pre-LN: LN1 is taken before the attention (the previous layer computed it), LN2 before
+// the feed-forward, and the next layer's LN1 (or the encoder's final LayerNorm) after it.
+struct Layer {
+  Product qkv, out, intermediate, output;
+  const float *norm1_weight, *norm1_bias, *norm2_weight, *norm2_bias;
+  float eps1, eps2;
+};
+
+// A LayerNorm's weight, bias and eps.
+struct Norm {
+  const float *weight, *bias;
+  float eps;
+};
+
+#if BERTFORGE_VNNI
+
+// One thread's working memory, sized once for the call's longest sequence and widest product.
+struct EncoderWork {
+  Sequence seq;
+  std::vector<uint8_t> codes;
+  std::vector<float> scale, qkv, context, attended, normed, middle, normed_in, hidden, output, gathered, x[2];
+  std::vector<int32_t> zero;
+  EncoderWork(int64_t heads, int64_t T, int64_t H, int64_t I)
+      : seq(heads, T, H / heads), codes(T * ((std::max(H, I) + 3) / 4 * 4)), scale(T), qkv(T * 3 * H),
+        context(T * H), attended(T * H), normed(T * H), middle(T * H),
+        normed_in(T * H), hidden(T * I), output(T * H), gathered(T * H),
+        zero(T) {
+    x[0].resize(T * H);
+    x[1].resize(T * H);
+  }
+
+  // y (M rows of w.N) = x (M rows of w.K) times w, as vnni_linear computes it: each row quantized by its own range,
+  // every output element by the same tile in the same order.
+  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y) {
+    const int64_t Kp = (w.K + 3) / 4 * 4, panels = (w.N + NR - 1) / NR;
+    quantize_rows(in, M, w.K, Kp, codes.data(), scale.data(), zero.data());
+    const Epilogue e{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
+    for (int64_t p = 0; p < panels; ++p)
+      for (int64_t r = 0; r < M; r += MR)
+        rows_tile(std::min(MR, M - r), codes.data() + r * Kp, Kp, w.panels + p * Kp * NR, r, p * NR, e);
+  }
+
+  // One post-LN layer over the sequence in `in` (T rows of H), its answer at P rows (`positions`, or every row
+  // when null) into `out`.
+  void post_ln_layer(const Layer& L, const float* in, const bool* mask, const int64_t* positions, int64_t P,
+                     float* out) {
+    const int64_t H = seq.N * seq.D;
+    Range unused;
+    const float* residual = attend(L, in, in, mask, positions, P);
+    for (int64_t i = 0; i < P; ++i)
+      normalize_row(attended.data() + i * H, residual + i * H, L.norm1_weight, L.norm1_bias, L.eps1, H,
+                    normed.data() + i * H, nullptr, unused);
+    feed_forward(L, normed.data(), P);
+    for (int64_t i = 0; i < P; ++i)
+      normalize_row(output.data() + i * H, normed.data() + i * H, L.norm2_weight, L.norm2_bias, L.eps2, H,
+                    out + i * H, nullptr, unused);
+  }
+
+  // One pre-LN layer: `stream` the residual stream (T rows of H), `normed` its LN1 (the rows the layer reads). Its
+  // answer at P rows: the stream into `stream_out` (null: not kept) and its LayerNorm by `next` into `normed_out`.
+  void pre_ln_layer(const Layer& L, const float* stream, const float* reads, const bool* mask,
+                    const int64_t* positions, int64_t P, const Norm& next, float* stream_out, float* normed_out) {
+    const int64_t H = seq.N * seq.D;
+    Range unused;
+    const float* residual = attend(L, reads, stream, mask, positions, P);
+    for (int64_t i = 0; i < P; ++i)
+      normalize_row(attended.data() + i * H, residual + i * H, L.norm2_weight, L.norm2_bias, L.eps2, H,
+                    normed.data() + i * H, middle.data() + i * H, unused);
+    feed_forward(L, normed.data(), P);
+    for (int64_t i = 0; i < P; ++i)
+      normalize_row(output.data() + i * H, middle.data() + i * H, next.weight, next.bias, next.eps, H,
+                    normed_out + i * H, stream_out == nullptr ? nullptr : stream_out + i * H, unused);
+  }
+
+ private:
+  // attended (P rows) = out(attention(qkv(in))) at P rows; returns the residual's rows at those positions.
+  const float* attend(const Layer& L, const float* in, const float* residual, const bool* mask,
+                      const int64_t* positions, int64_t P) {
+    const int64_t T = seq.T, H = seq.N * seq.D;
+    Range unused;
+    product(in, T, L.qkv, false, qkv.data());
+    seq.read(qkv.data(), mask);
+    seq.transpose_keys();
+    seq.answer_all(positions, P, context.data(), unused);
+    product(context.data(), P, L.out, false, attended.data());
+    if (positions == nullptr) return residual;
+    for (int64_t i = 0; i < P; ++i) std::copy_n(residual + positions[i] * H, H, gathered.data() + i * H);
+    return gathered.data();
+  }
+
+  // output (P rows) = output(gelu(intermediate(in)))
+  void feed_forward(const Layer& L, const float* in, int64_t P) {
+    product(in, P, L.intermediate, true, hidden.data());
+    product(hidden.data(), P, L.output, false, output.data());
+  }
+};
+
+// x (B, T, H) through every layer, a sequence a task; the last layer answers at positions (B, P) when given.
+// Pre-LN when `final` (the encoder's last LayerNorm) is given, else post-LN.
+inline void encode(const float* x, const bool* mask, const int64_t* positions, const std::vector<Layer>& layers,
+                   const std::optional<Norm>& final, int64_t heads, int64_t B, int64_t T, int64_t P, int64_t H,
+                   float* out) {
+  const int64_t I = layers.front().intermediate.N, last = static_cast<int64_t>(layers.size()) - 1;
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    EncoderWork work(heads, T, H, I);
+    Range unused;
+    for (int64_t b = begin; b < end; ++b) {
+      const float* in = x + b * T * H;
+      const bool* keys = mask == nullptr ? nullptr : mask + b * T;
+      float* answer = out + b * P * H;
+      const int64_t* at = positions == nullptr ? nullptr : positions + b * P;
+      if (!final.has_value()) {
+        for (int64_t l = 0; l <= last; ++l) {
+          float* dst = l == last ? answer : work.x[l % 2].data();
+          work.post_ln_layer(layers[l], in, keys, l == last ? at : nullptr, l == last ? P : T, dst);
+          in = dst;
+        }
+        continue;
+      }
+      const Layer& first = layers.front();
+      for (int64_t t = 0; t < T; ++t)
+        normalize_row(in + t * H, nullptr, first.norm1_weight, first.norm1_bias, first.eps1, H,
+                      work.normed_in.data() + t * H, nullptr, unused);
+      for (int64_t l = 0; l <= last; ++l) {
+        const Norm next = l == last ? *final : Norm{layers[l + 1].norm1_weight, layers[l + 1].norm1_bias,
+                                                    layers[l + 1].eps1};
+        float* stream = l == last ? nullptr : work.x[l % 2].data();
+        work.pre_ln_layer(layers[l], in, work.normed_in.data(), keys, l == last ? at : nullptr, l == last ? P : T,
+                          next, stream, l == last ? answer : work.normed_in.data());
+        in = stream;
+      }
+    }
+  });
+}
+
+#else
+
+inline void encode(const float*, const bool*, const int64_t*, const std::vector<Layer>&, const std::optional<Norm>&,
+                   int64_t, int64_t, int64_t, int64_t, int64_t, float*) {
+  TORCH_CHECK(false, "int8_encoder: this build of bertforge's kernels has no AVX-512 VNNI (the CPU lacks avx512_vnni)");
+}
+
+#endif
+
+// The operator: x (B, T, H) fp32; mask (B, T) (True: a key to attend) or None; positions (B, P) or None (the last
+// layer's answers at every position); weights, 20 a layer: for each of qkv, attention output, intermediate (GELU
+// inside) and output its vnni_pack panels, column sums, weight scales and bias, then LN1's and LN2's weight and bias
+// (`Layer`); pre-LN layers add the final LayerNorm's weight and bias at the end. eps: two a layer (and the final
+// LayerNorm's). Returns (B, P, H), or (B, T, H) without positions: post-LN, the last layer's output; pre-LN, its
+// output's final LayerNorm.
+inline at::Tensor int8_encoder(const at::Tensor& x, const std::optional<at::Tensor>& mask,
+                               const std::optional<at::Tensor>& positions, at::TensorList weights, int64_t heads,
+                               at::ArrayRef<double> eps, bool pre_ln) {
+  TORCH_CHECK(kBuilt, "int8_encoder: this build of bertforge's kernels has no AVX-512 VNNI (the CPU lacks "
+                      "avx512_vnni)");
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat, "x must be fp32 (B, T, H)");
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2);
+  TORCH_CHECK(heads > 0 && H % (heads * kMultiple) == 0, "H must be heads x a multiple of 16");
+  const size_t extra = pre_ln ? 2 : 0, count = weights.size() / 20;
+  TORCH_CHECK(count > 0 && weights.size() == 20 * count + extra && eps.size() == 2 * count + extra / 2,
+              "weights must be 20 tensors a layer (and the final LayerNorm's two, pre-LN), eps two a layer (and one)");
+  const at::Tensor a = x.contiguous();
+  const Queries queries(mask, positions, B, T);
+  const int64_t P = queries.P;
+  TORCH_CHECK(P <= T, "positions must be (B, P), P at most T");
+  const int64_t I = weights[10].numel();  // the intermediate product's weight scales: one an output
+  auto product = [&](size_t at, int64_t K, int64_t N) {
+    const at::Tensor &panels = weights[at], &sums = weights[at + 1], &wscale = weights[at + 2], &bias = weights[at + 3];
+    const int64_t Kp = (K + 3) / 4 * 4, count = (N + NR - 1) / NR;
+    TORCH_CHECK(panels.scalar_type() == at::kChar && panels.is_contiguous() && panels.numel() == count * Kp * NR &&
+                    sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == count * NR,
+                "a layer's product is not vnni_pack's panels for its shape");
+    TORCH_CHECK(wscale.scalar_type() == at::kFloat && wscale.is_contiguous() && wscale.numel() == N &&
+                    bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == N,
+                "a layer's product needs fp32 weight scales and bias of its output size");
+    return Product{panels.data_ptr<int8_t>(), sums.data_ptr<int32_t>(), wscale.data_ptr<float>(),
+                   bias.data_ptr<float>(), K, N};
+  };
+  auto vector = [&](size_t at) {
+    TORCH_CHECK(weights[at].scalar_type() == at::kFloat && weights[at].is_contiguous() && weights[at].numel() == H,
+                "a LayerNorm's weight and bias must be fp32 of the hidden size");
+    return weights[at].data_ptr<float>();
+  };
+  std::vector<Layer> layers;
+  for (size_t l = 0; l < count; ++l) {
+    const size_t at = l * 20;
+    layers.push_back(Layer{product(at, H, 3 * H), product(at + 4, H, H), product(at + 8, H, I),
+                           product(at + 12, I, H), vector(at + 16), vector(at + 17), vector(at + 18),
+                           vector(at + 19), static_cast<float>(eps[2 * l]), static_cast<float>(eps[2 * l + 1])});
+  }
+  std::optional<Norm> final;
+  if (pre_ln) final = Norm{vector(20 * count), vector(20 * count + 1), static_cast<float>(eps[2 * count])};
+  at::Tensor out = at::empty({B, P, H}, a.options());
+  encode(a.data_ptr<float>(), queries.mask_data(), queries.positions_data(), layers, final, heads, B, T, P, H,
+         out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace bertforge::vnni

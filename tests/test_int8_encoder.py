@@ -1,0 +1,133 @@
+"""An int8 encoder a sequence at a time (the kernels' int8_encoder, `FusedEncoder.by_sequence`): the same results as
+its layers operator by operator on the VNNI kernels, bit for bit, and chosen only where it pays. Where the VNNI
+kernels do not run, test_kernels.py checks that the operator says so and that encoders keep their operators."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bertforge.cpu
+import bertforge.infer.fused
+import bertforge.infer.transforms
+from bertforge import BertConfig
+from bertforge.infer import FusedEncoder, quantize_int8
+from bertforge.models import BertForSequenceClassification
+
+pytestmark = pytest.mark.skipif(not bertforge.infer.transforms.vnni_products(),
+                                reason="the VNNI kernels run on AVX-512 CPUs with avx512_vnni, where the kernels load "
+                                       "(the operator's refusal elsewhere: test_kernels.py)")
+
+
+def _flags(monkeypatch, amx: bool) -> None:
+    """This CPU's flags with or without AMX, for the Int8Linears made from now on."""
+    flags = bertforge.cpu.cpu_flags() - {"amx_int8", "amx_bf16", "amx_tile"}
+    monkeypatch.setattr(bertforge.cpu, "cpu_flags", lambda: flags | ({"amx_int8"} if amx else set()))
+
+
+def classifier(hidden: int = 64, heads: int = 2, **overrides) -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=200, hidden_size=hidden, num_hidden_layers=3, num_attention_heads=heads,
+                        intermediate_size=2 * hidden + 8, max_position_embeddings=80, num_labels=3, **overrides)
+    model = BertForSequenceClassification(config).eval()
+    with torch.no_grad():  # LayerNorms and biases away from their initial 1 and 0, as a trained model's are
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def batch(T: int = 23, B: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    ids = torch.randint(5, 200, (B, T))
+    mask = torch.ones(B, T, dtype=torch.long)
+    for row, length in enumerate([T, 3, 11, T - 1, 7, 1, T, 2][:B]):
+        mask[row, length:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_a_sequence_at_a_time_gives_the_operators_results_bit_for_bit(monkeypatch, pre_ln):
+    """Post-LN and pre-LN, every position (the encoder's output, padding included) and [CLS] alone (the classifier's
+    last layer), an intermediate size not a multiple of 16, one thread or two: the same bits as the same int8 layers
+    run operator by operator on the VNNI kernels (each row quantized by its own range, the same tiles)."""
+    _flags(monkeypatch, amx=False)
+    model = quantize_int8(classifier(pre_layer_norm=pre_ln))
+    encoder = model.bert.encoder
+    assert isinstance(encoder, FusedEncoder) and encoder.sequence_weights is not None
+    ids, mask = batch()
+    threads = torch.get_num_threads()
+    with torch.no_grad():
+        got = []
+        for n in (1, threads):
+            torch.set_num_threads(n)
+            got.append((model(ids, attention_mask=mask).logits, model.bert(ids, attention_mask=mask).sequence_output))
+        torch.set_num_threads(threads)
+        weights, encoder.sequence_weights = encoder.sequence_weights, None  # operator by operator
+        expected = model(ids, attention_mask=mask).logits, model.bert(ids, attention_mask=mask).sequence_output
+        encoder.sequence_weights = weights
+    for run in got:
+        for a, b in zip(run, expected, strict=True):
+            assert torch.equal(a, b)
+    assert expected[1].shape == (6, 23, 64)
+
+
+def test_which_encoders_run_a_sequence_at_a_time(monkeypatch):
+    """Without AMX every encoder whose products run on the VNNI kernels; with AMX, whose larger products run on
+    oneDNN's tiles, only the narrow ones (`AMX_SEQUENCE_MAX_HIDDEN`); none where the products are on oneDNN."""
+    most = bertforge.infer.transforms.AMX_SEQUENCE_MAX_HIDDEN
+    _flags(monkeypatch, amx=False)
+    assert quantize_int8(classifier(hidden=most + 64)).bert.encoder.sequence_weights is not None
+    with bertforge.infer.transforms.on_onednn():
+        assert quantize_int8(classifier()).bert.encoder.sequence_weights is None
+    _flags(monkeypatch, amx=True)
+    assert quantize_int8(classifier(hidden=most)).bert.encoder.sequence_weights is not None
+    assert quantize_int8(classifier(hidden=most + 64)).bert.encoder.sequence_weights is None
+
+
+def test_a_long_sequence_alone_runs_operator_by_operator(monkeypatch):
+    """A batch with fewer sequences than threads, longer than `SEQUENCE_SHORT_T`, would leave threads idle a
+    sequence at a time: it runs operator by operator (whose products share the rows out), as does a batch past the
+    fused encoder's longest; a short one, or one sequence a thread, runs a sequence at a time."""
+    _flags(monkeypatch, amx=False)
+    model = quantize_int8(classifier())
+    calls = []
+    fused_layer = bertforge.infer.fused._fused_layer
+    monkeypatch.setattr(bertforge.infer.fused, "_fused_layer", lambda *a: calls.append(1) or fused_layer(*a))
+    short = bertforge.infer.fused.SEQUENCE_SHORT_T
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            for T, B, by_operator in ((short + 1, 1, True), (short, 1, False), (short + 1, 2, False)):
+                calls.clear()
+                model(*batch(T, B))
+                assert bool(calls) == by_operator, (T, B)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_operator_refuses_operands_it_cannot_run():
+    """Each malformed operand gets one clear error, never a read past a tensor's end."""
+    model = quantize_int8(classifier())
+    encoder = model.bert.encoder
+    weights, eps = encoder.sequence_weights, encoder.sequence_eps
+    x = torch.randn(2, 5, 64)
+    run = torch.ops.bertforge.int8_encoder
+    with pytest.raises(RuntimeError, match="20 tensors a layer"):
+        run(x, None, None, weights[:-1], 2, eps, False)
+    with pytest.raises(RuntimeError, match="20 tensors a layer"):
+        run(x, None, None, weights, 2, eps, True)  # pre-LN needs the final LayerNorm too
+    with pytest.raises(RuntimeError, match="vnni_pack's panels"):
+        run(x, None, None, [weights[4], *weights[1:]], 2, eps, False)  # the attention output's panels as qkv's
+    with pytest.raises(RuntimeError, match="heads x a multiple of 16"):
+        run(x, None, None, weights, 3, eps, False)
+    with pytest.raises(RuntimeError, match="x must be fp32"):
+        run(x.double(), None, None, weights, 2, eps, False)
+    with pytest.raises(RuntimeError, match="mask must be"):
+        run(x, torch.ones(2, 4, dtype=torch.bool), None, weights, 2, eps, False)
+    with pytest.raises(RuntimeError, match="positions must lie"):
+        run(x, None, torch.tensor([[0], [5]]), weights, 2, eps, False)
+    with pytest.raises(RuntimeError, match="P at most T"):
+        run(x, None, torch.zeros(2, 6, dtype=torch.long), weights, 2, eps, False)
+    assert run(x, None, torch.tensor([[0], [4]]), weights, 2, eps, False).shape == (2, 1, 64)
