@@ -318,6 +318,42 @@ def test_pre_ln_int8_encoder_runs_on_the_kernels_and_agrees_with_its_layers():
 
 
 @needs_kernels
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_fused_models_take_their_embeddings_from_the_kernel(pre_ln):
+    """Where an encoder is fused, its model's embeddings are too (`FusedEmbeddings`): in eval mode the kernel's rows
+    are the module's (three rows summed in torch's order, then LayerNorm) to fp32 rounding, with and without type
+    ids; the tables stay the module's own (the masked-LM decoder is tied to the word embeddings); training runs the
+    module as it is; ids outside the tables are refused in one line."""
+    model = quantize_int8(classifier(pre_layer_norm=pre_ln))
+    fused = model.bert.embeddings
+    assert isinstance(fused, bertforge.infer.fused.FusedEmbeddings)
+    plain = fused.plain
+    assert fused.word_embeddings is plain.word_embeddings and fused.LayerNorm is plain.LayerNorm
+    with torch.no_grad():
+        plain.LayerNorm.weight.add_(torch.randn(64) * 0.1)
+        plain.LayerNorm.bias.add_(torch.randn(64) * 0.1)
+    ids, _ = batch()
+    types = (torch.arange(ids.shape[1]) >= 9).long().expand_as(ids)
+    with torch.no_grad():
+        for t in (None, types):
+            got = fused(ids, t)
+            torch.testing.assert_close(got, plain(ids, t), atol=2e-6, rtol=1e-6)
+        assert not torch.equal(fused(ids, types), fused(ids, None))
+        fused.train()
+        torch.manual_seed(3)
+        dropped = fused(ids, types)
+        torch.manual_seed(3)
+        assert torch.equal(dropped, plain(ids, types))  # the module itself, its dropout included
+        fused.eval()
+        with pytest.raises(RuntimeError, match="ids must lie within the vocabulary"):
+            fused(torch.tensor([[1, 200]]))
+        with pytest.raises(RuntimeError, match="type ids must lie within"):
+            fused(ids, types * 2)
+        with pytest.raises(RuntimeError, match="longer than the position embeddings"):
+            fused(torch.ones(1, 65, dtype=torch.long))
+
+
+@needs_kernels
 def test_the_encoder_runs_a_sequence_at_a_time_only_on_a_build_with_vnni():
     """The int8_encoder operator (the whole encoder a sequence at a time, tests/test_int8_encoder.py) needs the VNNI
     kernels: a build without them (the AVX2 build, an AVX-512 CPU without avx512_vnni) refuses it in one line, and

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from bertforge import kernels
-from bertforge.encoder import BertEncoder, BertLayer, BertSelfAttention
+from bertforge.encoder import BertEmbeddings, BertEncoder, BertLayer, BertSelfAttention
 
 
 class FusedEncoder(nn.Module):
@@ -147,4 +147,32 @@ def fuse_encoders(model: nn.Module, is_product: Callable[[nn.Module], bool]) -> 
     for parent, name, encoder in encoders:
         fused.append(FusedEncoder(encoder, FUSED_MAX_T))
         setattr(parent, name, fused[-1])
+        embeddings = getattr(parent, "embeddings", None)
+        if isinstance(embeddings, BertEmbeddings) and embeddings.word_embeddings.embedding_dim % 16 == 0:
+            parent.embeddings = FusedEmbeddings(embeddings)
     return fused
+
+
+class FusedEmbeddings(nn.Module):
+    """A `BertEmbeddings` (the same module, its tables and LayerNorm) run on the kernels' `embeddings` in eval mode:
+    each row's three embeddings summed and normalized in one pass, where PyTorch's operators take five (two
+    gathers, two adds, the LayerNorm), each over the whole batch. Training runs the module as it is."""
+
+    def __init__(self, embeddings: BertEmbeddings):
+        super().__init__()
+        self.plain = embeddings
+
+    def __getattr__(self, name: str):  # word_embeddings & co. (the masked-LM decoder is tied to the word embeddings)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["plain"], name)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        e = self.plain
+        if self.training or input_ids.device.type != "cpu" or e.word_embeddings.weight.dtype != torch.float32:
+            return e(input_ids, token_type_ids)
+        norm = e.LayerNorm
+        return torch.ops.bertforge.embeddings(input_ids, token_type_ids, e.word_embeddings.weight,
+                                              e.position_embeddings.weight, e.token_type_embeddings.weight,
+                                              norm.weight, norm.bias, norm.eps)

@@ -11,7 +11,7 @@
 //   add_layer_norm the residual add and LayerNorm of one row at a time (residual_layer_norm: keeping the sum, for
 //                  pre-LN layers).
 // Both also return the range (min, max) of what they wrote, which the following int8 product quantizes by, so it
-// needs no pass of its own to find it. For the products' other inputs:
+// needs no pass of its own to find it. Before them, embeddings: the input embeddings' three rows and LayerNorm. For the products' other inputs:
 //   value_range    the range of a tensor, and
 //   quantize_u8    its u8 codes for a scale and zero point.
 // And for training on oneDNN's fp32 products (bertforge/linear.py):
@@ -144,6 +144,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> residual_layer_norm(const at::Ten
   return {sum, out, range};
 }
 
+// BERT's input embeddings for inference, a row at a time: LayerNorm((word[id] + position[t]) + type[type id]) (type
+// row 0 without type ids), the sums in torch's order. ids (B, T); the tables and LayerNorm fp32.
+at::Tensor embeddings(const at::Tensor& ids, const std::optional<at::Tensor>& types, const at::Tensor& word,
+                      const at::Tensor& position, const at::Tensor& type, const at::Tensor& weight,
+                      const at::Tensor& bias, double eps) {
+  TORCH_CHECK(ids.dim() == 2, "ids must be (B, T)");
+  const int64_t B = ids.size(0), T = ids.size(1), H = word.size(-1);
+  for (const at::Tensor* t : {&word, &position, &type, &weight, &bias})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->size(-1) == H,
+                "the embedding tables and LayerNorm must be contiguous fp32 of one width");
+  TORCH_CHECK(H % kMultiple == 0 && word.dim() == 2 && position.dim() == 2 && type.dim() == 2 && type.size(0) > 0,
+              "the embedding tables must be (rows, H), H a multiple of 16");
+  TORCH_CHECK(T <= position.size(0), "the sequence is longer than the position embeddings");
+  const at::Tensor id = ids.to(at::kLong).contiguous();
+  const at::Tensor kind = types.has_value() ? types->to(at::kLong).contiguous() : at::zeros_like(id);
+  TORCH_CHECK(kind.sizes() == id.sizes(), "type ids must have the ids' shape");
+  TORCH_CHECK(id.numel() == 0 || (id.min().item<int64_t>() >= 0 && id.max().item<int64_t>() < word.size(0)),
+              "ids must lie within the vocabulary");
+  TORCH_CHECK(kind.numel() == 0 || (kind.min().item<int64_t>() >= 0 && kind.max().item<int64_t>() < type.size(0)),
+              "type ids must lie within the type embeddings");
+  at::Tensor out = at::empty({B, T, H}, word.options());
+  const int64_t *ip = id.data_ptr<int64_t>(), *kp = kind.data_ptr<int64_t>();
+  const float *wp = word.data_ptr<float>(), *pp = position.data_ptr<float>(), *tp = type.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, B * T, 16, [&](int64_t begin, int64_t end) {
+    Range unused;
+    for (int64_t r = begin; r < end; ++r) {
+      const float *w = wp + ip[r] * H, *p = pp + (r % T) * H, *t = tp + kp[r] * H;
+      float* y = op + r * H;
+      for (int64_t h = 0; h < H; h += kLanes) ((Vec::load(w + h) + Vec::load(p + h)) + Vec::load(t + h)).store(y + h);
+      normalize_row(y, nullptr, weight.data_ptr<float>(), bias.data_ptr<float>(), static_cast<float>(eps), H, y,
+                    nullptr, unused);
+    }
+  });
+  return out;
+}
+
 // (min, max) of an fp32 tensor's values.
 at::Tensor value_range(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be fp32");
@@ -272,6 +309,8 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)");
   m.def("residual_layer_norm(Tensor x, Tensor? residual, Tensor weight, Tensor bias, float eps) -> "
         "(Tensor, Tensor, Tensor)");
+  m.def("embeddings(Tensor ids, Tensor? types, Tensor word, Tensor position, Tensor type, Tensor weight, "
+        "Tensor bias, float eps) -> Tensor");
   m.def("value_range(Tensor x) -> Tensor");
   m.def("quantize_u8(Tensor x, float scale, int zero) -> Tensor");
   m.def("keep_mask(int n, float p, int key) -> Tensor", &keep_mask);
@@ -299,6 +338,7 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("attention", attention);
   m.impl("add_layer_norm", add_layer_norm);
   m.impl("residual_layer_norm", residual_layer_norm);
+  m.impl("embeddings", embeddings);
   m.impl("value_range", value_range);
   m.impl("quantize_u8", quantize_u8);
   m.impl("apply_keep_mask", apply_keep_mask);
