@@ -11,7 +11,8 @@
 //   add_layer_norm the residual add and LayerNorm of one row at a time (residual_layer_norm: keeping the sum, for
 //                  pre-LN layers).
 // Both also return the range (min, max) of what they wrote, which the following int8 product quantizes by, so it
-// needs no pass of its own to find it. Before them, embeddings: the input embeddings' three rows and LayerNorm. For the products' other inputs:
+// needs no pass of its own to find it. Before them, embeddings: the input embeddings' three rows and LayerNorm.
+// For the products' other inputs:
 //   value_range    the range of a tensor, and
 //   quantize_u8    its u8 codes for a scale and zero point.
 // And for training on oneDNN's fp32 products (bertforge/linear.py):
