@@ -50,7 +50,10 @@ def batch(T: int = 23, B: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
 def test_a_sequence_at_a_time_gives_the_operators_results_bit_for_bit(monkeypatch, pre_ln):
     """Post-LN and pre-LN, every position (the encoder's output, padding included) and [CLS] alone (the classifier's
     last layer), an intermediate size not a multiple of 16, one thread or two: the same bits as the same int8 layers
-    run operator by operator on the VNNI kernels (each row quantized by its own range, the same tiles)."""
+    run operator by operator on the VNNI kernels (each row quantized by its own range, the same int32 sums). On a CPU
+    with AMX a sequence's products run on its tiles (where K is a multiple of 64: here all but the feed-forward's
+    second), so this checks them against the VNNI kernels."""
+    assert not torch.ops.bertforge.amx_tiles() or "amx_int8" in bertforge.cpu.cpu_flags()
     _flags(monkeypatch, amx=False)
     model = quantize_int8(classifier(pre_layer_norm=pre_ln))
     encoder = model.bert.encoder
@@ -73,16 +76,18 @@ def test_a_sequence_at_a_time_gives_the_operators_results_bit_for_bit(monkeypatc
 
 
 def test_which_encoders_run_a_sequence_at_a_time(monkeypatch):
-    """Without AMX every encoder whose products run on the VNNI kernels; with AMX, whose larger products run on
-    oneDNN's tiles, only the narrow ones (`AMX_SEQUENCE_MAX_HIDDEN`); none where the products are on oneDNN."""
-    most = bertforge.infer.transforms.AMX_SEQUENCE_MAX_HIDDEN
-    _flags(monkeypatch, amx=False)
-    assert quantize_int8(classifier(hidden=most + 64)).bert.encoder.sequence_weights is not None
+    """Every encoder whose products run on the VNNI kernels, with AMX or without, up to `SEQUENCE_MAX_HIDDEN` wide
+    (wider layers' weights would be read from memory again for every sequence); none where the products run on
+    oneDNN."""
+    most = bertforge.infer.transforms.SEQUENCE_MAX_HIDDEN
+    monkeypatch.setattr(bertforge.infer.transforms, "SEQUENCE_MAX_HIDDEN", 128)  # the test's models stay small
+    for amx in (False, True):
+        _flags(monkeypatch, amx=amx)
+        assert quantize_int8(classifier(hidden=128)).bert.encoder.sequence_weights is not None
+        assert quantize_int8(classifier(hidden=160)).bert.encoder.sequence_weights is None
     with bertforge.infer.transforms.on_onednn():
         assert quantize_int8(classifier()).bert.encoder.sequence_weights is None
-    _flags(monkeypatch, amx=True)
-    assert quantize_int8(classifier(hidden=most)).bert.encoder.sequence_weights is not None
-    assert quantize_int8(classifier(hidden=most + 64)).bert.encoder.sequence_weights is None
+    assert most >= 384  # MiniLM-L6's width
 
 
 def test_a_long_sequence_alone_runs_operator_by_operator(monkeypatch):

@@ -151,11 +151,13 @@ def vnni_products() -> bool:
 # that the faster side depended on the shape (BERT-tiny's and MiniLM-L6's at 32-1,920 rows: docs/benchmarks.md).
 AMX_VNNI_MAX_MACS = 20_000_000
 
-# With AMX, the widest int8 encoder (its hidden size) run a sequence at a time (`fused.FusedEncoder.by_sequence`) on
-# the VNNI kernels, against oneDNN's AMX tiles for a batch's larger products. Encoders alone, batches of 64 x 28
-# tokens, 2-core Xeon with AMX: BERT-tiny (128) 1.31-1.43x faster a sequence at a time, mini (256) 0.87-0.95x,
-# MiniLM-L6 (384) 0.63-0.68x. Without AMX every size is faster that way (every product is on the VNNI kernels).
-AMX_SEQUENCE_MAX_HIDDEN = 128
+# The widest int8 encoder (its hidden size) run a sequence at a time (`fused.FusedEncoder.by_sequence`): each
+# sequence reads every layer's weights, which stay in a core's cache up to about this width (512: 3.1 MB a layer;
+# BERT-base's 7 MB come from memory again for every sequence). Encoders alone, 2-core Xeon with AMX (products on AMX
+# tiles a sequence at a time, against oneDNN's over the batch): at 64 x 28 tokens BERT-tiny to MiniLM-L6 (128-384
+# wide) 1.02-1.45x faster, 512 wide 1.00-1.28x, BERT-base 0.51-0.56x; at 16-32 x 128 1.01-2.26x for every width.
+# Without AMX (VNNI kernels both ways, AMX hidden from the check): 512 wide 1.18-1.34x, BERT-base 0.74-0.77x at 28.
+SEQUENCE_MAX_HIDDEN = 512
 
 
 VNNI_PRODUCTS = True  # False: `Int8Linear`s made from now on run on oneDNN even where the VNNI kernels would
@@ -259,7 +261,7 @@ def _bf16_attention(model: nn.Module) -> None:
 def _fuse_int8_encoders(model: nn.Module) -> None:
     """Every BertEncoder of int8 layers with the feed-forward GELU inside the product (`_fuse_gelu`) run on the
     kernels between its products (`fused.FusedEncoder`); where every product runs on the VNNI kernels, a sequence
-    at a time (`FusedEncoder.by_sequence`), with AMX only up to `AMX_SEQUENCE_MAX_HIDDEN` wide. Their
+    at a time (`FusedEncoder.by_sequence`) up to `SEQUENCE_MAX_HIDDEN` wide. Their
     query/key/value products write fp32: the attention kernel takes bf16 too, 1.02-1.03x faster on the bench's
     MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev accuracy in four measurements (fp32: +0.0 to +0.2;
     bench/int8_kernels.py)."""
@@ -270,8 +272,7 @@ def _fuse_int8_encoders(model: nn.Module) -> None:
             layer.attention.qkv.bf16_max_positions = 0
         for product in products:
             product.kernels = True
-        if all(p.vnni is not None for p in products) and (
-                products[0].vnni_max_rows is None or products[0].in_features <= AMX_SEQUENCE_MAX_HIDDEN):
+        if all(p.vnni is not None for p in products) and products[0].in_features <= SEQUENCE_MAX_HIDDEN:
             encoder.by_sequence()
 
 

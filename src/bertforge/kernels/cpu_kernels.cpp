@@ -42,6 +42,7 @@
 #include "dropout.h"
 #include "grad_norm.h"
 #include "int8_u7.h"
+#include "int8_amx.h"
 #include "int8_encoder.h"
 #include "int8_vnni.h"
 #include "layer_norm.h"
@@ -331,6 +332,7 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("vnni_linear(Tensor x, Tensor packed, Tensor column_sums, Tensor weight_scale, Tensor? bias, "
         "int out_features, bool gelu) -> Tensor");
   m.def("has_vnni() -> bool", &bertforge::vnni::has_vnni);
+  m.def("amx_tiles() -> bool", &bertforge::amx::usable);
   m.def("int8_encoder(Tensor x, Tensor? mask, Tensor? positions, Tensor[] weights, int heads, float[] eps, "
         "bool pre_ln) -> Tensor");
 }

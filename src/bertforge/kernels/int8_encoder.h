@@ -5,7 +5,9 @@
 // between them. Run operator by operator over a batch, a small model's layer writes each activation of the whole
 // batch out and reads it back (BERT-tiny's feed-forward: 3.6 MB for 64 snippets, past the core's L2), each of about
 // ten operators finds its rows again, and the products of a batch are tall and thin (K = 128). A sequence's
-// activations (tens of rows) stay in L1 and L2 from its first product to its last.
+// activations (tens of rows) stay in L1 and L2 from its first product to its last. Where the CPU has AMX and Linux
+// grants the tiles, the products run on them (int8_amx.h: the same int32 sums, so the same bits); else on the VNNI
+// tiles. Each sequence reads every layer's weights: narrow encoders only (`transforms.SEQUENCE_MAX_HIDDEN`).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "int8_amx.h"
 #include "int8_vnni.h"
 #include "layer_norm.h"
 #include "vec.h"
@@ -55,11 +58,13 @@ struct EncoderWork {
   std::vector<uint8_t> codes;
   std::vector<float> scale, qkv, context, attended, normed, middle, normed_in, hidden, output, gathered, x[2];
   std::vector<int32_t> zero;
+  bool on_tiles;  // products on AMX tiles (int8_amx.h) where K is whole tile depths
+  // (codes: rows up to a whole AMX tile's, which reads them)
   EncoderWork(int64_t heads, int64_t T, int64_t H, int64_t I)
-      : seq(heads, T, H / heads), codes(T * ((std::max(H, I) + 3) / 4 * 4)), scale(T), qkv(T * 3 * H),
-        context(T * H), attended(T * H), normed(T * H), middle(T * H),
-        normed_in(T * H), hidden(T * I), output(T * H), gathered(T * H),
-        zero(T) {
+      : seq(heads, T, H / heads),
+        codes((T + amx::kRows - 1) / amx::kRows * amx::kRows * ((std::max(H, I) + 3) / 4 * 4)), scale(T),
+        qkv(T * 3 * H), context(T * H), attended(T * H), normed(T * H), middle(T * H), normed_in(T * H),
+        hidden(T * I), output(T * H), gathered(T * H), zero(T), on_tiles(amx::usable()) {
     x[0].resize(T * H);
     x[1].resize(T * H);
   }
@@ -70,6 +75,7 @@ struct EncoderWork {
     const int64_t Kp = (w.K + 3) / 4 * 4, panels = (w.N + NR - 1) / NR;
     quantize_rows(in, M, w.K, Kp, codes.data(), scale.data(), zero.data());
     const Epilogue e{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
+    if (on_tiles && Kp % amx::kDepth == 0) return amx::product(codes.data(), M, Kp, w.panels, e);
     for (int64_t p = 0; p < panels; ++p)
       for (int64_t r = 0; r < M; r += MR)
         rows_tile(std::min(MR, M - r), codes.data() + r * Kp, Kp, w.panels + p * Kp * NR, r, p * NR, e);
@@ -138,6 +144,8 @@ inline void encode(const float* x, const bool* mask, const int64_t* positions, c
   const int64_t I = layers.front().intermediate.N, last = static_cast<int64_t>(layers.size()) - 1;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     EncoderWork work(heads, T, H, I);
+    std::optional<amx::Tiles> tiles;  // configured for this thread while it works, released after
+    if (work.on_tiles) tiles.emplace();
     Range unused;
     for (int64_t b = begin; b < end; ++b) {
       const float* in = x + b * T * H;

@@ -92,6 +92,25 @@ struct Epilogue {
   bool gelu;
 };
 
+// Up to 16 output columns from n: what the epilogue needs of them, and each row's sums written through it.
+struct Columns {
+  int64_t n;
+  __mmask16 m;
+  __m512 colsum, ws, bv;
+  Columns(const Epilogue& e, int64_t n)
+      : n(n), m(e.N - n >= 16 ? __mmask16(0xFFFF) : Vec::first(e.N - n)),
+        colsum(_mm512_cvtepi32_ps(_mm512_loadu_si512(e.sums + n))), ws(_mm512_maskz_loadu_ps(m, e.wscale + n)),
+        bv(_mm512_maskz_loadu_ps(m, e.bias + n)) {}
+
+  // row's int32 sums of code products (16 columns) -> its outputs
+  void write(const Epilogue& e, int64_t row, __m512i sums) const {
+    const __m512 centred = _mm512_fnmadd_ps(_mm512_set1_ps(float(e.xzero[row])), colsum, _mm512_cvtepi32_ps(sums));
+    __m512 v = _mm512_fmadd_ps(centred, _mm512_mul_ps(_mm512_set1_ps(e.xscale[row]), ws), bv);
+    if (e.gelu) v = gelu(v);
+    _mm512_mask_storeu_ps(e.y + row * e.N + n, m, v);
+  }
+};
+
 // R rows of q (from row r) times one panel (columns n0..n0+NR), written through the epilogue.
 template <int R>
 inline void tile(const uint8_t* q, int64_t Kp, const int8_t* panel, int64_t r, int64_t n0, const Epilogue& e) {
@@ -114,17 +133,9 @@ inline void tile(const uint8_t* q, int64_t Kp, const int8_t* panel, int64_t r, i
   for (int h = 0; h < 2; ++h) {
     const int64_t n = n0 + 16 * h;
     if (n >= e.N) break;
-    const __mmask16 m = e.N - n >= 16 ? __mmask16(0xFFFF) : Vec::first(e.N - n);
-    const __m512 colsum = _mm512_cvtepi32_ps(_mm512_loadu_si512(e.sums + n));
-    const __m512 ws = _mm512_maskz_loadu_ps(m, e.wscale + n), bv = _mm512_maskz_loadu_ps(m, e.bias + n);
+    const Columns cols(e, n);
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const __m512 centred = _mm512_fnmadd_ps(_mm512_set1_ps(float(e.xzero[r + i])), colsum,
-                                              _mm512_cvtepi32_ps(c[i][h]));
-      __m512 v = _mm512_fmadd_ps(centred, _mm512_mul_ps(_mm512_set1_ps(e.xscale[r + i]), ws), bv);
-      if (e.gelu) v = gelu(v);
-      _mm512_mask_storeu_ps(e.y + (r + i) * e.N + n, m, v);
-    }
+    for (int i = 0; i < R; ++i) cols.write(e, r + i, c[i][h]);
   }
 }
 
