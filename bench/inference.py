@@ -201,6 +201,9 @@ def parse_args() -> argparse.Namespace:
                         help="add our sides with one batch at a time (`predict(streams=1)`), to see what two give")
     parser.add_argument("--int8-onednn", action="store_true",
                         help="add our int8 on oneDNN's products where it runs bertforge's VNNI kernels (to compare)")
+    parser.add_argument("--int8-operators", action="store_true",
+                        help="add the side 'ours int8, by operator': the int8 encoder over the batch, one "
+                             "operator after another, as before it ran a sequence at a time")
     parser.add_argument("--fp32-operators", action="store_true",
                         help="add the side 'ours fp32 on operators': fp32 packed on PyTorch's operators, as before "
                              "its encoder ran on bertforge's kernels between the products")

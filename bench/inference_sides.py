@@ -13,7 +13,7 @@ import torch
 
 from bertforge.batching import length_batches, run_batches
 from bertforge.errors import BertforgeError
-from bertforge.infer import EngineOptions, Predictor, transforms
+from bertforge.infer import EngineOptions, FusedEncoder, Predictor, transforms
 from bertforge.ort import session
 from bertforge.tasks.runner import MODEL_INPUTS
 
@@ -129,6 +129,14 @@ def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu
         with transforms.on_onednn():
             predictor = Predictor(model_dir, EngineOptions(device=args.device, quantize="int8"))
         sides["ours int8 on oneDNN"] = OursSide(predictor, labels, args.batch_size)
+    if args.int8_operators and "ours int8" in sides:
+        predictor = Predictor(model_dir, EngineOptions(device=args.device, quantize="int8"))
+        by_sequence = [m for m in predictor.task_model.model.modules() if isinstance(m, FusedEncoder)
+                       and m.sequence_weights is not None]
+        for encoder in by_sequence:
+            encoder.sequence_weights = None
+        if by_sequence:
+            sides["ours int8, by operator"] = OursSide(predictor, labels, args.batch_size)
     if args.fp32_operators and transforms.FUSE_FP32:
         transforms.FUSE_FP32 = False
         try:
