@@ -153,10 +153,11 @@ AMX_VNNI_MAX_MACS = 20_000_000
 
 # The widest int8 encoder (its hidden size) run a sequence at a time (`fused.FusedEncoder.by_sequence`): each
 # sequence reads every layer's weights, which stay in a core's cache up to about this width (512: 3.1 MB a layer;
-# BERT-base's 7 MB come from memory again for every sequence). Encoders alone, 2-core Xeon with AMX (products on AMX
-# tiles a sequence at a time, against oneDNN's over the batch): at 64 x 28 tokens BERT-tiny to MiniLM-L6 (128-384
-# wide) 1.02-1.45x faster, 512 wide 1.00-1.28x, BERT-base 0.51-0.56x; at 16-32 x 128 1.01-2.26x for every width.
-# Without AMX (VNNI kernels both ways, AMX hidden from the check): 512 wide 1.18-1.34x, BERT-base 0.74-0.77x at 28.
+# BERT-base's 7 MB come from memory again for every sequence). Encoders alone, 2-core Xeon with AMX (a sequence's
+# products on AMX tiles, against oneDNN's over the batch; docs/benchmarks.md): at 64 x 28 tokens 128 wide 1.58-2.36x,
+# 256 1.09-1.45x, 384 0.95-1.19x, 512 0.82-1.28x, BERT-base 0.51-0.61x; at 32 x 128 1.18-2.26x up to 512, BERT-base
+# 1.01-1.21x. Without AMX (VNNI kernels both ways, AMX hidden from the check): 512 wide 1.18-1.34x at 28 tokens,
+# BERT-base 0.74-0.77x.
 SEQUENCE_MAX_HIDDEN = 512
 
 
@@ -307,7 +308,8 @@ def pack_linears(model: nn.Module) -> nn.Module:
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Dynamic int8 quantization of every nn.Linear, in place: weights int8 per output channel, once;
     activations quantized per batch, per tensor (per row on CPUs without int8 dot products, and on AVX-512 VNNI
-    CPUs where bertforge's kernels load, with AMX for small products only); CPU only.
+    CPUs where bertforge's kernels load, with AMX for small products and encoders up to `SEQUENCE_MAX_HIDDEN` wide
+    only); CPU only.
     Embeddings, LayerNorm and the MLM decoder (tied to the word embeddings, a plain matrix product) stay fp32, and
     so does attention, except over short sequences on a CPU that multiplies bf16 natively (`_bf16_attention`).
 
