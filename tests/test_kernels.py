@@ -354,6 +354,47 @@ def test_fused_models_take_their_embeddings_from_the_kernel(pre_ln):
 
 
 @needs_kernels
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_a_7_bit_encoder_runs_a_sequence_at_a_time_with_its_operators_bits(monkeypatch, pre_ln):
+    """Where int8 weights get 7 bits (CPUs without int8 dot products: the u7 kernels, in both builds), the encoder runs
+    a sequence at a time too (the kernels' int8_encoder on u7 products): the same bits as its layers operator by
+    operator on the u7 kernels, the GELU inside the product either way, every position and [CLS] alone."""
+    if not _has_onednn_ops():
+        pytest.skip("Int8Linear runs where torch has oneDNN's operators")
+    monkeypatch.setattr(bertforge.cpu, "int8_weight_bits", lambda: 7)
+    model = quantize_int8(classifier(pre_layer_norm=pre_ln, intermediate_size=136))
+    encoder = model.bert.encoder
+    assert encoder.sequence_weights is not None and encoder.sequence_u7
+    assert encoder.layer[0].intermediate.u7 is not None and encoder.layer[0].intermediate.activation == "gelu"
+    ids, mask = batch(T=23)
+    with torch.no_grad():
+        got = model(ids, attention_mask=mask).logits, model.bert(ids, attention_mask=mask).sequence_output
+        weights, encoder.sequence_weights = encoder.sequence_weights, None
+        expected = model(ids, attention_mask=mask).logits, model.bert(ids, attention_mask=mask).sequence_output
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+    # one short text on two threads: operator by operator (the u7 products are slow on one thread); post-LN's
+    # operator path is the one that calls _fused_layer
+    encoder.sequence_weights = weights
+    calls = []
+    fused_layer = bertforge.infer.fused._fused_layer
+    monkeypatch.setattr(bertforge.infer.fused, "_fused_layer", lambda *a: calls.append(1) or fused_layer(*a))
+    threads = torch.get_num_threads()
+    try:
+        for n, by_operator in ((2, True), (1, False)) if not pre_ln else ():
+            torch.set_num_threads(n)
+            calls.clear()
+            with torch.no_grad():
+                model(ids[:1, :10], attention_mask=mask[:1, :10])
+            assert bool(calls) == by_operator, n
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(RuntimeError, match="not u7_pack's panels"):
+        torch.ops.bertforge.int8_encoder(torch.zeros(1, 2, 64), None, None, [weights[4], *weights[1:]], 2,
+                                         encoder.sequence_eps, pre_ln, True)
+
+
+@needs_kernels
 def test_the_encoder_runs_a_sequence_at_a_time_only_on_a_build_with_vnni():
     """The int8_encoder operator (the whole encoder a sequence at a time, tests/test_int8_encoder.py) needs the VNNI
     kernels: a build without them (the AVX2 build, an AVX-512 CPU without avx512_vnni) refuses it in one line, and
@@ -365,7 +406,7 @@ def test_the_encoder_runs_a_sequence_at_a_time_only_on_a_build_with_vnni():
         assert encoder.sequence_weights is not None  # 64 wide: a sequence at a time with AMX or without
         return
     assert encoder.sequence_weights is None
-    with pytest.raises(RuntimeError, match="has no AVX-512 VNNI"):
+    with pytest.raises(RuntimeError, match="has no AVX-512 VNNI .* its products run on the u7 kernels"):
         torch.ops.bertforge.int8_encoder(torch.zeros(1, 2, 64), None, None, [torch.zeros(1)] * 20, 2, [1e-12] * 2,
                                          False)
     plain = BertEncoder(model.config)

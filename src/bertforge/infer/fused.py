@@ -34,16 +34,19 @@ class FusedEncoder(nn.Module):
         self.max_positions = max_positions
         self.sequence_weights: list[torch.Tensor] | None = None  # by_sequence's operands
         self.sequence_eps: list[float] = []
+        self.sequence_u7 = False  # by_sequence's products: the u7 kernels' (7-bit) rather than the VNNI kernels'
 
     def by_sequence(self) -> None:
         """Run on the kernels' int8_encoder from now on, where a batch gives each thread a sequence or its sequences
-        are short (`SEQUENCE_SHORT_T`; else a thread's one long sequence would run alone, where the products split
-        it over the threads). Every layer's products must be `transforms.Int8Linear`s on the VNNI kernels."""
+        are short (`SEQUENCE_SHORT_T`, VNNI only; else a thread's one sequence would run alone, where the products
+        split it over the threads). Every layer's products must be `transforms.Int8Linear`s on the VNNI kernels (8-bit
+        weights) or all on the u7 kernels (7-bit, CPUs without int8 dot products)."""
         weights, eps = [], []
+        self.sequence_u7 = self.layer[0].attention.qkv.vnni is None
         for layer in self.layer:
             for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
                 bias = product.bias if product.bias is not None else torch.zeros(product.out_features)
-                weights += [*product.vnni, product.weight_scale, bias]
+                weights += [*(product.u7 if self.sequence_u7 else product.vnni), product.weight_scale, bias]
             for norm in (layer.attention_norm, layer.output_norm):
                 weights += [norm.weight.detach().float().contiguous(), norm.bias.detach().float().contiguous()]
                 eps.append(norm.eps)
@@ -68,11 +71,11 @@ class FusedEncoder(nn.Module):
         if x.shape[1] > self.max_positions:
             return self.plain(x, mask, positions)
         keys = None if mask is None else mask[:, 0, 0, :]
-        if self.sequence_weights is not None and (x.shape[1] <= SEQUENCE_SHORT_T
-                                                  or x.shape[0] >= torch.get_num_threads()):
+        short = x.shape[1] <= SEQUENCE_SHORT_T and not self.sequence_u7
+        if self.sequence_weights is not None and (short or x.shape[0] >= torch.get_num_threads()):
             return torch.ops.bertforge.int8_encoder(x, keys, positions, self.sequence_weights,
                                                     self.layer[0].attention.num_heads, self.sequence_eps,
-                                                    self.final_norm is not None)
+                                                    self.final_norm is not None, self.sequence_u7)
         if self.final_norm is not None:
             return self._pre_ln(x, keys, positions)
         last = len(self.layer) - 1
@@ -120,10 +123,11 @@ def _fused_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, p
 # The longest batches the fused encoder runs; longer ones run PyTorch's operators.
 FUSED_MAX_T = 512
 
-# Sequences this short run a sequence a time (`FusedEncoder.by_sequence`) however few a batch holds: one text of
-# Rotten Tomatoes (27 tokens on average) was answered sooner on one thread that way than on two operator by
-# operator (2-core Xeon with AMX, p50 of 200 texts: fine-tuned MiniLM-L6 2.06 against 3.28 ms, BERT-tiny 0.74
-# against 0.98).
+# Sequences this short run a sequence a time (`FusedEncoder.by_sequence`) however few a batch holds, on the VNNI
+# kernels: one text of Rotten Tomatoes (27 tokens on average) was answered sooner on one thread that way than on two
+# operator by operator (2-core Xeon with AMX, p50 of 200 texts: fine-tuned MiniLM-L6 2.06 against 3.28 ms, BERT-tiny
+# 0.74 against 0.98). Not on the u7 kernels (7-bit, AVX2), whose products are slower: there MiniLM-L6's one text took
+# 3.53 ms on one thread against 2.77 on two (the AVX2 build on the same Xeon).
 SEQUENCE_SHORT_T = 64
 
 

@@ -119,8 +119,8 @@ class Int8Linear(nn.Module):
             return torch.ops.bertforge.vnni_linear(x.float(), *self.vnni, self.weight_scale, self.bias,
                                                    self.out_features, self.activation == "gelu").to(out)
         if self.u7 is not None:
-            y = torch.ops.bertforge.u7_linear(x.float(), *self.u7, self.weight_scale, self.bias, self.out_features)
-            return (F.gelu(y) if self.activation == "gelu" else y).to(out)
+            return torch.ops.bertforge.u7_linear(x.float(), *self.u7, self.weight_scale, self.bias, self.out_features,
+                                                 self.activation == "gelu").to(out)
         if self.few_rows is not None and x.numel() <= FEW_ROWS * self.in_features:
             y = torch.ops.quantized.linear_dynamic(x.float().reshape(-1, self.in_features), self.few_rows, False)
             y = F.gelu(y) if self.activation == "gelu" else y
@@ -261,8 +261,8 @@ def _bf16_attention(model: nn.Module) -> None:
 
 def _fuse_int8_encoders(model: nn.Module) -> None:
     """Every BertEncoder of int8 layers with the feed-forward GELU inside the product (`_fuse_gelu`) run on the
-    kernels between its products (`fused.FusedEncoder`); where every product runs on the VNNI kernels, a sequence
-    at a time (`FusedEncoder.by_sequence`) up to `SEQUENCE_MAX_HIDDEN` wide. Their
+    kernels between its products (`fused.FusedEncoder`); where every product runs on the VNNI or the u7 kernels, a
+    sequence at a time (`FusedEncoder.by_sequence`) up to `SEQUENCE_MAX_HIDDEN` wide. Their
     query/key/value products write fp32: the attention kernel takes bf16 too, 1.02-1.03x faster on the bench's
     MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev accuracy in four measurements (fp32: +0.0 to +0.2;
     bench/int8_kernels.py)."""
@@ -273,7 +273,8 @@ def _fuse_int8_encoders(model: nn.Module) -> None:
             layer.attention.qkv.bf16_max_positions = 0
         for product in products:
             product.kernels = True
-        if all(p.vnni is not None for p in products) and products[0].in_features <= SEQUENCE_MAX_HIDDEN:
+        on_kernels = all(p.vnni is not None for p in products) or all(p.u7 is not None for p in products)
+        if on_kernels and products[0].in_features <= SEQUENCE_MAX_HIDDEN:
             encoder.by_sequence()
 
 

@@ -22,7 +22,7 @@
 //                  (attention_train.h; the ops in attention_train_ops.h).
 // The int8 products themselves: u7_linear (int8_u7.h, CPUs without int8 dot products) and vnni_linear (int8_vnni.h,
 // AVX-512 VNNI without AMX), each quantizing its activations per row; int8_encoder (int8_encoder.h) runs a whole
-// post-LN encoder of vnni_linear's products a sequence at a time.
+// encoder of either's products a sequence at a time.
 // (lanes() says which build this is: 16 floats a vector on AVX-512, 8 on AVX2.)
 
 #include <ATen/ATen.h>
@@ -266,12 +266,15 @@ std::tuple<at::Tensor, at::Tensor> u7_pack(const at::Tensor& codes) {
   return bertforge::u7::pack_weight(codes.contiguous());
 }
 
-// x (..., K) fp32 times the packed weight's N columns, activations quantized per row to 7 bits (int8_u7.h).
+// x (..., K) fp32 times the packed weight's N columns, activations quantized per row to 7 bits (int8_u7.h), the exact
+// GELU applied where `gelu`.
 at::Tensor u7_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& column_sums,
-                     const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, int64_t out_features) {
+                     const at::Tensor& weight_scale, const std::optional<at::Tensor>& bias, int64_t out_features,
+                     bool gelu) {
   const bertforge::Int8Operands o = bertforge::check_int8_operands(
       "u7_pack", x, packed, column_sums, weight_scale, bias, out_features, bertforge::u7::NR, 8);
-  return bertforge::u7::linear(x.contiguous(), packed, column_sums, weight_scale.contiguous(), o.bias, out_features)
+  return bertforge::u7::linear(x.contiguous(), packed, column_sums, weight_scale.contiguous(), o.bias, out_features,
+                               gelu)
       .view(o.shape);
 }
 
@@ -326,15 +329,15 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("lanes() -> int", &lanes);
   m.def("parallel_threads() -> int", &parallel_threads);
   m.def("u7_pack(Tensor codes) -> (Tensor, Tensor)");
-  m.def("u7_linear(Tensor x, Tensor packed, Tensor column_sums, Tensor weight_scale, Tensor? bias, int out_features)"
-        " -> Tensor");
+  m.def("u7_linear(Tensor x, Tensor packed, Tensor column_sums, Tensor weight_scale, Tensor? bias, int out_features, "
+        "bool gelu=False) -> Tensor");
   m.def("vnni_pack(Tensor codes) -> (Tensor, Tensor)");
   m.def("vnni_linear(Tensor x, Tensor packed, Tensor column_sums, Tensor weight_scale, Tensor? bias, "
         "int out_features, bool gelu) -> Tensor");
   m.def("has_vnni() -> bool", &bertforge::vnni::has_vnni);
   m.def("amx_tiles() -> bool", &bertforge::amx::usable);
   m.def("int8_encoder(Tensor x, Tensor? mask, Tensor? positions, Tensor[] weights, int heads, float[] eps, "
-        "bool pre_ln) -> Tensor");
+        "bool pre_ln, bool u7=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
@@ -349,7 +352,7 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("u7_linear", u7_linear);
   m.impl("vnni_pack", bertforge::vnni::checked_pack);
   m.impl("vnni_linear", bertforge::vnni::checked_linear);
-  m.impl("int8_encoder", bertforge::vnni::int8_encoder);
+  m.impl("int8_encoder", bertforge::encoder::int8_encoder);
   m.impl("transpose_sum", transpose_sum);
   m.impl("attention_train", bertforge::train::attention_train);
   m.impl("attention_train_backward", bertforge::train::attention_train_backward);

@@ -54,7 +54,7 @@ struct Tiles {
 
 // y (M rows) = codes (M rows of Kp bytes, readable up to M rounded up to 16 rows) times the packed weight, written
 // through the epilogue: two row tiles by a panel's two column tiles at a time, into 4 KB of sums.
-inline void product(const uint8_t* codes, int64_t M, int64_t Kp, const int8_t* panels, const vnni::Epilogue& e) {
+inline void product(const uint8_t* codes, int64_t M, int64_t Kp, const int8_t* panels, const Epilogue& e) {
   using vnni::NR;
   alignas(64) int32_t sums[2 * kRows][NR];
   const int64_t count = (e.N + NR - 1) / NR;
@@ -98,7 +98,7 @@ inline void product(const uint8_t* codes, int64_t M, int64_t Kp, const int8_t* p
 inline bool usable() { return false; }
 #if BERTFORGE_VNNI
 struct Tiles {};
-inline void product(const uint8_t*, int64_t, int64_t, const int8_t*, const vnni::Epilogue&) {}
+inline void product(const uint8_t*, int64_t, int64_t, const int8_t*, const Epilogue&) {}
 #endif
 
 #endif

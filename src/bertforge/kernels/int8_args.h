@@ -69,6 +69,19 @@ inline void quantize_each_row(const float* x, int64_t M, int64_t K, float top, f
   });
 }
 
+// Where a per-row int8 product's int32 sums go (vnni and u7 alike): y[i, n] = act((sum - xzero[i] colsum[n]) xscale[i]
+// wscale[n] + bias[n]), act the exact GELU where `gelu`.
+struct Epilogue {
+  const int32_t* sums;  // (panels x NR) column sums
+  const float* wscale;  // (N)
+  const float* bias;    // (N)
+  const float* xscale;  // (M)
+  const int32_t* xzero;  // (M)
+  float* y;             // (M, N)
+  int64_t N;
+  bool gelu;
+};
+
 struct Int8Operands {
   at::Tensor bias;             // (N) fp32, zeros where there was none
   std::vector<int64_t> shape;  // the output's: x's with its last size N

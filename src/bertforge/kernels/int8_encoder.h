@@ -20,13 +20,14 @@
 
 #include "attention.h"
 #include "int8_amx.h"
+#include "int8_u7.h"
 #include "int8_vnni.h"
 #include "layer_norm.h"
 #include "vec.h"
 
-namespace bertforge::vnni {
+namespace bertforge::encoder {
 
-// One int8 product's weights, as vnni_pack made them (panels of NR columns over K rounded up to 4).
+// One int8 product's weights, as vnni_pack or u7_pack made them (panels of columns over K rounded up).
 struct Product {
   const int8_t* panels;
   const int32_t* sums;
@@ -50,35 +51,69 @@ struct Norm {
   float eps;
 };
 
+// A sequence's products on the VNNI kernels (8-bit activations per row; AMX tiles where granted and K is whole tile
+// depths), as vnni_linear computes them: every output element by the same int32 sums and epilogue.
 #if BERTFORGE_VNNI
+struct VnniProducts {
+  static constexpr int64_t kColumns = vnni::NR, kDepth = 4;
+  std::vector<uint8_t> codes;  // rows up to a whole AMX tile's, which reads them
+  std::vector<float> scale;
+  std::vector<int32_t> zero;
+  bool on_tiles = amx::usable();
+  VnniProducts(int64_t T, int64_t width)
+      : codes((T + amx::kRows - 1) / amx::kRows * amx::kRows * ((width + 3) / 4 * 4)), scale(T), zero(T) {}
 
-// One thread's working memory, sized once for the call's longest sequence and widest product.
+  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y) {
+    const int64_t Kp = (w.K + 3) / 4 * 4, panels = (w.N + vnni::NR - 1) / vnni::NR;
+    vnni::quantize_rows(in, M, w.K, Kp, codes.data(), scale.data(), zero.data());
+    const Epilogue e{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
+    if (on_tiles && Kp % amx::kDepth == 0) return amx::product(codes.data(), M, Kp, w.panels, e);
+    for (int64_t p = 0; p < panels; ++p)
+      for (int64_t r = 0; r < M; r += vnni::MR)
+        vnni::rows_tile(std::min(vnni::MR, M - r), codes.data() + r * Kp, Kp, w.panels + p * Kp * vnni::NR, r,
+                        p * vnni::NR, e);
+  }
+};
+#endif
+
+// A sequence's products on the u7 kernels (7-bit activations per row, CPUs without int8 dot products), as
+// u7_linear computes them.
+struct U7Products {
+  static constexpr int64_t kColumns = u7::NR, kDepth = 8;
+  std::vector<uint8_t> codes;
+  std::vector<float> scale;
+  std::vector<int32_t> zero;
+  bool on_tiles = false;
+  U7Products(int64_t T, int64_t width) : codes(T * ((width + 7) / 8 * 8)), scale(T), zero(T) {}
+
+  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y) {
+    const int64_t Kp = (w.K + 7) / 8 * 8, panels = (w.N + u7::NR - 1) / u7::NR;
+    u7::quantize_rows(in, M, w.K, Kp, codes.data(), scale.data(), zero.data());
+    const Epilogue o{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
+    for (int64_t p = 0; p < panels; ++p) u7::block(codes.data(), Kp, w.panels + p * Kp * u7::NR, 0, M, p * u7::NR, o);
+  }
+};
+
+template <typename T>
+struct Kind {  // which products an encoder runs on, as a value
+  using type = T;
+};
+
+// One thread's working memory, sized once for the call's longest sequence and widest product, and its products.
+template <typename Products>
 struct EncoderWork {
   Sequence seq;
-  std::vector<uint8_t> codes;
-  std::vector<float> scale, qkv, context, attended, normed, middle, normed_in, hidden, output, gathered, x[2];
-  std::vector<int32_t> zero;
-  bool on_tiles;  // products on AMX tiles (int8_amx.h) where K is whole tile depths
-  // (codes: rows up to a whole AMX tile's, which reads them)
+  Products products;
+  std::vector<float> qkv, context, attended, normed, middle, normed_in, hidden, output, gathered, x[2];
   EncoderWork(int64_t heads, int64_t T, int64_t H, int64_t I)
-      : seq(heads, T, H / heads),
-        codes((T + amx::kRows - 1) / amx::kRows * amx::kRows * ((std::max(H, I) + 3) / 4 * 4)), scale(T),
-        qkv(T * 3 * H), context(T * H), attended(T * H), normed(T * H), middle(T * H), normed_in(T * H),
-        hidden(T * I), output(T * H), gathered(T * H), zero(T), on_tiles(amx::usable()) {
+      : seq(heads, T, H / heads), products(T, std::max(H, I)), qkv(T * 3 * H), context(T * H), attended(T * H),
+        normed(T * H), middle(T * H), normed_in(T * H), hidden(T * I), output(T * H), gathered(T * H) {
     x[0].resize(T * H);
     x[1].resize(T * H);
   }
 
-  // y (M rows of w.N) = x (M rows of w.K) times w, as vnni_linear computes it: each row quantized by its own range,
-  // every output element by the same tile in the same order.
   void product(const float* in, int64_t M, const Product& w, bool gelu, float* y) {
-    const int64_t Kp = (w.K + 3) / 4 * 4, panels = (w.N + NR - 1) / NR;
-    quantize_rows(in, M, w.K, Kp, codes.data(), scale.data(), zero.data());
-    const Epilogue e{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
-    if (on_tiles && Kp % amx::kDepth == 0) return amx::product(codes.data(), M, Kp, w.panels, e);
-    for (int64_t p = 0; p < panels; ++p)
-      for (int64_t r = 0; r < M; r += MR)
-        rows_tile(std::min(MR, M - r), codes.data() + r * Kp, Kp, w.panels + p * Kp * NR, r, p * NR, e);
+    products.product(in, M, w, gelu, y);
   }
 
   // One post-LN layer over the sequence in `in` (T rows of H), its answer at P rows (`positions`, or every row
@@ -138,14 +173,16 @@ struct EncoderWork {
 
 // x (B, T, H) through every layer, a sequence a task; the last layer answers at positions (B, P) when given.
 // Pre-LN when `final` (the encoder's last LayerNorm) is given, else post-LN.
-inline void encode(const float* x, const bool* mask, const int64_t* positions, const std::vector<Layer>& layers,
-                   const std::optional<Norm>& final, int64_t heads, int64_t B, int64_t T, int64_t P, int64_t H,
-                   float* out) {
+template <typename Products>
+void encode(const float* x, const bool* mask, const int64_t* positions, const std::vector<Layer>& layers,
+            const std::optional<Norm>& final, int64_t heads, int64_t B, int64_t T, int64_t P, int64_t H, float* out) {
   const int64_t I = layers.front().intermediate.N, last = static_cast<int64_t>(layers.size()) - 1;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    EncoderWork work(heads, T, H, I);
+    EncoderWork<Products> work(heads, T, H, I);
+#if BERTFORGE_AMX
     std::optional<amx::Tiles> tiles;  // configured for this thread while it works, released after
-    if (work.on_tiles) tiles.emplace();
+    if (work.products.on_tiles) tiles.emplace();
+#endif
     Range unused;
     for (int64_t b = begin; b < end; ++b) {
       const float* in = x + b * T * H;
@@ -176,26 +213,18 @@ inline void encode(const float* x, const bool* mask, const int64_t* positions, c
   });
 }
 
-#else
-
-inline void encode(const float*, const bool*, const int64_t*, const std::vector<Layer>&, const std::optional<Norm>&,
-                   int64_t, int64_t, int64_t, int64_t, int64_t, float*) {
-  TORCH_CHECK(false, "int8_encoder: this build of bertforge's kernels has no AVX-512 VNNI (the CPU lacks avx512_vnni)");
-}
-
-#endif
 
 // The operator: x (B, T, H) fp32; mask (B, T) (True: a key to attend) or None; positions (B, P) or None (the last
 // layer's answers at every position); weights, 20 a layer: for each of qkv, attention output, intermediate (GELU
-// inside) and output its vnni_pack panels, column sums, weight scales and bias, then LN1's and LN2's weight and bias
-// (`Layer`); pre-LN layers add the final LayerNorm's weight and bias at the end. eps: two a layer (and the final
-// LayerNorm's). Returns (B, P, H), or (B, T, H) without positions: post-LN, the last layer's output; pre-LN, its
-// output's final LayerNorm.
+// inside) and output its vnni_pack panels (u7_pack's where `u7`), column sums, weight scales and bias, then LN1's and
+// LN2's weight and bias (`Layer`); pre-LN layers add the final LayerNorm's weight and bias at the end. eps: two a
+// layer (and the final LayerNorm's). Returns (B, P, H), or (B, T, H) without positions: post-LN, the last layer's
+// output; pre-LN, its output's final LayerNorm.
 inline at::Tensor int8_encoder(const at::Tensor& x, const std::optional<at::Tensor>& mask,
                                const std::optional<at::Tensor>& positions, at::TensorList weights, int64_t heads,
-                               at::ArrayRef<double> eps, bool pre_ln) {
-  TORCH_CHECK(kBuilt, "int8_encoder: this build of bertforge's kernels has no AVX-512 VNNI (the CPU lacks "
-                      "avx512_vnni)");
+                               at::ArrayRef<double> eps, bool pre_ln, bool u7) {
+  TORCH_CHECK(u7 || vnni::kBuilt, "int8_encoder: this build of bertforge's kernels has no AVX-512 VNNI (the CPU "
+                                  "lacks avx512_vnni); its products run on the u7 kernels");
   TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat, "x must be fp32 (B, T, H)");
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2);
   TORCH_CHECK(heads > 0 && H % (heads * kMultiple) == 0, "H must be heads x a multiple of 16");
@@ -209,10 +238,12 @@ inline at::Tensor int8_encoder(const at::Tensor& x, const std::optional<at::Tens
   const int64_t I = weights[10].numel();  // the intermediate product's weight scales: one an output
   auto product = [&](size_t at, int64_t K, int64_t N) {
     const at::Tensor &panels = weights[at], &sums = weights[at + 1], &wscale = weights[at + 2], &bias = weights[at + 3];
-    const int64_t Kp = (K + 3) / 4 * 4, count = (N + NR - 1) / NR;
+    const int64_t NR = u7 ? u7::NR : vnni::NR, depth = u7 ? 8 : 4;
+    const int64_t Kp = (K + depth - 1) / depth * depth, count = (N + NR - 1) / NR;
     TORCH_CHECK(panels.scalar_type() == at::kChar && panels.is_contiguous() && panels.numel() == count * Kp * NR &&
                     sums.scalar_type() == at::kInt && sums.is_contiguous() && sums.numel() == count * NR,
-                "a layer's product is not vnni_pack's panels for its shape");
+                u7 ? "a layer's product is not u7_pack's panels for its shape"
+                   : "a layer's product is not vnni_pack's panels for its shape");
     TORCH_CHECK(wscale.scalar_type() == at::kFloat && wscale.is_contiguous() && wscale.numel() == N &&
                     bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == N,
                 "a layer's product needs fp32 weight scales and bias of its output size");
@@ -234,9 +265,18 @@ inline at::Tensor int8_encoder(const at::Tensor& x, const std::optional<at::Tens
   std::optional<Norm> final;
   if (pre_ln) final = Norm{vector(20 * count), vector(20 * count + 1), static_cast<float>(eps[2 * count])};
   at::Tensor out = at::empty({B, P, H}, a.options());
-  encode(a.data_ptr<float>(), queries.mask_data(), queries.positions_data(), layers, final, heads, B, T, P, H,
-         out.data_ptr<float>());
+  const auto run = [&](auto kind) {
+    encode<typename decltype(kind)::type>(a.data_ptr<float>(), queries.mask_data(), queries.positions_data(), layers,
+                                          final, heads, B, T, P, H, out.data_ptr<float>());
+  };
+#if BERTFORGE_VNNI
+  if (!u7) {
+    run(Kind<VnniProducts>{});
+    return out;
+  }
+#endif
+  run(Kind<U7Products>{});
   return out;
 }
 
-}  // namespace bertforge::vnni
+}  // namespace bertforge::encoder

@@ -88,8 +88,45 @@ inline void micro(const uint8_t* q, int64_t Kp, const int8_t* panel, int64_t row
   }
 }
 
+// rows r .. r + rows of one micro tile's sums (rows x NR) for columns n0 .. n0 + NR, written through `o`
+inline void write_tile(const int32_t* tile, int64_t rows, int64_t r, int64_t n0, const Epilogue& o) {
+  const int64_t N = o.N;
+  if (n0 + NR <= N) {
+    for (int64_t h = 0; h < NR; h += 8) {
+      const __m256 colsum = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o.sums + n0 + h)));
+      const __m256 wsv = _mm256_loadu_ps(o.wscale + n0 + h), bv = _mm256_loadu_ps(o.bias + n0 + h);
+      for (int64_t i = 0; i < rows; ++i) {
+        const __m256 acc = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(tile + i * NR + h)));
+        const __m256 centred = _mm256_fnmadd_ps(_mm256_set1_ps(float(o.xzero[r + i])), colsum, acc);
+        _mm256_storeu_ps(o.y + (r + i) * N + n0 + h,
+                         _mm256_fmadd_ps(centred, _mm256_mul_ps(_mm256_set1_ps(o.xscale[r + i]), wsv), bv));
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < NR && n0 + j < N; ++j) {
+        const int64_t n = n0 + j;
+        o.y[(r + i) * N + n] =
+            (tile[i * NR + j] - o.xzero[r + i] * o.sums[n]) * o.xscale[r + i] * o.wscale[n] + o.bias[n];
+      }
+  }
+  if (o.gelu)
+    for (int64_t i = 0; i < rows; ++i) gelu_in_place(o.y + (r + i) * N + n0, std::min(NR, N - n0));
+}
+
+// rows [r0, r1) of the codes q (rows of Kp) times one panel (columns n0 ..), written through `o`
+inline void block(const uint8_t* q, int64_t Kp, const int8_t* panel, int64_t r0, int64_t r1, int64_t n0,
+                  const Epilogue& o) {
+  alignas(32) int32_t tile[MR * NR];
+  for (int64_t r = r0; r < r1; r += MR) {
+    const int64_t rows = std::min(MR, r1 - r);
+    micro(q + r * Kp, Kp, panel, rows, tile);
+    write_tile(tile, rows, r, n0, o);
+  }
+}
+
 inline at::Tensor linear(const at::Tensor& x /* contiguous */, const at::Tensor& packed, const at::Tensor& sums,
-                         const at::Tensor& wscale, const at::Tensor& bias, int64_t N) {
+                         const at::Tensor& wscale, const at::Tensor& bias, int64_t N, bool gelu) {
   const int64_t K = x.size(-1), M = x.numel() / K, Kp = (K + 7) / 8 * 8, panels = (N + NR - 1) / NR;
   // every code is written by quantize_rows (the padding too), so the buffer starts uninitialized
   const at::Tensor codes = at::empty({M * Kp}, at::kByte);
@@ -98,41 +135,14 @@ inline at::Tensor linear(const at::Tensor& x /* contiguous */, const at::Tensor&
   std::vector<int32_t> xz(M);
   quantize_rows(x.data_ptr<float>(), M, K, Kp, q, xs.data(), xz.data());
   at::Tensor y = at::empty({M, N}, x.options());
-  float* yp = y.data_ptr<float>();
+  const Epilogue o{sums.data_ptr<int32_t>(), wscale.data_ptr<float>(), bias.data_ptr<float>(), xs.data(), xz.data(),
+              y.data_ptr<float>(), N, gelu};
   const int8_t* wp = packed.data_ptr<int8_t>();
-  const int32_t* sp = sums.data_ptr<int32_t>();
-  const float* ws = wscale.data_ptr<float>();
-  const float* bp = bias.data_ptr<float>();
   const int64_t mblocks = (M + MC - 1) / MC;
   at::parallel_for(0, mblocks * panels, 1, [&](int64_t t0, int64_t t1) {
-    alignas(32) int32_t tile[MR * NR];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t mb = t / panels, p = t % panels;
-      const int8_t* panel = wp + p * Kp * NR;
-      for (int64_t r = mb * MC; r < std::min(M, (mb + 1) * MC); r += MR) {
-        const int64_t rows = std::min(MR, M - r);
-        micro(q + r * Kp, Kp, panel, rows, tile);
-        const int64_t n0 = p * NR;
-        if (n0 + NR <= N) {
-          for (int64_t h = 0; h < NR; h += 8) {
-            const __m256 colsum = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + n0 + h)));
-            const __m256 wsv = _mm256_loadu_ps(ws + n0 + h), bv = _mm256_loadu_ps(bp + n0 + h);
-            for (int64_t i = 0; i < rows; ++i) {
-              const __m256 acc =
-                  _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(tile + i * NR + h)));
-              const __m256 centred = _mm256_fnmadd_ps(_mm256_set1_ps(float(xz[r + i])), colsum, acc);
-              _mm256_storeu_ps(yp + (r + i) * N + n0 + h,
-                               _mm256_fmadd_ps(centred, _mm256_mul_ps(_mm256_set1_ps(xs[r + i]), wsv), bv));
-            }
-          }
-        } else {
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < NR && n0 + j < N; ++j) {
-              const int64_t n = n0 + j;
-              yp[(r + i) * N + n] = (tile[i * NR + j] - xz[r + i] * sp[n]) * xs[r + i] * ws[n] + bp[n];
-            }
-        }
-      }
+      block(q, Kp, wp + p * Kp * NR, mb * MC, std::min(M, (mb + 1) * MC), p * NR, o);
     }
   });
   return y;

@@ -81,17 +81,6 @@ inline __m512 gelu(__m512 x) {
   return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(_mm512_set1_ps(1.f), erf));
 }
 
-struct Epilogue {
-  const int32_t* sums;  // (panels x NR) column sums
-  const float* wscale;  // (N)
-  const float* bias;    // (N)
-  const float* xscale;  // (M)
-  const int32_t* xzero;  // (M)
-  float* y;             // (M, N)
-  int64_t N;
-  bool gelu;
-};
-
 // Up to 16 output columns from n: what the epilogue needs of them, and each row's sums written through it.
 struct Columns {
   int64_t n;

@@ -13,6 +13,7 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -57,6 +58,11 @@ inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a.v); }
 inline Vec round_even(Vec a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
 // p 2^n, n whole
 inline Vec times_pow2(Vec p, Vec n) { return {_mm512_scalef_ps(p.v, n.v)}; }
+// 1 / d, d >= 1: rcp14's 14 bits, then a Newton step (about 2^-28)
+inline Vec reciprocal(Vec d) {
+  const __m512 t = _mm512_rcp14_ps(d.v);
+  return {_mm512_mul_ps(t, _mm512_fnmadd_ps(d.v, t, _mm512_set1_ps(2.f)))};
+}
 
 // 32-bit unsigned integers in as many lanes as Vec has floats: dropout's hash (dropout.h) a vector at a time.
 struct UVec {
@@ -177,6 +183,12 @@ inline float reduce_add(Vec a) { return reduce(a, [](__m128 x, __m128 y) { retur
 inline float reduce_min(Vec a) { return reduce(a, [](__m128 x, __m128 y) { return _mm_min_ps(x, y); }); }
 inline float reduce_max(Vec a) { return reduce(a, [](__m128 x, __m128 y) { return _mm_max_ps(x, y); }); }
 inline Vec round_even(Vec a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+// 1 / d, d >= 1: rcp's 12 bits, then two Newton steps (about 2^-23)
+inline Vec reciprocal(Vec d) {
+  __m256 t = _mm256_rcp_ps(d.v);
+  t = _mm256_mul_ps(t, _mm256_fnmadd_ps(d.v, t, _mm256_set1_ps(2.f)));
+  return {_mm256_mul_ps(t, _mm256_fnmadd_ps(d.v, t, _mm256_set1_ps(2.f)))};
+}
 // p 2^n, n whole within [-126, 127] (AVX2 has no vscalefps): 2^n built in the exponent bits, n + 127, of an fp32.
 // exp_nonpositive clamps its argument at -87, so n >= round(-87 / ln 2) = -126, the least normal exponent.
 inline Vec times_pow2(Vec p, Vec n) {
@@ -268,6 +280,33 @@ inline Vec exp_nonpositive(Vec x) {
   p = fma(p, r, Vec::all(5.0000001201e-1f));
   p = fma(p, r * r, r + Vec::all(1.0f));
   return times_pow2(p, n);
+}
+
+// The exact GELU, x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, with erf by Abramowitz and Stegun's 7.1.26 (absolute error
+// under 1.5e-7): the u7 products' (int8_u7.h); the VNNI kernels keep their own AVX-512 form (int8_vnni.h).
+inline Vec gelu_erf(Vec x) {
+  const Vec u = x * Vec::all(0.70710678118654752f);
+  const Vec sign = bits_and(u, Vec::all(-0.0f));
+  const Vec a = bits_xor(u, sign);  // |u|
+  const Vec t = reciprocal(fma(a, Vec::all(0.3275911f), Vec::all(1.f)));
+  Vec p = Vec::all(1.061405429f);
+  p = fma(p, t, Vec::all(-1.453152027f));
+  p = fma(p, t, Vec::all(1.421413741f));
+  p = fma(p, t, Vec::all(-0.284496736f));
+  p = fma(p, t, Vec::all(0.254829592f));
+  const Vec erf = fnma(p * t, exp_nonpositive(Vec::zero() - a * a), Vec::all(1.f));  // erf(|u|)
+  return (Vec::all(0.5f) * x) * (Vec::all(1.f) + bits_xor(erf, sign));
+}
+
+// y[0..n) = gelu_erf(y) in place.
+inline void gelu_in_place(float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + Vec::kLanes <= n; i += Vec::kLanes) gelu_erf(Vec::load(y + i)).store(y + i);
+  if (i < n) {
+    float last[Vec::kLanes];
+    gelu_erf(Vec::load_first(y + i, n - i, 0.f)).store(last);
+    std::copy_n(last, n - i, y + i);
+  }
 }
 
 // The running (min, max) of what a kernel wrote, kLanes wide until it is read.
