@@ -27,8 +27,9 @@ def _flags(monkeypatch, amx: bool) -> None:
 
 def classifier(hidden: int = 64, heads: int = 2, **overrides) -> BertForSequenceClassification:
     torch.manual_seed(0)
+    overrides.setdefault("max_position_embeddings", 80)
     config = BertConfig(vocab_size=200, hidden_size=hidden, num_hidden_layers=3, num_attention_heads=heads,
-                        intermediate_size=2 * hidden + 8, max_position_embeddings=80, num_labels=3, **overrides)
+                        intermediate_size=2 * hidden + 8, num_labels=3, **overrides)
     model = BertForSequenceClassification(config).eval()
     with torch.no_grad():  # LayerNorms and biases away from their initial 1 and 0, as a trained model's are
         for name, p in model.named_parameters():
@@ -91,15 +92,16 @@ def test_which_encoders_run_a_sequence_at_a_time(monkeypatch):
 
 
 def test_a_long_sequence_alone_runs_operator_by_operator(monkeypatch):
-    """A batch with fewer sequences than threads, longer than `SEQUENCE_SHORT_T`, would leave threads idle a
-    sequence at a time: it runs operator by operator (whose products share the rows out), as does a batch past the
-    fused encoder's longest; a short one, or one sequence a thread, runs a sequence at a time."""
+    """A batch with fewer sequences than threads, longer than `SEQUENCE_SHORT_T` (longer with AMX tiles, whose
+    products make one thread's sequence quick), would leave threads idle a sequence at a time: it runs operator by
+    operator (whose products share the rows out); a short one, or one sequence a thread, runs a sequence at a time."""
     _flags(monkeypatch, amx=False)
-    model = quantize_int8(classifier())
+    model = quantize_int8(classifier(max_position_embeddings=160))
     calls = []
     fused_layer = bertforge.infer.fused._fused_layer
     monkeypatch.setattr(bertforge.infer.fused, "_fused_layer", lambda *a: calls.append(1) or fused_layer(*a))
-    short = bertforge.infer.fused.SEQUENCE_SHORT_T
+    short = model.bert.encoder.sequence_short_t
+    assert short == bertforge.infer.fused.SEQUENCE_SHORT_T[torch.ops.bertforge.amx_tiles()] >= 64
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

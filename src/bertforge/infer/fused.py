@@ -35,6 +35,7 @@ class FusedEncoder(nn.Module):
         self.sequence_weights: list[torch.Tensor] | None = None  # by_sequence's operands
         self.sequence_eps: list[float] = []
         self.sequence_u7 = False  # by_sequence's products: the u7 kernels' (7-bit) rather than the VNNI kernels'
+        self.sequence_short_t = 0  # batches of sequences this short run a sequence at a time however few they are
 
     def by_sequence(self) -> None:
         """Run on the kernels' int8_encoder from now on, where a batch gives each thread a sequence or its sequences
@@ -43,6 +44,7 @@ class FusedEncoder(nn.Module):
         weights) or all on the u7 kernels (7-bit, CPUs without int8 dot products)."""
         weights, eps = [], []
         self.sequence_u7 = self.layer[0].attention.qkv.vnni is None
+        self.sequence_short_t = 0 if self.sequence_u7 else SEQUENCE_SHORT_T[torch.ops.bertforge.amx_tiles()]
         for layer in self.layer:
             for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
                 bias = product.bias if product.bias is not None else torch.zeros(product.out_features)
@@ -71,8 +73,8 @@ class FusedEncoder(nn.Module):
         if x.shape[1] > self.max_positions:
             return self.plain(x, mask, positions)
         keys = None if mask is None else mask[:, 0, 0, :]
-        short = x.shape[1] <= SEQUENCE_SHORT_T and not self.sequence_u7
-        if self.sequence_weights is not None and (short or x.shape[0] >= torch.get_num_threads()):
+        if self.sequence_weights is not None and (x.shape[1] <= self.sequence_short_t
+                                                  or x.shape[0] >= torch.get_num_threads()):
             return torch.ops.bertforge.int8_encoder(x, keys, positions, self.sequence_weights,
                                                     self.layer[0].attention.num_heads, self.sequence_eps,
                                                     self.final_norm is not None, self.sequence_u7)
@@ -123,12 +125,15 @@ def _fused_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, p
 # The longest batches the fused encoder runs; longer ones run PyTorch's operators.
 FUSED_MAX_T = 512
 
-# Sequences this short run a sequence a time (`FusedEncoder.by_sequence`) however few a batch holds, on the VNNI
-# kernels: one text of Rotten Tomatoes (27 tokens on average) was answered sooner on one thread that way than on two
-# operator by operator (2-core Xeon with AMX, p50 of 200 texts: fine-tuned MiniLM-L6 2.06 against 3.28 ms, BERT-tiny
-# 0.74 against 0.98). Not on the u7 kernels (7-bit, AVX2), whose products are slower: there MiniLM-L6's one text took
-# 3.53 ms on one thread against 2.77 on two (the AVX2 build on the same Xeon).
-SEQUENCE_SHORT_T = 64
+# Batches of sequences this short run a sequence a time (`FusedEncoder.by_sequence`) however few they are, on the
+# VNNI kernels without AMX tiles and with them: one text was answered sooner on one thread that way than on two
+# operator by operator (2-core Xeon, p50 of 200 texts; MiniLM-L6 fine-tuned, BERT-tiny distilled). Rotten Tomatoes
+# snippets (27 tokens on average): with the tiles MiniLM-L6 2.06 against 3.28 ms, BERT-tiny 0.74 against 0.98;
+# without (AMX hidden from the kernels) 2.52 against 2.73 and 0.58 against 0.74. Three or four snippets joined (about
+# 75 tokens): with the tiles 3.4-3.6 against 5.5-6.1 ms and 0.76-0.78 against 0.84-1.03; without, MiniLM-L6 lost
+# (5.9-6.4 against 4.7-4.8 ms). Not on the u7 kernels (7-bit, AVX2), whose products are slower: there MiniLM-L6's
+# snippet took 3.53 ms on one thread against 2.77 on two (the AVX2 build on the same Xeon).
+SEQUENCE_SHORT_T = {False: 64, True: 128}  # by whether the products run on AMX tiles
 
 
 def fuse_encoders(model: nn.Module, is_product: Callable[[nn.Module], bool]) -> list[FusedEncoder]:
