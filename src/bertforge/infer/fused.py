@@ -24,7 +24,7 @@ class FusedEncoder(nn.Module):
     range, and in fp32, it goes unused). Post-LN and pre-LN layers alike. Batches longer than `max_positions` run
     the layers as they are.
 
-    Int8 layers on the VNNI kernels can instead run a sequence at a time (`by_sequence`; the kernels'
+    Int8 layers on the VNNI or u7 kernels can instead run a sequence at a time (`by_sequence`; the kernels'
     int8_encoder.h): every layer of one sequence before the next sequence, its activations kept in the core's caches,
     the same results bit for bit."""
 
@@ -43,19 +43,21 @@ class FusedEncoder(nn.Module):
         split it over the threads). Every layer's products must be `transforms.Int8Linear`s on the VNNI kernels (8-bit
         weights) or all on the u7 kernels (7-bit, CPUs without int8 dot products)."""
         weights, eps = [], []
+
+        def add(norm: nn.LayerNorm) -> None:
+            weights.extend(t.detach().float().contiguous() for t in (norm.weight, norm.bias))
+            eps.append(norm.eps)
+
         self.sequence_u7 = self.layer[0].attention.qkv.vnni is None
         self.sequence_short_t = 0 if self.sequence_u7 else SEQUENCE_SHORT_T[torch.ops.bertforge.amx_tiles()]
-        for layer in self.layer:
+        for layer in self.layer:  # a layer's 20: its four products' 4, then its two LayerNorms' 2
             for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
                 bias = product.bias if product.bias is not None else torch.zeros(product.out_features)
                 weights += [*(product.u7 if self.sequence_u7 else product.vnni), product.weight_scale, bias]
-            for norm in (layer.attention_norm, layer.output_norm):
-                weights += [norm.weight.detach().float().contiguous(), norm.bias.detach().float().contiguous()]
-                eps.append(norm.eps)
+            add(layer.attention_norm)
+            add(layer.output_norm)
         if self.final_norm is not None:
-            weights += [self.final_norm.weight.detach().float().contiguous(),
-                        self.final_norm.bias.detach().float().contiguous()]
-            eps.append(self.final_norm.eps)
+            add(self.final_norm)
         self.sequence_weights, self.sequence_eps = weights, eps
 
     @property

@@ -169,6 +169,7 @@ at::Tensor embeddings(const at::Tensor& ids, const std::optional<at::Tensor>& ty
   at::Tensor out = at::empty({B, T, H}, word.options());
   const int64_t *ip = id.data_ptr<int64_t>(), *kp = kind.data_ptr<int64_t>();
   const float *wp = word.data_ptr<float>(), *pp = position.data_ptr<float>(), *tp = type.data_ptr<float>();
+  const float *gp = weight.data_ptr<float>(), *bp = bias.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, B * T, 16, [&](int64_t begin, int64_t end) {
     Range unused;
@@ -176,8 +177,7 @@ at::Tensor embeddings(const at::Tensor& ids, const std::optional<at::Tensor>& ty
       const float *w = wp + ip[r] * H, *p = pp + (r % T) * H, *t = tp + kp[r] * H;
       float* y = op + r * H;
       for (int64_t h = 0; h < H; h += kLanes) ((Vec::load(w + h) + Vec::load(p + h)) + Vec::load(t + h)).store(y + h);
-      normalize_row(y, nullptr, weight.data_ptr<float>(), bias.data_ptr<float>(), static_cast<float>(eps), H, y,
-                    nullptr, unused);
+      normalize_row(y, nullptr, gp, bp, static_cast<float>(eps), H, y, nullptr, unused);
     }
   });
   return out;

@@ -1,13 +1,13 @@
-// A post-LN encoder of int8 layers run a sequence at a time (the int8_encoder operator; AVX-512 VNNI builds only):
-// every layer of one sequence, one after the other, on one thread, before the next sequence. Each piece is the
-// operators' own (vnni_linear's per-row quantization, tiles and epilogue, int8_vnni.h; attention's Sequence,
-// attention.h; add_layer_norm's rows, layer_norm.h), so the results are theirs bit for bit; what goes is the work
-// between them. Run operator by operator over a batch, a small model's layer writes each activation of the whole
-// batch out and reads it back (BERT-tiny's feed-forward: 3.6 MB for 64 snippets, past the core's L2), each of about
-// ten operators finds its rows again, and the products of a batch are tall and thin (K = 128). A sequence's
-// activations (tens of rows) stay in L1 and L2 from its first product to its last. Where the CPU has AMX and Linux
-// grants the tiles, the products run on them (int8_amx.h: the same int32 sums, so the same bits); else on the VNNI
-// tiles. Each sequence reads every layer's weights: narrow encoders only (`transforms.SEQUENCE_MAX_HIDDEN`).
+// An encoder of int8 layers run a sequence at a time (the int8_encoder operator), post-LN or pre-LN: every layer of
+// one sequence, one after the other, on one thread, before the next sequence. Each piece is the operators' own (the
+// per-row products' quantization, tiles and epilogue, int8_vnni.h or int8_u7.h; attention's Sequence, attention.h;
+// add_layer_norm's rows, layer_norm.h), so the results are theirs bit for bit; what goes is the work between them.
+// Run operator by operator over a batch, a small model's layer writes each activation of the whole batch out and
+// reads it back (BERT-tiny's feed-forward: 3.6 MB for 64 snippets, past the core's L2), each of about ten operators
+// finds its rows again, and the products of a batch are tall and thin (K = 128). A sequence's activations (tens of
+// rows) stay in L1 and L2 from its first product to its last. Where the CPU has AMX and Linux grants the tiles, the
+// VNNI products run on them (int8_amx.h: the same int32 sums, so the same bits). Each sequence reads every layer's
+// weights: narrow encoders only (`transforms.SEQUENCE_MAX_HIDDEN`).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -55,7 +55,6 @@ struct Norm {
 // depths), as vnni_linear computes them: every output element by the same int32 sums and epilogue.
 #if BERTFORGE_VNNI
 struct VnniProducts {
-  static constexpr int64_t kColumns = vnni::NR, kDepth = 4;
   std::vector<uint8_t> codes;  // rows up to a whole AMX tile's, which reads them
   std::vector<float> scale;
   std::vector<int32_t> zero;
@@ -79,11 +78,10 @@ struct VnniProducts {
 // A sequence's products on the u7 kernels (7-bit activations per row, CPUs without int8 dot products), as
 // u7_linear computes them.
 struct U7Products {
-  static constexpr int64_t kColumns = u7::NR, kDepth = 8;
   std::vector<uint8_t> codes;
   std::vector<float> scale;
   std::vector<int32_t> zero;
-  bool on_tiles = false;
+  static constexpr bool on_tiles = false;
   U7Products(int64_t T, int64_t width) : codes(T * ((width + 7) / 8 * 8)), scale(T), zero(T) {}
 
   void product(const float* in, int64_t M, const Product& w, bool gelu, float* y) {
@@ -110,10 +108,6 @@ struct EncoderWork {
         normed(T * H), middle(T * H), normed_in(T * H), hidden(T * I), output(T * H), gathered(T * H) {
     x[0].resize(T * H);
     x[1].resize(T * H);
-  }
-
-  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y) {
-    products.product(in, M, w, gelu, y);
   }
 
   // One post-LN layer over the sequence in `in` (T rows of H), its answer at P rows (`positions`, or every row
@@ -154,11 +148,11 @@ struct EncoderWork {
                       const int64_t* positions, int64_t P) {
     const int64_t T = seq.T, H = seq.N * seq.D;
     Range unused;
-    product(in, T, L.qkv, false, qkv.data());
+    products.product(in, T, L.qkv, false, qkv.data());
     seq.read(qkv.data(), mask);
     seq.transpose_keys();
     seq.answer_all(positions, P, context.data(), unused);
-    product(context.data(), P, L.out, false, attended.data());
+    products.product(context.data(), P, L.out, false, attended.data());
     if (positions == nullptr) return residual;
     for (int64_t i = 0; i < P; ++i) std::copy_n(residual + positions[i] * H, H, gathered.data() + i * H);
     return gathered.data();
@@ -166,8 +160,8 @@ struct EncoderWork {
 
   // output (P rows) = output(gelu(intermediate(in)))
   void feed_forward(const Layer& L, const float* in, int64_t P) {
-    product(in, P, L.intermediate, true, hidden.data());
-    product(hidden.data(), P, L.output, false, output.data());
+    products.product(in, P, L.intermediate, true, hidden.data());
+    products.product(hidden.data(), P, L.output, false, output.data());
   }
 };
 

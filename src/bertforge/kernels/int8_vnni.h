@@ -60,27 +60,6 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, uint
   });
 }
 
-// The exact GELU, x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, with erf by Abramowitz and Stegun's 7.1.26 (absolute error
-// under 1.5e-7), its e^(-u^2) by vec.h's expf.
-inline __m512 gelu(__m512 x) {
-  const __m512 u = _mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f));
-  const __m512 a = _mm512_abs_ps(u);
-  const __m512 d = _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.f));  // 1 + p|u|, at least 1
-  __m512 t = _mm512_rcp14_ps(d);                                 // 1 / d to 2^-14, then one Newton step: ~2^-28
-  t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, _mm512_set1_ps(2.f)));
-  __m512 p = _mm512_set1_ps(1.061405429f);
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
-  p = _mm512_mul_ps(p, t);
-  const __m512 e = exp_nonpositive(Vec{_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, a))}).v;
-  __m512 erf = _mm512_fnmadd_ps(p, e, _mm512_set1_ps(1.f));              // erf(|u|)
-  erf = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(erf),   // its sign from u
-                                            _mm512_and_si512(_mm512_castps_si512(u), _mm512_set1_epi32(INT32_MIN))));
-  return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(_mm512_set1_ps(1.f), erf));
-}
-
 // Up to 16 output columns from n: what the epilogue needs of them, and each row's sums written through it.
 struct Columns {
   int64_t n;
@@ -95,7 +74,7 @@ struct Columns {
   void write(const Epilogue& e, int64_t row, __m512i sums) const {
     const __m512 centred = _mm512_fnmadd_ps(_mm512_set1_ps(float(e.xzero[row])), colsum, _mm512_cvtepi32_ps(sums));
     __m512 v = _mm512_fmadd_ps(centred, _mm512_mul_ps(_mm512_set1_ps(e.xscale[row]), ws), bv);
-    if (e.gelu) v = gelu(v);
+    if (e.gelu) v = gelu_erf(Vec{v}).v;  // vec.h
     _mm512_mask_storeu_ps(e.y + row * e.N + n, m, v);
   }
 };

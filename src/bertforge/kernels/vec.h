@@ -283,7 +283,7 @@ inline Vec exp_nonpositive(Vec x) {
 }
 
 // The exact GELU, x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, with erf by Abramowitz and Stegun's 7.1.26 (absolute error
-// under 1.5e-7): the u7 products' (int8_u7.h); the VNNI kernels keep their own AVX-512 form (int8_vnni.h).
+// under 1.5e-7): inside the u7 and VNNI products (int8_u7.h, int8_vnni.h).
 inline Vec gelu_erf(Vec x) {
   const Vec u = x * Vec::all(0.70710678118654752f);
   const Vec sign = bits_and(u, Vec::all(-0.0f));
