@@ -59,18 +59,14 @@ inline std::tuple<at::Tensor, at::Tensor> attention_train(const at::Tensor& qkv,
   TORCH_CHECK(p >= 0 && p < 1, "p must be in [0, 1)");
   TORCH_CHECK(p == 0 || s.B * s.N * s.T * s.T <= (int64_t{1} << 32), "dropout masks of at most 2^32 elements");
   const at::Tensor x = qkv.contiguous();
-  at::Tensor m;
-  if (mask.has_value()) {
-    TORCH_CHECK(!offsets.has_value(), "a packed call has no mask");
-    m = mask->to(at::kBool).contiguous();
-    TORCH_CHECK(m.dim() == 2 && m.size(0) == s.B && m.size(1) == s.T, "mask must be (B, T)");
-  }
+  TORCH_CHECK(!mask.has_value() || !offsets.has_value(), "a packed call has no mask");
+  const Queries keys(mask, std::nullopt, s.B, s.T);
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = s.N * s.D;
   at::Tensor out = at::empty(out_shape, x.options());
   at::Tensor probs = offsets.has_value() ? at::empty({call.probs}, x.options())
                                          : at::empty({s.B, s.N, s.T, padded_length(s.T)}, x.options());
-  attention_forward(x.data_ptr<float>(), mask.has_value() ? m.data_ptr<bool>() : nullptr, s, call.layout,
+  attention_forward(x.data_ptr<float>(), keys.mask_data(), s, call.layout,
                     Dropper(p, key), out.data_ptr<float>(), probs.data_ptr<float>());
   return {out, probs};
 }
