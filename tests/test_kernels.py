@@ -367,10 +367,15 @@ def test_a_7_bit_encoder_runs_a_sequence_at_a_time_with_its_operators_bits(monke
     assert encoder.sequence_weights is not None and encoder.sequence_u7
     assert encoder.layer[0].intermediate.u7 is not None and encoder.layer[0].intermediate.activation == "gelu"
     ids, mask = batch(T=23)
+    holed = mask.clone()
+    holed[:, 1] = 0  # keys after a gap: every row of the sequence runs, not just the first run of keys
     with torch.no_grad():
-        got = model(ids, attention_mask=mask).logits, model.bert(ids, attention_mask=mask).sequence_output
+        def outputs():  # [CLS] alone (its padding's rows left out where the keys come first), every position
+            return (model(ids, attention_mask=mask).logits, model(ids, attention_mask=holed).logits,
+                    model.bert(ids, attention_mask=mask).sequence_output)
+        got = outputs()
         weights, encoder.sequence_weights = encoder.sequence_weights, None
-        expected = model(ids, attention_mask=mask).logits, model.bert(ids, attention_mask=mask).sequence_output
+        expected = outputs()
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
     # one short text on two threads: operator by operator (the u7 products are slow on one thread); post-LN's
@@ -395,20 +400,24 @@ def test_a_7_bit_encoder_runs_a_sequence_at_a_time_with_its_operators_bits(monke
 
 
 @needs_kernels
-def test_the_encoder_runs_a_sequence_at_a_time_only_on_a_build_with_vnni():
-    """The int8_encoder operator (the whole encoder a sequence at a time, tests/test_int8_encoder.py) needs the VNNI
-    kernels: a build without them (the AVX2 build, an AVX-512 CPU without avx512_vnni) refuses it in one line, and
-    its encoders run operator by operator, their logits those of the same layers run as they are."""
+def test_the_encoder_runs_a_sequence_at_a_time_on_the_kernels_its_products_run_on():
+    """The int8_encoder operator (the whole encoder a sequence at a time, tests/test_int8_encoder.py) runs on the
+    VNNI kernels, or on the u7 kernels where the weights are 7-bit (CPUs without int8 dot products); a build without
+    VNNI refuses the VNNI products in one line, and an encoder whose products are on neither runs operator by
+    operator. Either way its logits are those of the same layers run as they are."""
     model = quantize_int8(classifier())
     encoder = model.bert.encoder
     ids, mask = batch()
     if torch.ops.bertforge.has_vnni() and bertforge.infer.transforms.vnni_products():
         assert encoder.sequence_weights is not None  # 64 wide: a sequence at a time with AMX or without
         return
-    assert encoder.sequence_weights is None
-    with pytest.raises(RuntimeError, match="has no AVX-512 VNNI .* its products run on the u7 kernels"):
-        torch.ops.bertforge.int8_encoder(torch.zeros(1, 2, 64), None, None, [torch.zeros(1)] * 20, 2, [1e-12] * 2,
-                                         False)
+    if not torch.ops.bertforge.has_vnni():
+        with pytest.raises(RuntimeError, match="has no AVX-512 VNNI .* its products run on the u7 kernels"):
+            torch.ops.bertforge.int8_encoder(torch.zeros(1, 2, 64), None, None, [torch.zeros(1)] * 20, 2,
+                                             [1e-12] * 2, False)
+    on_u7 = encoder.layer[0].attention.qkv.u7 is not None
+    assert (encoder.sequence_weights is not None) == on_u7
+    assert encoder.sequence_u7 == on_u7
     plain = BertEncoder(model.config)
     plain.layer = encoder.layer
     with torch.no_grad():

@@ -194,6 +194,16 @@ struct Sequence {
       : N(N), T(T), D(D), Tp(padded_length(T)), qs(N * T * D), k(N * Tp * D, 0.0f),
         kt(N * D * Tp), v(N * T * D), keep(Tp, 0.0f), bias(Tp, -kInf), S(kQueries * Tp), gathered(kQueries * D) {}
 
+  // From now on the sequences read are `length` rows long, at most the T it was made for (its buffers' size); the
+  // padded rows of k and keys again zeros and never attended.
+  void set_length(int64_t length) {
+    T = length;
+    Tp = padded_length(length);
+    for (int64_t n = 0; n < N; ++n) std::fill(k.begin() + (n * Tp + T) * D, k.begin() + (n + 1) * Tp * D, 0.0f);
+    std::fill(keep.begin() + T, keep.begin() + Tp, 0.0f);
+    std::fill(bias.begin() + T, bias.begin() + Tp, -kInf);
+  }
+
   // Sequence b's rows of qkv (T, 3H) read once, in order, prefetched a few rows ahead, into qs, k and v; its mask
   // row (null: every key) into keep and bias.
   template <typename scalar_t>

@@ -7,7 +7,8 @@
 // finds its rows again, and the products of a batch are tall and thin (K = 128). A sequence's activations (tens of
 // rows) stay in L1 and L2 from its first product to its last. Where the CPU has AMX and Linux grants the tiles, the
 // VNNI products run on them (int8_amx.h: the same int32 sums, so the same bits). Each sequence reads every layer's
-// weights: narrow encoders only (`transforms.SEQUENCE_MAX_HIDDEN`).
+// weights: narrow encoders only (`transforms.SEQUENCE_MAX_HIDDEN`). Where only some positions are answered (a
+// classifier's [CLS]), a sequence's padding after its keys is left out of every layer (`real_rows`).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -165,6 +166,20 @@ struct EncoderWork {
   }
 };
 
+// The rows of a sequence its layers must run: where only some positions are answered and its mask is a run of
+// keys then padding holding them all, the keys' (padding attends to nothing a key reads, and no one reads its
+// answers); else all T.
+inline int64_t real_rows(const bool* keys, const int64_t* positions, int64_t T, int64_t P) {
+  if (keys == nullptr || positions == nullptr) return T;
+  int64_t n = 0;
+  while (n < T && keys[n]) ++n;
+  for (int64_t t = n; t < T; ++t)
+    if (keys[t]) return T;
+  for (int64_t i = 0; i < P; ++i)
+    if (positions[i] >= n) return T;
+  return n > 0 ? n : T;
+}
+
 // x (B, T, H) through every layer, a sequence a task; the last layer answers at positions (B, P) when given.
 // Pre-LN when `final` (the encoder's last LayerNorm) is given, else post-LN.
 template <typename Products>
@@ -183,23 +198,25 @@ void encode(const float* x, const bool* mask, const int64_t* positions, const st
       const bool* keys = mask == nullptr ? nullptr : mask + b * T;
       float* answer = out + b * P * H;
       const int64_t* at = positions == nullptr ? nullptr : positions + b * P;
+      const int64_t rows = real_rows(keys, at, T, P);
+      work.seq.set_length(rows);
       if (!final.has_value()) {
         for (int64_t l = 0; l <= last; ++l) {
           float* dst = l == last ? answer : work.x[l % 2].data();
-          work.post_ln_layer(layers[l], in, keys, l == last ? at : nullptr, l == last ? P : T, dst);
+          work.post_ln_layer(layers[l], in, keys, l == last ? at : nullptr, l == last ? P : rows, dst);
           in = dst;
         }
         continue;
       }
       const Layer& first = layers.front();
-      for (int64_t t = 0; t < T; ++t)
+      for (int64_t t = 0; t < rows; ++t)
         normalize_row(in + t * H, nullptr, first.norm1_weight, first.norm1_bias, first.eps1, H,
                       work.normed_in.data() + t * H, nullptr, unused);
       for (int64_t l = 0; l <= last; ++l) {
         const Norm next = l == last ? *final : Norm{layers[l + 1].norm1_weight, layers[l + 1].norm1_bias,
                                                     layers[l + 1].eps1};
         float* stream = l == last ? nullptr : work.x[l % 2].data();
-        work.pre_ln_layer(layers[l], in, work.normed_in.data(), keys, l == last ? at : nullptr, l == last ? P : T,
+        work.pre_ln_layer(layers[l], in, work.normed_in.data(), keys, l == last ? at : nullptr, l == last ? P : rows,
                           next, stream, l == last ? answer : work.normed_in.data());
         in = stream;
       }
