@@ -194,9 +194,11 @@ struct Sequence {
       : N(N), T(T), D(D), Tp(padded_length(T)), qs(N * T * D), k(N * Tp * D, 0.0f),
         kt(N * D * Tp), v(N * T * D), keep(Tp, 0.0f), bias(Tp, -kInf), S(kQueries * Tp), gathered(kQueries * D) {}
 
-  // From now on the sequences read are `length` rows long, at most the T it was made for (its buffers' size); the
-  // padded rows of k and keys again zeros and never attended.
-  void set_length(int64_t length) {
+  // A sequence of `length` (<= the T it was made for, its buffers' size) rows next: the rows from `length` up to
+  // whole vectors are padding again (zero keys, keep 0, bias -inf), as the constructor leaves them. attention_train.h's
+  // Head::fit does the same for one head.
+  void fit(int64_t length) {
+    if (length == T) return;
     T = length;
     Tp = padded_length(length);
     for (int64_t n = 0; n < N; ++n) std::fill(k.begin() + (n * Tp + T) * D, k.begin() + (n + 1) * Tp * D, 0.0f);

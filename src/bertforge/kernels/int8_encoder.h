@@ -199,7 +199,7 @@ void encode(const float* x, const bool* mask, const int64_t* positions, const st
       float* answer = out + b * P * H;
       const int64_t* at = positions == nullptr ? nullptr : positions + b * P;
       const int64_t rows = real_rows(keys, at, T, P);
-      work.seq.set_length(rows);
+      work.seq.fit(rows);
       if (!final.has_value()) {
         for (int64_t l = 0; l <= last; ++l) {
           float* dst = l == last ? answer : work.x[l % 2].data();

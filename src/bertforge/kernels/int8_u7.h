@@ -88,7 +88,7 @@ inline void micro_rows(const uint8_t* q, int64_t Kp, const int8_t* panel, int32_
   }
 }
 
-// acc (rows x NR int32, rows 1..MR) over Kp for rows of q starting at row r, panel p. A sequence's last tile is
+// acc (rows x NR int32, rows 1..MR) over Kp for `rows` rows of q (Kp apart), panel p. A sequence's last tile is
 // often short (13 rows: 4 + 4 + 4 + 1): its missing rows are not computed (a 4-row tile for them cost the AVX2 EPYC
 // of Zen 1 up to a fifth of such a product).
 inline void micro(const uint8_t* q, int64_t Kp, const int8_t* panel, int64_t rows, int32_t* out /* MR x NR */) {
