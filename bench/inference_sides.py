@@ -137,6 +137,13 @@ def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu
             encoder.sequence_weights = None
         if by_sequence:
             sides["ours int8, by operator"] = OursSide(predictor, labels, args.batch_size)
+    if args.fp32_onednn and transforms.fp32_panels():
+        transforms.FP32_PANELS = False
+        try:
+            sides["ours fp32 on oneDNN"] = OursSide(Predictor(model_dir, EngineOptions(device=args.device)), labels,
+                                                    args.batch_size)
+        finally:
+            transforms.FP32_PANELS = True
     if args.fp32_operators and transforms.FUSE_FP32:
         transforms.FUSE_FP32 = False
         try:

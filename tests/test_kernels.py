@@ -116,8 +116,10 @@ def test_the_kernels_run_on_torchs_threads_with_the_same_results():
         assert torch.equal(a, b)
 
 # the int8 engine's test that runs on the kernels (the rest of test_infer_int8.py runs on PyTorch's operators),
-# dropout's masks from the kernel against torch's operators, the transpose, training's attention and clipping's norm
-ENGINE_TESTS = (Path(__file__).with_name("test_infer_int8.py").as_posix() + "::test_int8_stays_close_to_fp32",
+# dropout's masks from the kernel against torch's operators, the transpose, training's attention and clipping's norm,
+# fp32's few-row products
+ENGINE_TESTS = (Path(__file__).with_name("test_fp32_panels.py").as_posix(),
+                Path(__file__).with_name("test_infer_int8.py").as_posix() + "::test_int8_stays_close_to_fp32",
                 Path(__file__).with_name("test_dropout.py").as_posix()
                 + "::test_the_kernel_gives_the_torch_masks_bit_for_bit",
                 Path(__file__).with_name("test_dropout.py").as_posix()

@@ -36,7 +36,13 @@ def _has_onednn_ops() -> bool:
 class PackedLinear(nn.Module):
     """An nn.Linear for CPU inference: its weight reordered once, in fp32 or bf16, into the blocked layout of
     oneDNN's matrix kernels, which then read it as it is on every call. The product is nn.Linear's in the
-    weight's dtype (fp32: the same to rounding, max |difference| ~1e-6 on unit-scale inputs)."""
+    weight's dtype (fp32: the same to rounding, max |difference| ~1e-6 on unit-scale inputs).
+
+    On CPUs without AVX-512 (bertforge's kernels in their AVX2 build, `fp32_panels`), an fp32 layer keeps a second
+    copy of its weight, packed for the kernels' own fp32 product (fp32_panels.h), which takes inputs of at most
+    `PANEL_MAX_ROWS` rows (a short text or two): there oneDNN's AVX2 products ran at a third of their full-batch
+    speed, and MiniLM-L6 answered one Rotten Tomatoes snippet 1.28-1.47x sooner on the kernels' (a 2-core Zen 1 EPYC;
+    docs/benchmarks.md). oneDNN keeps the larger products, which it ran 1.05-1.12x faster there."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
@@ -46,12 +52,32 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
         self.dtype = dtype
         self.activation = "none"  # "gelu": the exact GELU applied as the product is written (`_fuse_gelu`)
+        few = dtype == torch.float32 and self.out_features % 16 == 0 and fp32_panels()
+        self.panels = torch.ops.bertforge.f32_pack(linear.weight.detach().float()) if few else None
+        self.panel_bias = (torch.zeros(self.out_features) if self.bias is None else self.bias) if few else None
 
     def forward(self, x: torch.Tensor, bounds: torch.Tensor | None = None) -> torch.Tensor:
         """bounds: unused (`fused.FusedEncoder` hands it to every product)."""
+        if self.panels is not None and x.numel() <= PANEL_MAX_ROWS * self.in_features:
+            return torch.ops.bertforge.f32_linear(x, self.panels, self.panel_bias, self.activation == "gelu")
         if self.activation == "gelu":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], "none")
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+# The most rows an fp32 `PackedLinear` multiplies on the kernels' fp32 products where it has them (`fp32_panels`).
+# MiniLM-L6's four products on a 2-core Zen 1 EPYC, against oneDNN's, side by side: 27 rows 1.22-1.25x, 54 rows
+# 1.10-1.12x, 128 rows 0.89x, 256 0.92x, 1,728 rows 0.89-0.95x.
+PANEL_MAX_ROWS = 64
+
+FP32_PANELS = True  # False: `PackedLinear`s made from now on multiply on oneDNN alone (the other side of a comparison)
+
+
+def fp32_panels() -> bool:
+    """Do fp32 `PackedLinear`s take their few-row products to bertforge's fp32 kernels (fp32_panels.h)? Where the
+    kernels load in their AVX2 build (CPUs without AVX-512, where oneDNN runs AVX2 code), unless `FP32_PANELS` is
+    off."""
+    return FP32_PANELS and kernels.available() and kernels.isa() == "avx2"
 
 
 class Int8Linear(nn.Module):

@@ -6,7 +6,8 @@ attention (scores, mask, softmax, weighted values; `attention.h`) in one pass pe
 LayerNorm in one pass per row, each also giving the range of its output, which the next int8 product quantizes by.
 On CPUs without int8 dot products the int8 products themselves run here too (`int8_u7.h`: 7-bit activations per
 row, so that four products sum in int16), and on AVX-512 CPUs with VNNI (`int8_vnni.h`: 8-bit activations per
-row, `vpdpbusd`; with AMX the small products only, oneDNN's AMX tiles taking the large). Training's dropout draws
+row, `vpdpbusd`; with AMX the small products only, oneDNN's AMX tiles taking the large). On CPUs without AVX-512,
+fp32 inference's products of a few rows (a short text) run here too (`fp32_panels.h`). Training's dropout draws
 its masks from a counter-based hash (`dropout.h`, for `bertforge.dropout`) in a small fraction of the time torch's
 generator takes, and the backward of a Linear layer
 on oneDNN (`bertforge.linear`) transposes its output's gradient here (`transpose.h`). fp32 training's attention runs
