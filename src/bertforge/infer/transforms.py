@@ -40,9 +40,9 @@ class PackedLinear(nn.Module):
 
     On CPUs without AVX-512 (bertforge's kernels in their AVX2 build, `fp32_panels`), an fp32 layer keeps a second
     copy of its weight, packed for the kernels' own fp32 product (fp32_panels.h), which takes inputs of at most
-    `PANEL_MAX_ROWS` rows (a short text or two): there oneDNN's AVX2 products ran at a third of their full-batch
-    speed, and MiniLM-L6 answered one Rotten Tomatoes snippet 1.28-1.47x sooner on the kernels' (a 2-core Zen 1 EPYC;
-    docs/benchmarks.md). oneDNN keeps the larger products, which it ran 1.05-1.12x faster there."""
+    `PANEL_MAX_ROWS` rows (a short text or two): there oneDNN's AVX2 products ran at well under half their
+    full-batch speed, and MiniLM-L6 answered one Rotten Tomatoes snippet 1.21-1.47x sooner on the kernels' (a 2-core
+    Zen 1 EPYC; docs/benchmarks.md). oneDNN keeps the larger products, which it ran 1.05-1.12x faster there."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
