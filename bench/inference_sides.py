@@ -138,12 +138,9 @@ def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu
         if by_sequence:
             sides["ours int8, by operator"] = OursSide(predictor, labels, args.batch_size)
     if args.fp32_onednn and transforms.fp32_panels():
-        transforms.FP32_PANELS = False
-        try:
-            sides["ours fp32 on oneDNN"] = OursSide(Predictor(model_dir, EngineOptions(device=args.device)), labels,
-                                                    args.batch_size)
-        finally:
-            transforms.FP32_PANELS = True
+        with transforms.on_onednn():
+            predictor = Predictor(model_dir, EngineOptions(device=args.device))
+        sides["ours fp32 on oneDNN"] = OursSide(predictor, labels, args.batch_size)
     if args.fp32_operators and transforms.FUSE_FP32:
         transforms.FUSE_FP32 = False
         try:

@@ -4,8 +4,6 @@ AVX-512 CPU, tests/test_kernels.py's child process runs this file on the AVX2 bu
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -58,6 +56,8 @@ def test_the_fp32_kernel_refuses_operands_it_does_not_take():
         torch.ops.bertforge.f32_linear(torch.randn(5, 64), panels, torch.zeros(16), False)
     with pytest.raises(RuntimeError, match="x must be fp32"):
         torch.ops.bertforge.f32_linear(torch.randn(5, 64, dtype=torch.float64), panels, torch.zeros(32), False)
+    with pytest.raises(RuntimeError, match="x must be fp32"):  # no inputs to multiply
+        torch.ops.bertforge.f32_linear(torch.randn(5, 0), torch.ops.bertforge.f32_pack(torch.randn(16, 0)), None, False)
 
 
 @needs_kernels
@@ -87,5 +87,6 @@ def test_packed_linears_take_few_rows_to_the_fp32_kernel_where_the_avx2_build_ru
     x = few[0]
     assert torch.equal(unbiased(x), torch.ops.bertforge.f32_linear(x, unbiased.panels, torch.zeros(16), False))
     assert PackedLinear(nn.Linear(64, 2), torch.float32).panels is None  # not a multiple of 16 columns
-    with mock.patch.object(transforms, "FP32_PANELS", False):
+    with transforms.on_onednn():
         assert PackedLinear(lin, torch.float32).panels is None
+    assert transforms.fp32_panels()  # as it was after the comparison's side

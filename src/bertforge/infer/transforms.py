@@ -54,12 +54,11 @@ class PackedLinear(nn.Module):
         self.activation = "none"  # "gelu": the exact GELU applied as the product is written (`_fuse_gelu`)
         few = dtype == torch.float32 and self.out_features % 16 == 0 and fp32_panels()
         self.panels = torch.ops.bertforge.f32_pack(linear.weight.detach().float()) if few else None
-        self.panel_bias = (torch.zeros(self.out_features) if self.bias is None else self.bias) if few else None
 
     def forward(self, x: torch.Tensor, bounds: torch.Tensor | None = None) -> torch.Tensor:
         """bounds: unused (`fused.FusedEncoder` hands it to every product)."""
         if self.panels is not None and x.numel() <= PANEL_MAX_ROWS * self.in_features:
-            return torch.ops.bertforge.f32_linear(x, self.panels, self.panel_bias, self.activation == "gelu")
+            return torch.ops.bertforge.f32_linear(x, self.panels, self.bias, self.activation == "gelu")
         if self.activation == "gelu":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], "none")
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
@@ -70,7 +69,7 @@ class PackedLinear(nn.Module):
 # 1.10-1.12x, 128 rows 0.89x, 256 0.92x, 1,728 rows 0.89-0.95x.
 PANEL_MAX_ROWS = 64
 
-FP32_PANELS = True  # False: `PackedLinear`s made from now on multiply on oneDNN alone (the other side of a comparison)
+FP32_PANELS = True  # False: fp32 `PackedLinear`s made from now on multiply on oneDNN alone (`on_onednn`)
 
 
 def fp32_panels() -> bool:
@@ -192,14 +191,15 @@ VNNI_PRODUCTS = True  # False: `Int8Linear`s made from now on run on oneDNN even
 
 @contextlib.contextmanager
 def on_onednn():
-    """`Int8Linear`s (and int8 models) made inside run on oneDNN even where the VNNI kernels would: the other side of
-    a side-by-side run."""
-    global VNNI_PRODUCTS
-    saved, VNNI_PRODUCTS = VNNI_PRODUCTS, False
+    """Linear layers (and models) made inside run their products on oneDNN even where bertforge's kernels would:
+    8-bit `Int8Linear`s without the VNNI kernels, fp32 `PackedLinear`s without the fp32 kernel's few-row products. The
+    other side of a side-by-side run."""
+    global VNNI_PRODUCTS, FP32_PANELS
+    saved, VNNI_PRODUCTS, FP32_PANELS = (VNNI_PRODUCTS, FP32_PANELS), False, False
     try:
         yield
     finally:
-        VNNI_PRODUCTS = saved
+        VNNI_PRODUCTS, FP32_PANELS = saved
 
 
 # The most rows (tokens) an `Int8Linear` with 7-bit weights multiplies on fbgemm's kernels rather than oneDNN's. On a

@@ -287,17 +287,18 @@ at::Tensor f32_pack(const at::Tensor& weight) {
   return bertforge::f32::pack(weight.contiguous());
 }
 
-// x (..., K) fp32 times the packed weight plus bias: (..., N), the exact GELU applied where `gelu`.
-at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias, bool gelu) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1, "x must be fp32");
+// x (..., K) fp32 times the packed weight plus bias (zeros where none): (..., N), the exact GELU applied where `gelu`.
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias, bool gelu) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) > 0, "x must be fp32 (..., in)");
   TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == at::kFloat && panels.size(2) == bertforge::f32::NR &&
                   panels.size(1) == x.size(-1) && panels.is_contiguous(),
               "panels must be f32_pack's, of the weight x is multiplied by");
   const int64_t N = panels.size(0) * bertforge::f32::NR;
-  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.numel() == N, "bias must be fp32 with a value a column");
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::zeros({N}, at::kFloat);
+  TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == N, "bias must be fp32 with a value a column");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
-  return bertforge::f32::linear(x.contiguous(), panels, bias.contiguous(), gelu).view(shape);
+  return bertforge::f32::linear(x.contiguous(), panels, b, gelu).view(shape);
 }
 
 // g (M, N) fp32 transposed to (N, M), and its column sums (N): a Linear layer's dy^T and bias gradient (transpose.h).
@@ -351,7 +352,7 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("lanes() -> int", &lanes);
   m.def("parallel_threads() -> int", &parallel_threads);
   m.def("f32_pack(Tensor weight) -> Tensor");
-  m.def("f32_linear(Tensor x, Tensor panels, Tensor bias, bool gelu) -> Tensor");
+  m.def("f32_linear(Tensor x, Tensor panels, Tensor? bias, bool gelu) -> Tensor");
   m.def("u7_pack(Tensor codes) -> (Tensor, Tensor)");
   m.def("u7_linear(Tensor x, Tensor packed, Tensor column_sums, Tensor weight_scale, Tensor? bias, int out_features, "
         "bool gelu=False) -> Tensor");
