@@ -360,7 +360,8 @@ def test_fused_models_take_their_embeddings_from_the_kernel(pre_ln):
 def test_a_7_bit_encoder_runs_a_sequence_at_a_time_with_its_operators_bits(monkeypatch, pre_ln):
     """Where int8 weights get 7 bits (CPUs without int8 dot products: the u7 kernels, in both builds), the encoder runs
     a sequence at a time too (the kernels' int8_encoder on u7 products): the same bits as its layers operator by
-    operator on the u7 kernels, the GELU inside the product either way, every position and [CLS] alone."""
+    operator on the u7 kernels, the GELU inside the product either way, every position, [CLS] alone and some
+    positions out of order (the last layer's queries computed at the answered rows only)."""
     if not _has_onednn_ops():
         pytest.skip("Int8Linear runs where torch has oneDNN's operators")
     monkeypatch.setattr(bertforge.cpu, "int8_weight_bits", lambda: 7)
@@ -372,9 +373,12 @@ def test_a_7_bit_encoder_runs_a_sequence_at_a_time_with_its_operators_bits(monke
     holed = mask.clone()
     holed[:, 1] = 0  # keys after a gap: every row of the sequence runs, not just the first run of keys
     with torch.no_grad():
+        some = torch.tensor([[5, 0, 2, 5]]).expand(ids.shape[0], -1)
+
         def outputs():  # [CLS] alone (its padding's rows left out where the keys come first), every position
             return (model(ids, attention_mask=mask).logits, model(ids, attention_mask=holed).logits,
-                    model.bert(ids, attention_mask=mask).sequence_output)
+                    model.bert(ids, attention_mask=mask).sequence_output,
+                    model.bert(ids, attention_mask=mask, positions=some).sequence_output)
         got = outputs()
         weights, encoder.sequence_weights = encoder.sequence_weights, None
         expected = outputs()

@@ -52,13 +52,13 @@ struct Tiles {
   Tiles& operator=(const Tiles&) = delete;
 };
 
-// y (M rows) = codes (M rows of Kp bytes, readable up to M rounded up to 16 rows) times the packed weight, written
-// through the epilogue: two row tiles by a panel's two column tiles at a time, into 4 KB of sums.
-inline void product(const uint8_t* codes, int64_t M, int64_t Kp, const int8_t* panels, const Epilogue& e) {
+// y (M rows) = codes (M rows of Kp bytes, readable up to M rounded up to 16 rows) times the packed weight's panels
+// p0 .. p1, written through the epilogue: two row tiles by a panel's two column tiles at a time, into 4 KB of sums.
+inline void product(const uint8_t* codes, int64_t M, int64_t Kp, const int8_t* panels, const Epilogue& e, int64_t p0,
+                    int64_t p1) {
   using vnni::NR;
   alignas(64) int32_t sums[2 * kRows][NR];
-  const int64_t count = (e.N + NR - 1) / NR;
-  for (int64_t p = 0; p < count; ++p) {
+  for (int64_t p = p0; p < p1; ++p) {
     const int8_t* panel = panels + p * Kp * NR;
     const bool wide = p * NR + 16 < e.N;  // the panel's second 16 columns hold outputs
     const vnni::Columns left(e, p * NR), right(e, wide ? p * NR + 16 : p * NR);
@@ -98,7 +98,7 @@ inline void product(const uint8_t* codes, int64_t M, int64_t Kp, const int8_t* p
 inline bool usable() { return false; }
 #if BERTFORGE_VNNI
 struct Tiles {};
-inline void product(const uint8_t*, int64_t, int64_t, const int8_t*, const Epilogue&) {}
+inline void product(const uint8_t*, int64_t, int64_t, const int8_t*, const Epilogue&, int64_t, int64_t) {}
 #endif
 
 #endif

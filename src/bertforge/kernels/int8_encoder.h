@@ -8,7 +8,8 @@
 // rows) stay in L1 and L2 from its first product to its last. Where the CPU has AMX and Linux grants the tiles, the
 // VNNI products run on them (int8_amx.h: the same int32 sums, so the same bits). Each sequence reads every layer's
 // weights: narrow encoders only (`transforms.SEQUENCE_MAX_HIDDEN`). Where only some positions are answered (a
-// classifier's [CLS]), a sequence's padding after its keys is left out of every layer (`real_rows`).
+// classifier's [CLS]), a sequence's padding after its keys is left out of every layer (`real_rows`), and the last
+// layer computes its queries at those positions alone (`query_key_value`).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -27,6 +28,9 @@
 #include "vec.h"
 
 namespace bertforge::encoder {
+
+// A column range's end past every product's last column: the whole product.
+constexpr int64_t kWhole = INT64_MAX;
 
 // One int8 product's weights, as vnni_pack or u7_pack made them (panels of columns over K rounded up).
 struct Product {
@@ -63,12 +67,16 @@ struct VnniProducts {
   VnniProducts(int64_t T, int64_t width)
       : codes((T + amx::kRows - 1) / amx::kRows * amx::kRows * ((width + 3) / 4 * 4)), scale(T), zero(T) {}
 
-  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y) {
-    const int64_t Kp = (w.K + 3) / 4 * 4, panels = (w.N + vnni::NR - 1) / vnni::NR;
+  static constexpr int64_t kPanel = vnni::NR;
+
+  // y's columns c0 .. c1 (whole panels; c1 past N stops at N) of the M rows' product
+  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y, int64_t c0 = 0,
+               int64_t c1 = kWhole) {
+    const int64_t Kp = (w.K + 3) / 4 * 4, p0 = c0 / kPanel, p1 = (std::min(c1, w.N) + kPanel - 1) / kPanel;
     vnni::quantize_rows(in, M, w.K, Kp, codes.data(), scale.data(), zero.data());
     const Epilogue e{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
-    if (on_tiles && Kp % amx::kDepth == 0) return amx::product(codes.data(), M, Kp, w.panels, e);
-    for (int64_t p = 0; p < panels; ++p)
+    if (on_tiles && Kp % amx::kDepth == 0) return amx::product(codes.data(), M, Kp, w.panels, e, p0, p1);
+    for (int64_t p = p0; p < p1; ++p)
       for (int64_t r = 0; r < M; r += vnni::MR)
         vnni::rows_tile(std::min(vnni::MR, M - r), codes.data() + r * Kp, Kp, w.panels + p * Kp * vnni::NR, r,
                         p * vnni::NR, e);
@@ -85,11 +93,15 @@ struct U7Products {
   static constexpr bool on_tiles = false;
   U7Products(int64_t T, int64_t width) : codes(T * ((width + 7) / 8 * 8)), scale(T), zero(T) {}
 
-  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y) {
-    const int64_t Kp = (w.K + 7) / 8 * 8, panels = (w.N + u7::NR - 1) / u7::NR;
+  static constexpr int64_t kPanel = u7::NR;
+
+  // y's columns c0 .. c1 (whole panels; c1 past N stops at N) of the M rows' product
+  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y, int64_t c0 = 0,
+               int64_t c1 = kWhole) {
+    const int64_t Kp = (w.K + 7) / 8 * 8, p0 = c0 / kPanel, p1 = (std::min(c1, w.N) + kPanel - 1) / kPanel;
     u7::quantize_rows(in, M, w.K, Kp, codes.data(), scale.data(), zero.data());
     const Epilogue o{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
-    for (int64_t p = 0; p < panels; ++p) u7::block(codes.data(), Kp, w.panels + p * Kp * u7::NR, 0, M, p * u7::NR, o);
+    for (int64_t p = p0; p < p1; ++p) u7::block(codes.data(), Kp, w.panels + p * Kp * kPanel, 0, M, p * kPanel, o);
   }
 };
 
@@ -103,10 +115,11 @@ template <typename Products>
 struct EncoderWork {
   Sequence seq;
   Products products;
-  std::vector<float> qkv, context, attended, normed, middle, normed_in, hidden, output, gathered, x[2];
+  std::vector<float> qkv, queries, context, attended, normed, middle, normed_in, hidden, output, gathered, x[2];
   EncoderWork(int64_t heads, int64_t T, int64_t H, int64_t I)
-      : seq(heads, T, H / heads), products(T, std::max(H, I)), qkv(T * 3 * H), context(T * H), attended(T * H),
-        normed(T * H), middle(T * H), normed_in(T * H), hidden(T * I), output(T * H), gathered(T * H) {
+      : seq(heads, T, H / heads), products(T, std::max(H, I)), qkv(T * 3 * H), queries(T * 3 * H), context(T * H),
+        attended(T * H), normed(T * H), middle(T * H), normed_in(T * H), hidden(T * I), output(T * H),
+        gathered(T * H) {
     x[0].resize(T * H);
     x[1].resize(T * H);
   }
@@ -149,7 +162,7 @@ struct EncoderWork {
                       const int64_t* positions, int64_t P) {
     const int64_t T = seq.T, H = seq.N * seq.D;
     Range unused;
-    products.product(in, T, L.qkv, false, qkv.data());
+    query_key_value(L.qkv, in, positions, P);
     seq.read(qkv.data(), mask);
     seq.transpose_keys();
     seq.answer_all(positions, P, context.data(), unused);
@@ -157,6 +170,20 @@ struct EncoderWork {
     if (positions == nullptr) return residual;
     for (int64_t i = 0; i < P; ++i) std::copy_n(residual + positions[i] * H, H, gathered.data() + i * H);
     return gathered.data();
+  }
+
+  // qkv (T rows of 3H) = qkv(in), its queries only at the P positions where they are given (the other rows' are
+  // left as they were, and attention reads none of them): a classifier's last layer then skips a third of its first
+  // product over all but [CLS] (about a fifteenth of BERT-tiny's products, a sixtieth of MiniLM-L6's). Each row's
+  // outputs are the same bits either way (per-row codes and sums). Where the queries' columns are not whole panels
+  // (H not a multiple of the panels' width), every row's are computed.
+  void query_key_value(const Product& w, const float* in, const int64_t* positions, int64_t P) {
+    const int64_t T = seq.T, H = seq.N * seq.D;
+    if (positions == nullptr || H % Products::kPanel != 0) return products.product(in, T, w, false, qkv.data());
+    products.product(in, T, w, false, qkv.data(), H);
+    for (int64_t i = 0; i < P; ++i) std::copy_n(in + positions[i] * H, H, gathered.data() + i * H);
+    products.product(gathered.data(), P, w, false, queries.data(), 0, H);
+    for (int64_t i = 0; i < P; ++i) std::copy_n(queries.data() + i * 3 * H, H, qkv.data() + positions[i] * 3 * H);
   }
 
   // output (P rows) = output(gelu(intermediate(in)))
