@@ -173,10 +173,10 @@ struct EncoderWork {
   }
 
   // qkv (T rows of 3H) = qkv(in), its queries only at the P positions where they are given (the other rows' are
-  // left as they were, and attention reads none of them): a classifier's last layer then skips a third of its first
-  // product over all but [CLS] (about a fifteenth of BERT-tiny's products, a sixtieth of MiniLM-L6's). Each row's
-  // outputs are the same bits either way (per-row codes and sums). Where the queries' columns are not whole panels
-  // (H not a multiple of the panels' width), every row's are computed.
+  // left as they were: attention copies them along but answers at the P positions alone). A classifier's last layer
+  // then skips a third of its first product over all but [CLS] (about a fifteenth of BERT-tiny's products, a
+  // sixtieth of MiniLM-L6's). Each row's outputs are the same bits either way (per-row codes and sums). Where the
+  // queries' columns are not whole panels (H not a multiple of the panels' width), every row's are computed.
   void query_key_value(const Product& w, const float* in, const int64_t* positions, int64_t P) {
     const int64_t T = seq.T, H = seq.N * seq.D;
     if (positions == nullptr || H % Products::kPanel != 0) return products.product(in, T, w, false, qkv.data());
