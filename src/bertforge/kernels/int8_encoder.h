@@ -160,15 +160,19 @@ struct EncoderWork {
   // attended (P rows) = out(attention(qkv(in))) at P rows; returns the residual's rows at those positions.
   const float* attend(const Layer& L, const float* in, const float* residual, const bool* mask,
                       const int64_t* positions, int64_t P) {
-    const int64_t T = seq.T, H = seq.N * seq.D;
     Range unused;
     query_key_value(L.qkv, in, positions, P);
     seq.read(qkv.data(), mask);
     seq.transpose_keys();
     seq.answer_all(positions, P, context.data(), unused);
     products.product(context.data(), P, L.out, false, attended.data());
-    if (positions == nullptr) return residual;
-    for (int64_t i = 0; i < P; ++i) std::copy_n(residual + positions[i] * H, H, gathered.data() + i * H);
+    return positions == nullptr ? residual : gather(residual, positions, P);
+  }
+
+  // the P rows (H wide) of `rows` at positions, in their order, into `gathered`
+  const float* gather(const float* rows, const int64_t* positions, int64_t P) {
+    const int64_t H = seq.N * seq.D;
+    for (int64_t i = 0; i < P; ++i) std::copy_n(rows + positions[i] * H, H, gathered.data() + i * H);
     return gathered.data();
   }
 
@@ -181,8 +185,7 @@ struct EncoderWork {
     const int64_t T = seq.T, H = seq.N * seq.D;
     if (positions == nullptr || H % Products::kPanel != 0) return products.product(in, T, w, false, qkv.data());
     products.product(in, T, w, false, qkv.data(), H);
-    for (int64_t i = 0; i < P; ++i) std::copy_n(in + positions[i] * H, H, gathered.data() + i * H);
-    products.product(gathered.data(), P, w, false, queries.data(), 0, H);
+    products.product(gather(in, positions, P), P, w, false, queries.data(), 0, H);
     for (int64_t i = 0; i < P; ++i) std::copy_n(queries.data() + i * 3 * H, H, qkv.data() + positions[i] * 3 * H);
   }
 
