@@ -9,7 +9,9 @@ architecture, several ways to train the student, each over several seeds, every 
 
 Tasks (`--task`): rt, the demo's Rotten Tomatoes snippets (default); imdb, the demo's IMDB reviews task (read to
 fine-tuning's 128 tokens); or `--task-dir DIR`, a csv task (text,label). The teacher is --teacher, fine-tuned first
-from --teacher-init (lr 5e-5, 2 epochs, as the demo's) when --teacher holds no model yet.
+from --teacher-init (lr 5e-5, 2 epochs, as the demo's) when --teacher holds no model yet; or a transformers
+classifier of another architecture (bench/mpnet_teacher.py makes one), scored and timed through `bertforge
+distill`'s own path for such teachers (bertforge.distill.foreign).
 Sides (`--sides`, all by default):
 - distilled: `bertforge distill` from the pretrained student over the task and the transfer set (the demo's stage)
 - distilled-random: the same from random weights of the student's shape and tokenizer (does pretraining pay here?)
@@ -27,8 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
+
+import numpy as np
 
 from bertforge.baseline import bag_of_words
 from bertforge.cpu import has_native_bf16
@@ -43,11 +48,13 @@ from bertforge.demo.distill import (
 )
 from bertforge.demo.run import finetune_plan
 from bertforge.distill.config import DistillConfig
+from bertforge.distill.foreign import foreign_outputs, is_foreign, load_foreign, run_foreign
 from bertforge.distill.run import distill
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import finetune
 from bertforge.finetune.sweep import trained_and_scored
 from bertforge.options import DistillOptions, EngineOptions, FinetuneOptions
+from bertforge.tasks import TextExample, get_task
 from bertforge.tasks.runner import evaluate_examples, load_task_model
 
 SIDES = ("distilled", "distilled-random", "distilled-task-only", "finetuned")
@@ -116,7 +123,7 @@ def _side_dir(args: argparse.Namespace, side: str, work: Path) -> Path:
 def _teacher(args: argparse.Namespace, task_dir: Path) -> dict:
     """The teacher's test scores, after fine-tuning it from --teacher-init when --teacher holds no model yet."""
     teacher = Path(args.teacher)
-    if not (teacher / "model.safetensors").is_file():
+    if not (teacher / "model.safetensors").is_file():  # a transformers teacher: bench/mpnet_teacher.py
         if not args.teacher_init:
             raise SystemExit(f"--teacher {teacher} holds no model: give a fine-tuned one, or --teacher-init to make it")
         trained_and_scored(finetune, FinetuneConfig(task="csv", data_dir=str(task_dir), init=args.teacher_init,
@@ -143,7 +150,7 @@ def main() -> None:
         sides[side] = {"runs": runs, **seed_stats(runs)}
     texts = test_texts(task_dir)
     student = _side_dir(args, next(iter(sides)), work) / "seed0"
-    speed = {f"{name}_{engine}": texts_per_second(path, texts, EngineOptions(quantize=quantize))
+    speed = {f"{name}_{engine}": _texts_per_second(path, texts, EngineOptions(quantize=quantize))
              for name, path in (("teacher", Path(args.teacher)), ("student", student))
              for engine, quantize in (("fp32", None), ("int8", "int8"))}
     record = {"time": time.time(), "cpu": _cpu_name(), "bf16": has_native_bf16(), "args": vars(args),
@@ -162,9 +169,33 @@ def _cpu_name() -> str:
 
 
 def _test_scores(model_dir: Path, task_dir: Path) -> dict:
-    """The model's scores on the task's test split (the teacher's own, read from no record: it is scored here)."""
+    """The model's scores on the task's test split (the teacher's own, read from no record: it is scored here); a
+    transformers teacher's accuracy in fp32, through `bertforge distill`'s own path for such teachers."""
+    if is_foreign(model_dir):
+        examples = get_task("csv").read(str(task_dir), "test")
+        id2label = json.loads((model_dir / "config.json").read_text())["id2label"]
+        labels = [id2label[str(i)] for i in range(len(id2label))]
+        logits = run_foreign(model_dir, examples, EngineOptions(), 64, get_task("csv").max_length, False)
+        right = sum(labels[int(np.argmax(o))] == ex.label for o, ex in zip(logits, examples, strict=True))
+        return {"accuracy": 100 * right / len(examples)}
     tm = load_task_model(model_dir)
     return evaluate_examples(tm, tm.task.read(str(task_dir), "test"))[0]
+
+
+def _texts_per_second(model_dir: Path, texts: list[str], engine: EngineOptions) -> float:
+    """`texts_per_second` for a bertforge model; for a transformers teacher the same measure (median of 3 passes
+    after a warm-up, tokenization included) of `bertforge distill`'s labelling pass on `engine`."""
+    if not is_foreign(model_dir):
+        return texts_per_second(model_dir, texts, engine)
+    loaded = load_foreign(model_dir, engine)
+    examples = [TextExample(id=str(i), text=t) for i, t in enumerate(texts)]
+    foreign_outputs(*loaded, examples[:256], 64, 128, False)
+    seconds = []
+    for _ in range(3):
+        start = time.perf_counter()
+        foreign_outputs(*loaded, examples, 64, 128, False)
+        seconds.append(time.perf_counter() - start)
+    return len(texts) / statistics.median(seconds)
 
 
 def _print(r: dict) -> None:

@@ -4,10 +4,14 @@
     bertforge distill --teacher runs/minilm-rt --student runs/tiny --task csv --data rt/ --out runs/tiny-rt \\
         --transfer-corpus reviews/ --max-transfer-texts 40000 --temperature 2 --epochs 3
     bertforge distill --teacher runs/sst2 --student mini --task sst2 --data glue/SST-2 --out runs/mini-sst2
+    bertforge distill --teacher my-roberta-sst2/ --student runs/tiny --task sst2 --data glue/SST-2 --out runs/tiny-sst2
 
-The teacher is a fine-tuned model directory of the task (`bertforge finetune`'s --out). The student is a pretrained
-model directory with its own tokenizer (it may differ from the teacher's), or a preset (tiny, mini, small, medium,
-base, large): random weights of that size over the teacher's tokenizer. The teacher labels the task's training
+The teacher is a fine-tuned model directory of the task (`bertforge finetune`'s --out), or a transformers sequence
+classifier of any architecture (RoBERTa, MPNet, DeBERTa, ...; save_pretrained's directory, safetensors weights,
+config.json's id2label naming the task's labels), which runs through transformers (`pip install
+'bertforge[teachers]'`). The student is a pretrained model directory with its own tokenizer (it may differ from the
+teacher's), or, for a bertforge teacher, a preset (tiny, mini, small, medium, base, large): random weights of that
+size over the teacher's tokenizer. The teacher labels the task's training
 examples, and the snippets of --transfer-corpus (unlabelled text in any form `prepare` reads; single-text tasks
 only), once, on its fastest engine; its outputs are cached (--cache-dir), so a repeated or resumed run does not run
 it again. The student learns T^2 KL at --temperature plus --alpha times the task's loss where an example has a
@@ -34,7 +38,9 @@ from bertforge.options import DistillOptions, FinetuneOptions, option, same_as
 class DistillArgs:
     """`bertforge distill`'s arguments: these, then the options of FinetuneOptions and DistillOptions."""
 
-    teacher: str = option(help="the teacher: a fine-tuned model directory of the task (from `bertforge finetune`)")
+    teacher: str = option(help="the teacher: a fine-tuned model directory of the task (from `bertforge finetune`), "
+                               "or a transformers sequence classifier of any architecture whose id2label names the "
+                               "task's labels")
     student: str = option(help="the student: a pretrained model directory with its tokenizer, or a preset (tiny, "
                                "mini, ...): random weights of that size over the teacher's tokenizer")
     task: str = same_as(FinetuneArgs, "task")

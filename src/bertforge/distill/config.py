@@ -33,7 +33,8 @@ class DistillConfig:
     """One distillation run: the teacher, the student, the task and its data, the transfer set, where it goes and
     how it trains. Paths may be given as `Path`s; they are kept as the strings run_config.json records."""
 
-    teacher: str  # a fine-tuned model directory of `task` (task.json, labels), from `bertforge finetune`
+    teacher: str  # a fine-tuned model directory of `task` (task.json, labels), from `bertforge finetune`, or a
+    #               transformers sequence classifier of another architecture (foreign.py)
     student: str  # a pretrained model directory with its own tokenizer, or a preset (tiny, mini, ...): random
     #               weights of that size over the teacher's tokenizer
     task: str  # the task's name (the teacher's task.json must name the same)

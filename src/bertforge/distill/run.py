@@ -10,7 +10,8 @@ metric. The output is an ordinary fine-tuned model directory (task.json, config.
 tokenizer), which `predict`, `evaluate`, `serve` and `export` load as they load any; its run_config.json records
 the distillation's settings and the teacher outputs' cache key.
 
-Checked before anything is written, each in one line: the teacher is a fine-tuned directory of the same task and
+Checked before anything is written, each in one line: the teacher is a fine-tuned directory of the same task (or a
+transformers sequence classifier of another architecture whose id2label names the task's labels: foreign.py) and
 its labels cover the training data's; question answering is refused (the two tokenizers cut answer spans
 differently); a transfer corpus only for single-text classification and regression; the student is a model
 directory or a preset.
@@ -26,6 +27,7 @@ import torch
 
 from bertforge.config import PRESETS, BertConfig
 from bertforge.distill.config import DistillConfig
+from bertforge.distill.foreign import foreign_task, is_foreign
 from bertforge.distill.objective import DistillObjective, distill_batch, with_targets
 from bertforge.distill.teacher import TeacherOutputs, teacher_outputs
 from bertforge.distill.transfer import median_words, transfer_texts
@@ -86,9 +88,16 @@ def _teacher_task(config: DistillConfig, task: Any) -> Any:
     if not teacher.is_dir():
         raise BertforgeError(f"--teacher {teacher} is not a directory: give a fine-tuned model directory (the --out "
                              "of `bertforge finetune`)")
+    if is_foreign(teacher):
+        if _is_preset(config.student):
+            raise BertforgeError(f"--student {config.student}: a preset student takes the teacher's tokenizer, and "
+                                 f"{teacher} is a transformers model with a tokenizer of its own: give a pretrained "
+                                 "student directory")
+        return foreign_task(teacher, task)
     if not (teacher / TASK_FILE).is_file():
-        raise BertforgeError(f"--teacher {teacher} has no {TASK_FILE}: it is not fine-tuned; fine-tune it on the task "
-                             f"first (`bertforge finetune --init {teacher} ...`) and pass that --out")
+        raise BertforgeError(f"--teacher {teacher} has no {TASK_FILE} and is no transformers sequence classifier: it "
+                             f"is not fine-tuned; fine-tune it on the task first (`bertforge finetune --init {teacher} "
+                             "...`) and pass that --out")
     teacher_task, _ = load_task(teacher)  # task.json checked as predict checks it
     if teacher_task.name != task.name or teacher_task.kind != task.kind:
         raise BertforgeError(f"--teacher {teacher} was fine-tuned on {teacher_task.name} ({teacher_task.kind}), not "
@@ -129,12 +138,12 @@ def _transfer(config: DistillConfig, task: Any, train: list) -> list[TextExample
             for i, t in enumerate(texts)]
 
 
-def _teacher(config: DistillConfig, examples: list, d: distributed.Dist) -> TeacherOutputs:
+def _teacher(config: DistillConfig, examples: list, teacher_task: Any, d: distributed.Dist) -> TeacherOutputs:
     """The teacher's outputs: the main process computes them (or finds them cached), the others then read them
     from the cache."""
     def label() -> TeacherOutputs:
-        return teacher_outputs(config.teacher, examples, config.distill, device=config.options.device,
-                               cache=config.cache_dir, progress=config.options.progress)
+        return teacher_outputs(config.teacher, examples, config.distill, task=teacher_task,
+                               device=config.options.device, cache=config.cache_dir, progress=config.options.progress)
 
     outputs = distributed.main_decides(label, d, "the teacher's outputs were refused (see the main process's error)")
     distributed.barrier(d)
@@ -163,7 +172,7 @@ def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
     labels = task.labels if task.kind in ("classification", "token_classification") else None
     label_map = task.label_map() if labels else None
     examples = [*train, *transfer]
-    outputs = _teacher(config, examples, d)
+    outputs = _teacher(config, examples, teacher_task, d)
     features = with_targets(task.features(examples, tokenizer, max_length, label_map), outputs.outputs, task.kind)
     dev_features = task.features(dev, tokenizer, max_length, label_map, windows=o.windows)
     task.references(dev)  # a dev split without gold answers fails now, not after the first epoch

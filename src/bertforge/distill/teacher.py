@@ -1,7 +1,8 @@
 """The teacher's outputs on the examples a student distils on: computed once, on the teacher's fastest engine, and
 cached beside a manifest, so a repeated or resumed run never runs the teacher again.
 
-The teacher tokenizes the raw examples itself (its own vocabulary, its own task.json's sequence length) and its
+The teacher tokenizes the raw examples itself (its own vocabulary, its own task.json's sequence length; a
+transformers teacher, foreign.py, its own tokenizer up to the task's length) and its
 outputs are kept per example: its logits (classification), its value (regression), its choices' scores (multiple
 choice), or per word the logits on the word's first sub-token (tagging; NaN for a word its tokenizer dropped). The
 student's features are matched to them by example and word (`objective.with_targets`), whatever its tokenizer.
@@ -27,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from bertforge.device import pick_device
+from bertforge.distill.foreign import is_foreign, run_foreign
+from bertforge.errors import BertforgeError
 from bertforge.files import atomic_dir, cache_dir, file_sha256, write_json
 from bertforge.infer import EngineOptions, Predictor
 from bertforge.infer.checks import auto_streams, engine_device
@@ -38,7 +41,8 @@ from bertforge.tasks.runner import per_feature_outputs
 FORMAT = 1  # of a cache entry; another format is another key
 MANIFEST, LOGITS, OFFSETS = "manifest.json", "logits.npy", "offsets.npy"
 _CHUNK = 4096  # features a progress step: the teacher runs each chunk's length-sorted batches
-_IDENTITY_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "task.json")
+_IDENTITY_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "task.json",
+                   "special_tokens_map.json", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 
 def default_cache_dir() -> Path:
@@ -99,25 +103,34 @@ def _unkeyed(manifest: dict) -> dict:
     return {**manifest, "teacher": {k: v for k, v in manifest["teacher"].items() if k != "path"}}
 
 
-def teacher_outputs(teacher: str | Path, examples: Sequence[Any], options: DistillOptions, *, device: str | None = None,
-                    cache: str | Path | None = None, progress: bool = True) -> TeacherOutputs:
+def teacher_outputs(teacher: str | Path, examples: Sequence[Any], options: DistillOptions, *, task: Any = None,
+                    device: str | None = None, cache: str | Path | None = None,
+                    progress: bool = True) -> TeacherOutputs:
     """The teacher's outputs on `examples`: the cache's entry when it holds them, else computed on the teacher's
-    engine (`teacher_engine`) with a progress bar and stored in the cache first."""
+    engine (`teacher_engine`) with a progress bar and stored in the cache first. A transformers teacher
+    (foreign.py) reads the examples as `task` (its labels, `foreign_task`) up to the task's sequence length."""
     teacher = Path(teacher)
     engine = teacher_engine(options, device)
-    spec = json.loads((teacher / "task.json").read_text())
+    foreign = is_foreign(teacher)
+    if foreign and task is None:
+        raise BertforgeError(f"--teacher {teacher} is a transformers model: give its task (foreign.foreign_task)")
+    spec = ({"task": task.name, "labels": task.labels, "max_length": task.max_length} if foreign
+            else json.loads((teacher / "task.json").read_text()))
     manifest = {"format": FORMAT, "teacher": teacher_identity(teacher), "examples": len(examples),
                 "text_sha256": texts_sha256(examples), "task": spec.get("task"), "labels": spec.get("labels"),
                 "max_length": spec.get("max_length"), "batch_size": options.teacher_batch_size,
                 "engine": {"precision": engine.precision, "quantize": engine.quantize,
-                           "device": engine_device(engine).type}}
+                           "device": engine_device(engine).type, **({"runtime": "transformers"} if foreign else {})}}
     key = cache_key(manifest)
     entry = Path(cache) if cache is not None else default_cache_dir()
     entry = entry / key
     found = read_entry(entry, manifest)
     if found is not None:
         return TeacherOutputs(found, key, manifest, cached=True)
-    outputs = run_teacher(teacher, examples, engine, options.teacher_batch_size, progress)
+    if foreign:
+        outputs = run_foreign(teacher, examples, engine, options.teacher_batch_size, task.max_length, progress)
+    else:
+        outputs = run_teacher(teacher, examples, engine, options.teacher_batch_size, progress)
     write_entry(entry, manifest, outputs)
     return TeacherOutputs(outputs, key, manifest, cached=False)
 
