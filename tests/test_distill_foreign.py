@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from infer_support import VOCAB
+from safetensors.torch import load_file, save_file
 from test_distill import OPTIONS, STUDENT_VOCAB, _model_dir, _one_error, _review, _write_task
 
 from bertforge.distill import teacher as teacher_mod
@@ -196,6 +197,14 @@ def test_what_a_foreign_teacher_cannot_be_is_one_error_line(setup, tmp_path, cap
     (pickled / "model.safetensors").unlink()
     capsys.readouterr()
     assert "never unpickles" in _one_error(capsys, ["--teacher", pickled, *base])
+    headless = tmp_path / "headless"
+    model, tokenizer = _distilbert(headless)
+    model.save_pretrained(headless)
+    tokenizer.save_pretrained(headless)
+    weights = load_file(headless / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("classifier.")}, headless / "model.safetensors")
+    capsys.readouterr()
+    assert "lacks weights (classifier.bias, classifier.weight)" in _one_error(capsys, ["--teacher", headless, *base])
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
     assert "bertforge[teachers]" in _one_error(capsys, ["--teacher", setup["teacher"], *base])
     assert not out.exists() and not (tmp_path / "out.partial").exists()
