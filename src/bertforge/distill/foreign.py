@@ -143,16 +143,15 @@ def foreign_outputs(model: Any, tokenizer: Any, where: torch.device, examples: S
     limit = min(max_length, int(getattr(tokenizer, "model_max_length", max_length) or max_length))
     encoded = tokenizer([ex.text for ex in examples], pairs if any(p is not None for p in pairs) else None,
                         truncation=True, max_length=limit)
-    ids, types = encoded["input_ids"], encoded.get("token_type_ids")
+    ids = encoded["input_ids"]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(ids)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     bar = progress_reporter(len(ids), desc="teacher", unit="input", enabled=progress)
     try:
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
-                batch = _padded(rows, ids, types, pad)
+                batch = tokenizer.pad([{k: encoded[k][i] for k in encoded} for i in rows], return_tensors="pt")
                 logits = model(**{k: v.to(where) for k, v in batch.items()}).logits
                 for r, i in enumerate(rows):
                     outputs[i] = logits[r].float().cpu().numpy().reshape(-1)
@@ -161,19 +160,3 @@ def foreign_outputs(model: Any, tokenizer: Any, where: torch.device, examples: S
         bar.close()
     return outputs
 
-
-def _padded(rows: list[int], ids: list[list[int]], types: list[list[int]] | None, pad: int) -> dict[str, torch.Tensor]:
-    """The batch of examples `rows`: ids padded with `pad`, the attention mask, and token types where the tokenizer
-    gives them (a BERT-like teacher's sentence pairs)."""
-    width = max(len(ids[i]) for i in rows)
-    batch = {"input_ids": torch.full((len(rows), width), pad, dtype=torch.long),
-             "attention_mask": torch.zeros((len(rows), width), dtype=torch.long)}
-    if types is not None:
-        batch["token_type_ids"] = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, i in enumerate(rows):
-        n = len(ids[i])
-        batch["input_ids"][r, :n] = torch.tensor(ids[i])
-        batch["attention_mask"][r, :n] = 1
-        if types is not None:
-            batch["token_type_ids"][r, :n] = torch.tensor(types[i])
-    return batch
