@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from bertforge.demo.distill import (
     STUDENT_EPOCHS,
     STUDENT_LR,
     TRANSFER_TEXTS,
+    items_per_second,
     seed_stats,
     test_texts,
     texts_per_second,
@@ -189,13 +189,8 @@ def _texts_per_second(model_dir: Path, texts: list[str], engine: EngineOptions) 
         return texts_per_second(model_dir, texts, engine)
     loaded = load_foreign(model_dir, engine)
     examples = [TextExample(id=str(i), text=t) for i, t in enumerate(texts)]
-    foreign_outputs(*loaded, examples[:256], 64, 128, False)
-    seconds = []
-    for _ in range(3):
-        start = time.perf_counter()
-        foreign_outputs(*loaded, examples, 64, 128, False)
-        seconds.append(time.perf_counter() - start)
-    return len(texts) / statistics.median(seconds)
+    return items_per_second(lambda: foreign_outputs(*loaded, examples[:256], 64, 128, False),
+                            lambda: foreign_outputs(*loaded, examples, 64, 128, False), len(examples))
 
 
 def _print(r: dict) -> None:

@@ -17,6 +17,7 @@ import csv
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,13 +115,20 @@ def texts_per_second(model_dir: Path, texts: list[str], engine: EngineOptions | 
     engine a user would serve a classifier with): the median of `repeats` passes after one warm-up pass."""
     predictor = Predictor(model_dir, engine or EngineOptions(quantize="int8"))
     records = [{"text": t} for t in texts]
-    predictor.predict(records[:256])
+    return items_per_second(lambda: predictor.predict(records[:256]), lambda: predictor.predict(records),
+                            len(records), repeats)
+
+
+def items_per_second(warm_up: Callable[[], Any], run: Callable[[], Any], items: int,
+                     repeats: int = SPEED_REPEATS) -> float:
+    """`items` over the median of `repeats` timed calls of `run`, after one call of `warm_up`."""
+    warm_up()
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
-        predictor.predict(records)
+        run()
         seconds.append(time.perf_counter() - start)
-    return len(texts) / statistics.median(seconds)
+    return items / statistics.median(seconds)
 
 
 class _Settings:
