@@ -41,7 +41,6 @@ from bertforge.demo.distill import (
     STUDENT_EPOCHS,
     STUDENT_LR,
     TRANSFER_TEXTS,
-    items_per_second,
     seed_stats,
     test_texts,
     texts_per_second,
@@ -56,6 +55,7 @@ from bertforge.finetune.sweep import trained_and_scored
 from bertforge.options import DistillOptions, EngineOptions, FinetuneOptions
 from bertforge.tasks import TextExample, get_task
 from bertforge.tasks.runner import evaluate_examples, load_task_model
+from bertforge.timing import items_per_second
 
 SIDES = ("distilled", "distilled-random", "distilled-task-only", "finetuned")
 
@@ -189,8 +189,8 @@ def _texts_per_second(model_dir: Path, texts: list[str], engine: EngineOptions) 
         return texts_per_second(model_dir, texts, engine)
     loaded = load_foreign(model_dir, engine)
     examples = [TextExample(id=str(i), text=t) for i, t in enumerate(texts)]
-    return items_per_second(lambda: foreign_outputs(*loaded, examples[:256], 64, 128, False),
-                            lambda: foreign_outputs(*loaded, examples, 64, 128, False), len(examples))
+    return items_per_second(lambda: foreign_outputs(*loaded, examples, 64, 128, False), len(examples),
+                            warm_up=lambda: foreign_outputs(*loaded, examples[:256], 64, 128, False))
 
 
 def _print(r: dict) -> None:

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from bertforge import baseline
 from bertforge.baseline import bag_of_words
 from bertforge.errors import BertforgeError
 
@@ -94,3 +95,17 @@ def test_what_it_cannot_classify_is_refused_in_one_line(tmp_path):
     with pytest.raises(BertforgeError, match=r"dev\.csv:3: unknown label 'neutral' \(the task's labels: negative, "
                                              r"positive\); fix the label, or train with data that has it"):
         bag_of_words(unseen)
+
+
+def test_its_speed_is_the_test_splits_texts_timed_as_every_models_speed_is(tmp_path, monkeypatch):
+    timed = []
+
+    def fake(run, items, warm_up=None):
+        warm_up()
+        timed.append((run(), items))
+        return 123.0
+
+    monkeypatch.setattr(baseline, "items_per_second", fake)
+    assert bag_of_words(_task(tmp_path))["texts_per_s"] == 123.0
+    (labels, items), = timed
+    assert items == len(labels) == 200  # the run predicts every test text

@@ -213,15 +213,6 @@ def _summary(pre: list[float], scratch: list[float], mlm: float, examples: int |
             "finetune_examples": examples, "pretrain_minutes": minutes, "cpu_bf16": cpu_bf16}
 
 
-def test_a_speed_is_the_items_over_the_median_timed_pass_after_one_warm_up(monkeypatch):
-    # passes of 4, 1 and 2 seconds on a clock that moves only by them: the median pass is 2 s, the warm-up not timed
-    calls, ticks = [], iter([0.0, 4.0, 10.0, 11.0, 20.0, 22.0])
-    monkeypatch.setattr(demo_distill.time, "perf_counter", lambda: next(ticks))
-    rate = demo_distill.items_per_second(lambda: calls.append("warm"), lambda: calls.append("run"), 500, repeats=3)
-    assert calls == ["warm", "run", "run", "run"]
-    assert rate == 250.0
-
-
 def test_the_fine_tuning_plan_follows_the_measured_one_for_the_model_and_budget():
     # docs/experiments/finetuning-settings.md: tiny chose 1e-3 at two epochs on both sides; from 30 minutes of
     # pretraining on, four epochs at 3e-4 (dev's choice on both sides) paid more; mini chose 3e-4 at two epochs

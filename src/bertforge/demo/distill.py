@@ -16,8 +16,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from bertforge.finetune.run import finetune
 from bertforge.finetune.sweep import trained_and_scored
 from bertforge.infer import Predictor
 from bertforge.options import DistillOptions, EngineOptions, FinetuneOptions
+from bertforge.timing import REPEATS, items_per_second
 from bertforge.train.rundir import changes, read_run_config
 
 # The teacher: MiniLM-L6 fine-tuned with the paper's settings for a model of its size (lr 5e-5, batch 32), in fp32:
@@ -41,7 +40,6 @@ TEACHER_LR, TEACHER_EPOCHS = 5e-5, 2.0
 STUDENT_LR, STUDENT_EPOCHS, STUDENT_ALPHA = 5e-4, 3.0, 0.0
 # Snippets of the demo's corpus the teacher labels (its IMDB reviews cut to the task's snippet length).
 TRANSFER_TEXTS = 40_000
-SPEED_REPEATS = 3
 
 
 def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list[str],
@@ -110,25 +108,13 @@ def _shown(value: Any) -> str:
 
 
 def texts_per_second(model_dir: Path, texts: list[str], engine: EngineOptions | None = None,
-                     repeats: int = SPEED_REPEATS) -> float:
+                     repeats: int = REPEATS) -> float:
     """Texts a second through `Predictor` over `texts`, tokenization included, on `engine` (default int8, the CPU
     engine a user would serve a classifier with): the median of `repeats` passes after one warm-up pass."""
     predictor = Predictor(model_dir, engine or EngineOptions(quantize="int8"))
     records = [{"text": t} for t in texts]
-    return items_per_second(lambda: predictor.predict(records[:256]), lambda: predictor.predict(records),
-                            len(records), repeats)
-
-
-def items_per_second(warm_up: Callable[[], Any], run: Callable[[], Any], items: int,
-                     repeats: int = SPEED_REPEATS) -> float:
-    """`items` over the median of `repeats` timed calls of `run`, after one call of `warm_up`."""
-    warm_up()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return items / statistics.median(seconds)
+    return items_per_second(lambda: predictor.predict(records), len(records),
+                            warm_up=lambda: predictor.predict(records[:256]), repeats=repeats)
 
 
 class _Settings:
