@@ -19,9 +19,10 @@ Sides (`--sides`, all by default):
 - finetuned: the pretrained student fine-tuned on the labels alone, at the demo's lr and epochs for tiny
 Each side's runs are `finetune.sweep.trained_and_scored` (the best dev model scored on test; a finished run is read
 back), seed k = --seed + k. The teacher's outputs are computed once, cached under --work/teacher-outputs and shared
-by every side and seed. Prints each side's test and dev mean ± std over the seeds, the teacher's and bag of words'
-test accuracy, and texts/s of teacher and student on the test texts in fp32 and int8 (tokenization included, median
-of 3 passes); appends the result as one JSON line to --work/distill.jsonl. Run it alone on the machine.
+by every side and seed. Prints each side's test and dev mean ± std over the seeds and how often its runs give the
+teacher's label on test (the students' fidelity), the teacher's and bag of words' test accuracy, and texts/s of
+teacher and student on the test texts in fp32 and int8 (tokenization included, median of 3 passes); appends the
+result as one JSON line to --work/distill.jsonl. Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -132,22 +134,32 @@ def _teacher(args: argparse.Namespace, task_dir: Path) -> dict:
     return _test_scores(teacher, task_dir)
 
 
+def agreement(labels: list, teacher_labels: list) -> float:
+    """The share (%) of test examples a model gives the teacher's label: how closely a student follows it, which
+    accuracy alone does not say (two models of equal accuracy can be wrong on different examples)."""
+    if len(labels) != len(teacher_labels) or not labels:
+        raise ValueError(f"{len(labels)} labels against the teacher's {len(teacher_labels)}")
+    return 100 * sum(a == b for a, b in zip(labels, teacher_labels, strict=True)) / len(labels)
+
+
 def main() -> None:
     args = _args()
     work = Path(args.work)
     task_dir, transfer = _demo_inputs(args)
-    teacher_test = _teacher(args, task_dir)
+    teacher_test, teacher_labels = _teacher(args, task_dir)
     sides = {}
     for side in args.sides:
         runs = []
         for k in range(args.seeds):
             train, config = _config(args, side, k, task_dir, transfer, work)
             r = trained_and_scored(train, config)
+            follows = agreement(_test_scores(Path(config.out_dir), task_dir)[1], teacher_labels)
             runs.append({"seed": args.seed + k, "dev": r["dev"]["accuracy"], "test": r["test"]["accuracy"],
-                         "seconds": r["seconds"]})
-            print(f"{side} seed {args.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f} "
-                  f"({r['seconds']:.0f} s)", flush=True)
-        sides[side] = {"runs": runs, **seed_stats(runs)}
+                         "teacher_agreement": follows, "seconds": r["seconds"]})
+            print(f"{side} seed {args.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}, the "
+                  f"teacher's label on {follows:.1f}% ({r['seconds']:.0f} s)", flush=True)
+        sides[side] = {"runs": runs, **seed_stats(runs),
+                       "teacher_agreement_mean": statistics.mean(r["teacher_agreement"] for r in runs)}
     texts = test_texts(task_dir)
     student = _side_dir(args, next(iter(sides)), work) / "seed0"
     speed = {f"{name}_{engine}": _texts_per_second(path, texts, EngineOptions(quantize=quantize))
@@ -168,18 +180,20 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _test_scores(model_dir: Path, task_dir: Path) -> dict:
-    """The model's scores on the task's test split (the teacher's own, read from no record: it is scored here); a
-    transformers teacher's accuracy in fp32, through `bertforge distill`'s own path for such teachers."""
+def _test_scores(model_dir: Path, task_dir: Path) -> tuple[dict, list]:
+    """The model's scores on the task's test split and its label for each example (the teacher's own, read from no
+    record: it is scored here); a transformers teacher's in fp32, through `bertforge distill`'s own path for such
+    teachers."""
     if is_foreign(model_dir):
         examples = get_task("csv").read(str(task_dir), "test")
         id2label = json.loads((model_dir / "config.json").read_text())["id2label"]
-        labels = [id2label[str(i)] for i in range(len(id2label))]
+        names = [id2label[str(i)] for i in range(len(id2label))]
         logits = run_foreign(model_dir, examples, EngineOptions(), 64, get_task("csv").max_length, False)
-        right = sum(labels[int(np.argmax(o))] == ex.label for o, ex in zip(logits, examples, strict=True))
-        return {"accuracy": 100 * right / len(examples)}
+        labels = [names[int(np.argmax(o))] for o in logits]
+        right = sum(label == ex.label for label, ex in zip(labels, examples, strict=True))
+        return {"accuracy": 100 * right / len(examples)}, labels
     tm = load_task_model(model_dir)
-    return evaluate_examples(tm, tm.task.read(str(task_dir), "test"))[0]
+    return evaluate_examples(tm, tm.task.read(str(task_dir), "test"))
 
 
 def _texts_per_second(model_dir: Path, texts: list[str], engine: EngineOptions) -> float:
@@ -194,10 +208,10 @@ def _texts_per_second(model_dir: Path, texts: list[str], engine: EngineOptions) 
 
 
 def _print(r: dict) -> None:
-    print(f"\n{'side':<22} {'test':>13} {'dev':>13}  (seeds)")
+    print(f"\n{'side':<22} {'test':>13} {'dev':>13} {'teacher agrees':>15}  (seeds)")
     for name, s in r["sides"].items():
-        print(f"{name:<22} {s['test_mean']:6.2f} ± {s['test_std']:4.2f} {s['dev_mean']:6.2f} ± {s['dev_std']:4.2f}  "
-              f"({len(s['runs'])})")
+        print(f"{name:<22} {s['test_mean']:6.2f} ± {s['test_std']:4.2f} {s['dev_mean']:6.2f} ± {s['dev_std']:4.2f} "
+              f"{s['teacher_agreement_mean']:14.1f}%  ({len(s['runs'])})")
     test = r["teacher"]["test"] or {}
     print(f"{'teacher':<22} {test.get('accuracy', float('nan')):6.2f}")
     print(f"{'bag of words':<22} {r['bag_of_words']['test']:6.2f}")

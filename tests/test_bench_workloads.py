@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -55,3 +57,13 @@ def test_fine_tuning_flops_count_every_product_of_a_training_step(monkeypatch):
     ragged = [[17, 17, 17, 17, 9]]  # padded, the short sequence costs what a full one does
     assert train_flops.classifier_flops(32, 48, 3, 2, ragged, padded=True) == counted
     assert train_flops.classifier_flops(32, 48, 3, 2, ragged) < counted
+
+
+def test_a_students_agreement_is_the_share_of_examples_given_the_teachers_label(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import distill
+
+    assert distill.agreement(["pos", "neg", "pos", "neg"], ["pos", "pos", "pos", "neg"]) == 75.0
+    assert distill.agreement(["neg"], ["neg"]) == 100.0
+    with pytest.raises(ValueError, match="3 labels against the teacher's 2"):
+        distill.agreement(["pos", "neg", "pos"], ["pos", "neg"])
