@@ -122,8 +122,9 @@ def _side_dir(args: argparse.Namespace, side: str, work: Path) -> Path:
         f"{'-' + args.tag if args.tag else ''}"
 
 
-def _teacher(args: argparse.Namespace, task_dir: Path) -> dict:
-    """The teacher's test scores, after fine-tuning it from --teacher-init when --teacher holds no model yet."""
+def _teacher(args: argparse.Namespace, task_dir: Path) -> tuple[dict, list]:
+    """The teacher's test scores and labels (`_test_scores`), after fine-tuning it from --teacher-init when --teacher
+    holds no model yet."""
     teacher = Path(args.teacher)
     if not (teacher / "model.safetensors").is_file():  # a transformers teacher: bench/mpnet_teacher.py
         if not args.teacher_init:
