@@ -54,7 +54,7 @@ from bertforge.distill.run import distill
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import finetune
 from bertforge.finetune.sweep import trained_and_scored
-from bertforge.options import DistillOptions, EngineOptions, FinetuneOptions
+from bertforge.options import TRANSFER_SELECTIONS, DistillOptions, EngineOptions, FinetuneOptions
 from bertforge.tasks import TextExample, get_task
 from bertforge.tasks.runner import evaluate_examples, load_task_model
 from bertforge.timing import items_per_second
@@ -82,6 +82,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--max-transfer-texts", type=int, default=TRANSFER_TEXTS)
     p.add_argument("--transfer-words", type=int, default=None, help="words per transfer snippet (default: the "
                                                                      "task's median)")
+    p.add_argument("--transfer-select", choices=TRANSFER_SELECTIONS, default=DistillOptions.transfer_select,
+                   help="which snippets when there are more (bertforge distill --help)")
     p.add_argument("--tag", default="", help="keeps an ablation's runs apart from the defaults'")
     return p.parse_args()
 
@@ -113,7 +115,8 @@ def _config(args: argparse.Namespace, side: str, k: int, task_dir: Path, transfe
         teacher=args.teacher, student=args.student, task="csv", data_dir=str(task_dir), out_dir=str(out),
         transfer=() if side == "distilled-task-only" else tuple(transfer), options=options,
         distill=DistillOptions(temperature=args.temperature, alpha=args.alpha,
-                               max_transfer_texts=args.max_transfer_texts, transfer_words=args.transfer_words),
+                               max_transfer_texts=args.max_transfer_texts, transfer_words=args.transfer_words,
+                               transfer_select=args.transfer_select),
         cache_dir=str(work / "teacher-outputs"))
 
 

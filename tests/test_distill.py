@@ -25,12 +25,13 @@ from simulated_clock import simulated_clock
 
 from bertforge import BertConfig
 from bertforge.cli import main
+from bertforge.distill import run as distill_run
 from bertforge.distill import teacher as teacher_mod
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.objective import DistillObjective, distill_batch, distill_losses, soft_kl, with_targets
 from bertforge.distill.run import distill
 from bertforge.distill.teacher import cache_key, teacher_outputs
-from bertforge.distill.transfer import median_words, snippets, transfer_texts
+from bertforge.distill.transfer import median_words, most_like, snippets, transfer_texts
 from bertforge.errors import BertforgeError
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import finetune
@@ -228,6 +229,52 @@ def test_transfer_snippets_are_sized_deduplicated_and_chosen_by_the_seed(tmp_pat
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(BertforgeError, match="holds no text"):
         transfer_texts([str(tmp_path / "empty.txt")], words=6, limit=10, seed=0)
+
+
+def _verdicts_and_plots(n: int) -> tuple[list[str], list[str]]:
+    """n distinct snippets that judge a film as the task's texts do and n that retell a plot, in one corpus order."""
+    rng = random.Random(3)
+    verdict = ["a {} and {} film", "{} acting, {} script", "the most {} comedy in years, and {}"]
+    plot = ["then the {} sister drives to {} to find the letter", "the {} detective meets {} at the harbour"]
+    judged = ["moving", "tedious", "sharp", "clumsy", "wonderful", "dull", "witty", "bloated"]
+    things = ["old", "young", "Paris", "Rome", "the captain", "Maria", "second", "quiet"]
+    made = [(rng.choice(verdict).format(*rng.sample(judged, 2)) + f" {k}", True) for k in range(n)]
+    made += [(rng.choice(plot).format(*rng.sample(things, 2)) + f" {k}", False) for k in range(n)]
+    rng.shuffle(made)
+    return [t for t, _ in made], [t for t, is_verdict in made if is_verdict]
+
+
+def test_the_snippets_most_like_the_tasks_texts_are_kept_in_corpus_order():
+    candidates, verdicts = _verdicts_and_plots(200)
+    task = [f"{a} and {b}, a {c} picture" for a, b, c in zip(["witty", "dull"] * 20, ["sharp", "tedious"] * 20,
+                                                                   ["moving", "clumsy"] * 20, strict=True)]
+    kept = most_like(task, candidates, 150, seed=0)
+    assert len(kept) == 150 and set(kept) <= set(verdicts)  # 150 of the 200 verdicts, no plot
+    assert kept == [t for t in candidates if t in set(kept)]  # in the corpus's order
+    assert kept == most_like(task, candidates, 150, seed=0)
+    assert most_like(task, candidates[:100], 150, seed=0) == candidates[:100]  # no more than asked: all of them
+    assert len(most_like(["1 2", "3"], ["4 5", "6", "7 8"], 2, seed=0)) == 2  # no words to compare: a sample
+
+
+def test_the_run_selects_its_transfer_set_as_asked(setup, tmp_path):
+    """A corpus of the task's kind of text (reviews) and plot summaries: task-like keeps the reviews, random (the
+    default) both."""
+    rng = random.Random(4)
+    plots = [f"then the {rng.choice(['old', 'young'])} sister drives to {c} {k}" for k, c in enumerate(
+        rng.choices(["Paris", "Rome", "Oslo"], k=100))]
+    reviews = [f"{_review(rng, rng.random() < 0.5)} {k}" for k in range(100)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in rng.sample(plots + reviews, 200)))
+    task = get_task("csv")
+    train = task.read_train(str(setup["data"]), None)
+    options = DistillOptions(max_transfer_texts=60, transfer_words=20)
+    config = _config(setup, tmp_path, transfer=(str(corpus),), distill=options)
+    sampled = [ex.text for ex in distill_run._transfer(config, task, train)]
+    like = [ex.text for ex in distill_run._transfer(config.with_distill(transfer_select="task-like"), task, train)]
+    assert len(like) == len(sampled) == 60 and set(like) <= set(reviews)
+    assert sum(t in reviews for t in sampled) < 50  # a uniform sample: about half of each
+    with pytest.raises(BertforgeError, match="--transfer-select 'plots': give one of random, task-like"):
+        config.with_distill(transfer_select="plots")
 
 
 # --- runs ---------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from bertforge.distill.config import DistillConfig
 from bertforge.distill.foreign import foreign_task, is_foreign
 from bertforge.distill.objective import DistillObjective, distill_batch, with_targets
 from bertforge.distill.teacher import TeacherOutputs, teacher_outputs
-from bertforge.distill.transfer import median_words, transfer_texts
+from bertforge.distill.transfer import median_words, most_like, transfer_texts
 from bertforge.errors import BertforgeError
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import (
@@ -120,6 +120,9 @@ def _check_labels(task: Any, teacher_task: Any, data_dir: str) -> None:
 # The transfer set's sample does not follow the student's --seed: students of several seeds learn from the same
 # texts, which the teacher labels once (one cache entry); with the seed, each seed paid the teacher again.
 TRANSFER_SEED = 0
+# --transfer-select task-like: the candidates, a uniform sample of up to this many times --max-transfer-texts (the
+# measured runs kept 40,000 of 267,000-368,000 snippets; a larger corpus is sampled first, to bound time and memory).
+CANDIDATES = 10
 
 
 def _transfer(config: DistillConfig, task: Any, train: list) -> list[TextExample]:
@@ -131,9 +134,13 @@ def _transfer(config: DistillConfig, task: Any, train: list) -> list[TextExample
         raise BertforgeError(f"--transfer-corpus: {task.name} is a {kind} task, whose inputs plain text cannot stand "
                              "for: leave out --transfer-corpus (it distils on the task's own examples)")
     o = config.distill
-    words = o.transfer_words or median_words([ex.text for ex in train])
-    texts = transfer_texts(config.transfer, words=words, limit=o.max_transfer_texts, seed=TRANSFER_SEED,
-                           exclude=[ex.text for ex in train])
+    task_texts = [ex.text for ex in train]
+    words = o.transfer_words or median_words(task_texts)
+    like = o.transfer_select == "task-like"
+    texts = transfer_texts(config.transfer, words=words, limit=o.max_transfer_texts * (CANDIDATES if like else 1),
+                           seed=TRANSFER_SEED, exclude=task_texts)
+    if like:
+        texts = most_like(task_texts, texts, o.max_transfer_texts, seed=TRANSFER_SEED)
     return [TextExample(id=f"transfer-{i}", text=t, source=f"--transfer-corpus snippet {i}")
             for i, t in enumerate(texts)]
 

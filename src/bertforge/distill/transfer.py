@@ -8,6 +8,13 @@ of that size), so a snippet reads like a single-text example of the task. Snippe
 aside) and the task's own texts left out; when there are more than `limit`, a uniform sample of them is kept
 (reservoir sampling, seeded), in corpus order, so the same corpus and seed always give the same set.
 
+A corpus is seldom all like the task: speeches beside reviews, or a review site's users retelling plots between
+their verdicts where a critics' snippet task is all verdict. `most_like` keeps the snippets most like the task's own
+texts (`--transfer-select task-like`; Moore and Lewis's selection of in-domain text, with a classifier in place of
+their two language models): a logistic regression over TF-IDF words and word pairs learns to tell the task's
+training texts from a sample of the snippets, and the snippets it scores highest are kept, so the teacher's labels go
+to text of the task's kind (what it measured: docs/experiments/distillation.md).
+
 Only single-text classification and regression tasks take a transfer set: a pair, choice or tagging task's inputs
 have a structure that plain text does not (they distil on the task's own examples).
 """
@@ -17,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
 
 from bertforge.corpus import END, ReadStats, expand_inputs, plan_units, read_unit
 from bertforge.errors import BertforgeError
@@ -91,3 +100,31 @@ def transfer_texts(paths: Sequence[str], *, words: int, limit: int, seed: int,
         raise BertforgeError(f"--transfer-corpus {' '.join(paths)} holds no text (besides the task's own): give "
                              "files of unlabelled text, or leave it out to distil on the task's examples alone")
     return [text for _, text in sorted(kept)]
+
+
+# most_like: the snippets the classifier learns the task from (a sample of the candidates; more adds time, not
+# accuracy, against the task's thousands of texts), and its regularization (sklearn's C; the one value tried).
+COMPARED_SNIPPETS = 30_000
+SELECTION_C = 4.0
+
+
+def most_like(task_texts: Sequence[str], candidates: Sequence[str], keep: int, *, seed: int) -> list[str]:
+    """The `keep` snippets of `candidates` most like `task_texts` (module docstring), in their order; all of them
+    when there are no more than `keep`. Deterministic for the same inputs and seed."""
+    if len(candidates) <= keep:
+        return list(candidates)
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    others = random.Random(seed).sample(list(candidates), min(len(candidates), COMPARED_SNIPPETS))
+    docs = [*task_texts, *others]
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2 if len(docs) >= 1000 else 1, sublinear_tf=True)
+    try:
+        x = vectorizer.fit_transform(docs)
+    except ValueError:  # no word in any text (numbers and punctuation alone): nothing to tell them apart by
+        return [candidates[i] for i in sorted(random.Random(seed).sample(range(len(candidates)), keep))]
+    y = np.r_[np.ones(len(task_texts)), np.zeros(len(others))]
+    classifier = LogisticRegression(C=SELECTION_C, max_iter=2000).fit(x, y)
+    score = classifier.decision_function(vectorizer.transform(candidates))
+    best = np.sort(np.argsort(-score, kind="stable")[:keep])
+    return [candidates[i] for i in best]
