@@ -21,7 +21,7 @@ from typing import Any
 
 from bertforge.errors import BertforgeError
 from bertforge.finetune.config import as_strings
-from bertforge.options import TEACHER_ENGINES, TRANSFER_SELECTIONS, DistillOptions, FinetuneOptions
+from bertforge.options import DistillOptions, FinetuneOptions, cli_name
 
 # A distilled student's peak learning rate: a tiny or mini student needs far more than a 110M-parameter BERT's 3e-5
 # (the issue's first try: 5e-4 for tiny, 82-83 on a review task against 78 fine-tuned on the labels alone).
@@ -75,10 +75,10 @@ class DistillConfig:
             raise BertforgeError(f"--temperature {t}: give a finite number above 0 (2 is usual)")
         if not (isinstance(a, int | float) and math.isfinite(a) and a >= 0):
             raise BertforgeError(f"--alpha {a}: give a finite number, 0 or more (0: the teacher's outputs alone)")
-        for flag, value, choices in (("--transfer-select", self.distill.transfer_select, TRANSFER_SELECTIONS),
-                                     ("--teacher-engine", self.distill.teacher_engine, TEACHER_ENGINES)):
-            if value not in choices:
-                raise BertforgeError(f"{flag} {value!r}: give one of {', '.join(choices)}")
+        for f in dataclasses.fields(self.distill):  # the choices each option declares (--teacher-engine ...)
+            value, choices = getattr(self.distill, f.name), f.metadata.get("choices")
+            if choices and value not in choices:
+                raise BertforgeError(f"--{cli_name(f).replace('_', '-')} {value!r}: give one of {', '.join(choices)}")
 
     def replace(self, **fields: Any) -> DistillConfig:
         """A copy with some fields replaced (`dataclasses.replace`), checked again."""
