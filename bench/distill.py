@@ -18,7 +18,8 @@ Sides (`--sides`, all by default):
 - distilled-task-only: from the pretrained student, the task's examples only, no transfer set (does the text pay?)
 - finetuned: the pretrained student fine-tuned on the labels alone, at the demo's lr and epochs for tiny
 Each side's runs are `finetune.sweep.trained_and_scored` (the best dev model scored on test; a finished run is read
-back), seed k = --seed + k. The teacher's outputs are computed once, cached under --work/teacher-outputs and shared
+back, one of other settings, teacher, student or transfer text refused: keep ablations apart with --tag), seed k =
+--seed + k. The teacher's outputs are computed once, cached under --work/teacher-outputs and shared
 by every side and seed. Prints each side's test and dev mean ± std over the seeds and how often its runs give the
 teacher's label on test (the students' fidelity), the teacher's and bag of words' test accuracy, and texts/s of
 teacher and student on the test texts in fp32 and int8 (tokenization included, median of 3 passes); appends the
@@ -43,6 +44,8 @@ from bertforge.demo.distill import (
     STUDENT_EPOCHS,
     STUDENT_LR,
     TRANSFER_TEXTS,
+    RunSettings,
+    reused_run_changes,
     seed_stats,
     test_texts,
     texts_per_second,
@@ -53,11 +56,12 @@ from bertforge.distill.foreign import foreign_outputs, is_foreign, load_foreign,
 from bertforge.distill.run import distill
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import finetune
-from bertforge.finetune.sweep import trained_and_scored
+from bertforge.finetune.sweep import TEST_PREDICTIONS, trained_and_scored
 from bertforge.options import TRANSFER_SELECTIONS, DistillOptions, EngineOptions, FinetuneOptions
 from bertforge.tasks import TextExample, get_task
 from bertforge.tasks.runner import evaluate_examples, load_task_model
 from bertforge.timing import items_per_second
+from bertforge.train.rundir import read_run_config
 
 SIDES = ("distilled", "distilled-random", "distilled-task-only", "finetuned")
 
@@ -138,6 +142,34 @@ def _teacher(args: argparse.Namespace, task_dir: Path) -> tuple[dict, list]:
     return _test_scores(teacher, task_dir)
 
 
+def _check_reused(side: str, config) -> None:
+    """A finished run in --work is read back only when it ran with this run's settings, teacher, student and
+    transfer text."""
+    out = Path(config.out_dir)
+    if not (out / "scores.json").is_file():
+        return
+    recorded = read_run_config(out) or {}
+    same = {"student": (recorded.get("init"), config.init if side == "finetuned" else config.student)}
+    if side != "finetuned":
+        same |= {"teacher": ((recorded.get("teacher") or {}).get("dir"), config.teacher),
+                 "transfer text": ((recorded.get("transfer") or {}).get("corpus") or [], list(config.transfer))}
+    differs = reused_run_changes(out, config.options if side == "finetuned" else RunSettings(config)) + [
+        f"{name} {have}, not {now}" for name, (have, now) in same.items() if _paths(have) != _paths(now)]
+    if differs:
+        raise SystemExit(f"error: {out} holds a finished {side} run of other settings ({'; '.join(differs)}): keep "
+                         f"this one apart with --tag NAME, or remove {out} to run it again")
+
+
+def _test_labels(run: Path, task_dir: Path) -> list:
+    """A scored run's labels on test, as `trained_and_scored` kept them (scored again for a run made before it did)."""
+    kept = run / TEST_PREDICTIONS
+    return json.loads(kept.read_text()) if kept.is_file() else _test_scores(run, task_dir)[1]
+
+
+def _paths(value) -> list[str]:
+    return [str(Path(v).resolve()) for v in (value if isinstance(value, list) else [value]) if v is not None]
+
+
 def agreement(labels: list, teacher_labels: list) -> float:
     """The share (%) of test examples a model gives the teacher's label: how closely a student follows it, which
     accuracy alone does not say (two models of equal accuracy can be wrong on different examples)."""
@@ -156,8 +188,9 @@ def main() -> None:
         runs = []
         for k in range(args.seeds):
             train, config = _config(args, side, k, task_dir, transfer, work)
+            _check_reused(side, config)
             r = trained_and_scored(train, config)
-            follows = agreement(_test_scores(Path(config.out_dir), task_dir)[1], teacher_labels)
+            follows = agreement(_test_labels(Path(config.out_dir), task_dir), teacher_labels)
             runs.append({"seed": args.seed + k, "dev": r["dev"]["accuracy"], "test": r["test"]["accuracy"],
                          "teacher_agreement": follows, "seconds": r["seconds"]})
             print(f"{side} seed {args.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}, the "

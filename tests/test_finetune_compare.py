@@ -4,6 +4,7 @@ scores is set by the test), then once end to end on a tiny model."""
 
 from __future__ import annotations
 
+import csv
 import json
 import statistics
 from pathlib import Path
@@ -114,6 +115,13 @@ def test_end_to_end_each_run_is_a_scored_finetuning_read_back_when_finished(init
         assert [r["seed"] for r in side.runs] == [5, 6] and side.runs[0]["dev"] == dev[side.lr]
         assert all(0 <= r["test"] <= 100 and r["lr"] == side.lr for r in side.runs)
         assert (tmp_path / f"{name}-lr{side.lr:g}" / "seed1" / "scores.json").is_file()
+        # each scored run's test predictions beside its scores, which they reproduce
+        with open(data / "test.csv", newline="") as f:
+            gold = [row["stars"] for row in csv.DictReader(f)]
+        predicted = json.loads((tmp_path / f"{name}-lr{side.lr:g}" / "seed1" / "predictions_test.json").read_text())
+        assert len(predicted) == len(gold)
+        right = sum(p == g for p, g in zip(predicted, gold, strict=True))
+        assert side.runs[1]["test"] == pytest.approx(100 * right / len(gold))
         other = 1e-5 if side.lr == 1e-3 else 1e-3
         assert not (tmp_path / f"{name}-lr{other:g}" / "seed1").exists()
         recorded = json.loads((tmp_path / f"{name}-lr{side.lr:g}" / "seed1" / "run_config.json").read_text())

@@ -64,7 +64,7 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
             options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
                                     max_train_examples=o.finetune_examples, progress=o.progress),
             distill=DistillOptions(alpha=STUDENT_ALPHA, max_transfer_texts=TRANSFER_TEXTS))
-        check_reused_run(Path(config.out_dir), _Settings(config), "distillation", out / "distill")
+        check_reused_run(Path(config.out_dir), RunSettings(config), "distillation", out / "distill")
         r = trained_and_scored(distill, config)
         runs.append({"seed": config.options.seed, "dev": _main(r["dev"]), "test": _main(r["test"]),
                      "seconds": r["seconds"]})
@@ -85,22 +85,32 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
 # What makes two training runs of the demo the same run: a finished one is read back only when these match (a
 # distillation's options hold its DistillOptions too; a fine-tuning's have no max_transfer_texts).
 RUN_SETTINGS = {"lr": "lr", "epochs": "epochs", "seed": "seed", "max_train_examples": "training examples",
-                "from_scratch": "from random weights", "max_transfer_texts": "transfer texts", "alpha": "alpha"}
+                "from_scratch": "from random weights", "max_transfer_texts": "transfer texts", "alpha": "alpha",
+                "temperature": "temperature", "transfer_words": "words per snippet",
+                "transfer_select": "transfer selection"}
+# What a run recorded before bertforge had these options did, as the options would record it.
+RECORDED_BEFORE = {"transfer_select": "random"}
 
 
 def check_reused_run(run_dir: Path, want: Any, what: str, remove: Path) -> None:
     """Refuse to read back a finished run (scores.json) of other settings than `want`'s (its FinetuneOptions, with a
     distillation's fields too), e.g. an earlier demo's with other epochs: its scores would be reported under this
     run's settings. `what` names the run in the error, `remove` what to delete to run it again."""
-    if not (run_dir / "scores.json").is_file():
-        return
-    have = (read_run_config(run_dir) or {}).get("options", {})
-    keys = {k: name for k, name in RUN_SETTINGS.items() if hasattr(want, k)}
-    found = [f"{keys[c.key]} {_shown(c.recorded)}, not {_shown(c.now)}"
-             for c in changes(have, {k: getattr(want, k) for k in keys}, keys=keys)]
+    found = reused_run_changes(run_dir, want)
     if found:
         raise BertforgeError(f"{run_dir} holds another {what} ({'; '.join(found)}): pass another --out, or remove "
                              f"{remove} to run it again")
+
+
+def reused_run_changes(run_dir: Path, want: Any) -> list[str]:
+    """How a finished run in `run_dir` (one with scores.json) ran otherwise than `want` asks, each as "epochs 3, not
+    4"; [] when it ran the same or is not finished."""
+    if not (run_dir / "scores.json").is_file():
+        return []
+    have = {**RECORDED_BEFORE, **(read_run_config(run_dir) or {}).get("options", {})}
+    keys = {k: name for k, name in RUN_SETTINGS.items() if hasattr(want, k)}
+    return [f"{keys[c.key]} {_shown(c.recorded)}, not {_shown(c.now)}"
+            for c in changes(have, {k: getattr(want, k) for k in keys}, keys=keys)]
 
 
 def _shown(value: Any) -> str:
@@ -117,8 +127,9 @@ def texts_per_second(model_dir: Path, texts: list[str], engine: EngineOptions | 
                             warm_up=lambda: predictor.predict(records[:256]), repeats=repeats)
 
 
-class _Settings:
-    """A distillation's options as its run_config.json records them: fine-tuning's and distillation's in one."""
+class RunSettings:
+    """A distillation's options as its run_config.json records them: fine-tuning's and distillation's in one (the
+    `want` of `check_reused_run`)."""
 
     def __init__(self, config: DistillConfig):
         self.__dict__.update(dataclasses.asdict(config.options), **dataclasses.asdict(config.distill))

@@ -75,7 +75,8 @@ class TaskObjective:
         return {"loss": model(**batch).loss}
 
 
-def _jsonable(predictions: Any) -> Any:
+def jsonable(predictions: Any) -> Any:
+    """A task's predictions as JSON takes them (a regression's array as a list)."""
     if isinstance(predictions, np.ndarray):
         return predictions.tolist()
     return predictions
@@ -336,7 +337,7 @@ def _train(config: FinetuneConfig, p: Prepared, model: nn.Module, loop: LoopOpti
         tokenizer.save_pretrained(path)
         write_json(path / TASK_FILE, p.spec)
         if last_eval:
-            write_json(path / "predictions_dev.json", _jsonable(last_eval["predictions"]))
+            write_json(path / "predictions_dev.json", jsonable(last_eval["predictions"]))
 
     if resume and (work / "metrics.json").is_file():  # killed while putting the finished run in place
         return json.loads((work / "metrics.json").read_text())

@@ -15,10 +15,11 @@ from typing import Any
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_path, write_json
 from bertforge.finetune.config import FinetuneConfig
-from bertforge.finetune.run import FinetuneOptions, check_out_dir, finetune, partial_dir
+from bertforge.finetune.run import FinetuneOptions, check_out_dir, finetune, jsonable, partial_dir
 from bertforge.tasks.runner import evaluate_examples, load_task_model
 from bertforge.train.rundir import RUN_CONFIG, check_resume, write_run_config
 
+TEST_PREDICTIONS = "predictions_test.json"  # a scored run's predictions on the test split, beside its scores.json
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 
 
@@ -98,8 +99,9 @@ def _run(config: FinetuneConfig) -> dict:
 
 def finetune_scored(config: FinetuneConfig) -> dict:
     """`finetune`, then the kept (best dev) model scored on the test split when it has labels. Returns
-    {"dev": dev metrics, "test": test metrics or None, "seconds": wall time}; a finished `out_dir` is read back,
-    not trained again, and an interrupted one continues from its checkpoint (whatever `config.resume` says)."""
+    {"dev": dev metrics, "test": test metrics or None, "seconds": wall time} and writes the test predictions to
+    `TEST_PREDICTIONS`; a finished `out_dir` is read back, not trained again, and an interrupted one continues from
+    its checkpoint (whatever `config.resume` says)."""
     return trained_and_scored(finetune, config)
 
 
@@ -117,8 +119,10 @@ def trained_and_scored(train: Callable[[Any], dict], config: Any) -> dict:
         test = tm.task.read(config.data_dir, "test")
     except BertforgeError:  # no test split
         test = []
-    test_metrics = evaluate_examples(tm, test, windows=config.options.windows)[0] if test else {}
+    test_metrics, predictions = evaluate_examples(tm, test, windows=config.options.windows) if test else ({}, None)
+    if predictions is not None:
+        write_json(out / TEST_PREDICTIONS, jsonable(predictions))
     record = {"dev": result["metrics"], "test": test_metrics or None,
               "seconds": round(time.perf_counter() - start, 1)}
-    write_json(record_file, record)
+    write_json(record_file, record)  # last: its presence marks a scored run
     return record
