@@ -271,6 +271,6 @@ From random initialisation (first seed):
 ![from scratch](finetune-scratch/seed0/training_curves.svg)
 
 Files: `pretrain/` (the pretrained model, `metrics.jsonl`, `budget_plan.json`, checkpoints),
-`finetune-*/seed*/` (fine-tuned models, `metrics.json`, `scores.json`, dev predictions), `summary.json`
+`finetune-*/seed*/` (fine-tuned models, `metrics.json`, `scores.json`, dev and test predictions), `summary.json`
 (everything above as JSON, with every seed's dev and test accuracy).
 """
