@@ -257,8 +257,8 @@ def test_the_snippets_most_like_the_tasks_texts_are_kept_in_corpus_order():
 
 
 def test_the_run_selects_its_transfer_set_as_asked(setup, tmp_path):
-    """A corpus of the task's kind of text (reviews) and plot summaries: task-like keeps the reviews, random (the
-    default) both."""
+    """A corpus of the task's kind of text (reviews) and plot summaries: task-like (the default) keeps the reviews,
+    random both."""
     rng = random.Random(4)
     plots = [f"then the {rng.choice(['old', 'young'])} sister drives to {c} {k}" for k, c in enumerate(
         rng.choices(["Paris", "Rome", "Oslo"], k=100))]
@@ -269,8 +269,8 @@ def test_the_run_selects_its_transfer_set_as_asked(setup, tmp_path):
     train = task.read_train(str(setup["data"]), None)
     options = DistillOptions(max_transfer_texts=60, transfer_words=20)
     config = _config(setup, tmp_path, transfer=(str(corpus),), distill=options)
-    sampled = [ex.text for ex in distill_run._transfer(config, task, train)]
-    like = [ex.text for ex in distill_run._transfer(config.with_distill(transfer_select="task-like"), task, train)]
+    like = [ex.text for ex in distill_run._transfer(config, task, train)]
+    sampled = [ex.text for ex in distill_run._transfer(config.with_distill(transfer_select="random"), task, train)]
     assert len(like) == len(sampled) == 60 and set(like) <= set(reviews)
     assert sum(t in reviews for t in sampled) < 50  # a uniform sample: about half of each
     with pytest.raises(BertforgeError, match="--transfer-select 'plots': give one of random, task-like"):

@@ -317,11 +317,12 @@ class DistillOptions:
                           bound=Bound(lo=0, hi=1000, why="above 1,000 the teacher is ignored: fine-tune instead"))
     max_transfer_texts: int = option(50_000, help="at most this many snippets of --transfer-corpus (when there are "
                                      "more, chosen by --transfer-select)", bound=EXAMPLES)
-    transfer_select: str = option("random", choices=TRANSFER_SELECTIONS,
-                                  help="which snippets, when the corpus holds more than --max-transfer-texts: random, "
-                                       "a uniform sample; task-like, of up to 10 times as many taken at random, those "
-                                       "a bag-of-words classifier finds most like the task's training texts (for a "
-                                       "corpus of which the task's kind of text is only a part)")
+    transfer_select: str = option("task-like", choices=TRANSFER_SELECTIONS,
+                                  help="which snippets, when the corpus holds more than --max-transfer-texts: "
+                                       "task-like, of up to 10 times as many taken at random, those a bag-of-words "
+                                       "classifier finds most like the task's training texts (a corpus of which the "
+                                       "task's kind of text is only a part gives the teacher that part); random, a "
+                                       "uniform sample")
     transfer_words: int | None = option(None, help="words per --transfer-corpus snippet (sentences joined up to it; "
                                         "default: the median of the task's training texts)",
                                         bound=at_least(1, "a longer snippet is a typo", at_most=100_000))

@@ -2,8 +2,9 @@
 
 1. fetch MiniLM-L6 (a 6-layer, 384-wide BERT pretrained by others; `demo.data.fetch_teacher_model`) and fine-tune
    it on Rotten Tomatoes: the teacher
-2. the teacher labels the task's training snippets and snippets cut from the demo's own pretraining corpus (the
-   transfer set) once, on its fastest engine, cached under `<out>/teacher-outputs`
+2. the teacher labels the task's training snippets and the snippets cut from the demo's own pretraining corpus that
+   are most like them (the transfer set, `--transfer-select task-like`) once, on its fastest engine, cached under
+   `<out>/teacher-outputs`
 3. the demo's pretrained tiny learns the teacher's outputs, `distill_seeds` runs
 4. every model's speed on the test snippets, on the engine a user would serve it with (int8 on a CPU)
 
@@ -38,7 +39,8 @@ TEACHER_LR, TEACHER_EPOCHS = 5e-5, 2.0
 # one seed each, alpha 0 80.8 against alpha 0.5's 80.2 (3 seeds: 80.4 ± 0.2); 6 epochs 80.5, 120,000 transfer texts
 # 80.2, lr 1e-3 79.1 (docs/experiments/distillation.md).
 STUDENT_LR, STUDENT_EPOCHS, STUDENT_ALPHA = 5e-4, 3.0, 0.0
-# Snippets of the demo's corpus the teacher labels (its IMDB reviews cut to the task's snippet length).
+# Snippets of the demo's corpus the teacher labels (its IMDB reviews cut to the task's snippet length, those most like
+# the task's: distill's default).
 TRANSFER_TEXTS = 40_000
 
 
