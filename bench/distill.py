@@ -149,7 +149,8 @@ def _check_reused(side: str, config) -> None:
     if not (out / "scores.json").is_file():
         return
     recorded = read_run_config(out) or {}
-    same = {"student": (recorded.get("init"), config.init if side == "finetuned" else config.student)}
+    same = {"student": (recorded.get("init"), config.init) if side == "finetuned" else
+            (recorded.get("student"), config.student)}
     if side != "finetuned":
         same |= {"teacher": ((recorded.get("teacher") or {}).get("dir"), config.teacher),
                  "transfer text": ((recorded.get("transfer") or {}).get("corpus") or [], list(config.transfer))}
@@ -167,7 +168,9 @@ def _test_labels(run: Path, task_dir: Path) -> list:
 
 
 def _paths(value) -> list[str]:
-    return [str(Path(v).resolve()) for v in (value if isinstance(value, list) else [value]) if v is not None]
+    """Paths as absolute ones (a preset's name, e.g. a student "tiny", is not a path and stays as it is)."""
+    return [str(Path(v).resolve()) if Path(v).exists() else str(v)
+            for v in (value if isinstance(value, list) else [value]) if v is not None]
 
 
 def agreement(labels: list, teacher_labels: list) -> float:
