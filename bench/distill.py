@@ -32,6 +32,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -156,9 +157,10 @@ def _check_reused(side: str, config) -> None:
                  "transfer text": ((recorded.get("transfer") or {}).get("corpus") or [], list(config.transfer))}
     differs = reused_run_changes(out, config.options if side == "finetuned" else RunSettings(config)) + [
         f"{name} {have}, not {now}" for name, (have, now) in same.items() if _paths(have) != _paths(now)]
-    if differs:
-        raise SystemExit(f"error: {out} holds a finished {side} run of other settings ({'; '.join(differs)}): keep "
-                         f"this one apart with --tag NAME, or remove {out} to run it again")
+    if differs:  # a user error: one line and status 2, as bertforge's own commands end
+        print(f"error: {out} holds a finished {side} run of other settings ({'; '.join(differs)}): keep this one "
+              f"apart with --tag NAME, or remove {out} to run it again", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _test_labels(run: Path, task_dir: Path) -> list:
