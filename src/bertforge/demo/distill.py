@@ -58,6 +58,10 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
     check_reused_run(teacher_dir, teacher_config.options, "fine-tuning of the teacher", teacher_dir)
     teacher = trained_and_scored(finetune, teacher_config)
     print(f"teacher: dev {_main(teacher['dev']):.2f}, test {_main(teacher['test']):.2f}", flush=True)
+    select = DistillOptions().transfer_select
+    chosen = "most like the task's training snippets" if select == "task-like" else "sampled uniformly"
+    print(f"transfer set: up to {TRANSFER_TEXTS:,} snippets of the demo's corpus, those {chosen} (--transfer-select "
+          f"{select}), labelled by the teacher once into {out / 'teacher-outputs'}", flush=True)
     runs = []
     for k in range(o.distill_seeds):
         config = DistillConfig(
@@ -65,7 +69,7 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
             out_dir=str(out / "distill" / f"seed{k}"), transfer=tuple(corpus), cache_dir=str(out / "teacher-outputs"),
             options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
                                     max_train_examples=o.finetune_examples, progress=o.progress),
-            distill=DistillOptions(alpha=STUDENT_ALPHA, max_transfer_texts=TRANSFER_TEXTS))
+            distill=DistillOptions(alpha=STUDENT_ALPHA, max_transfer_texts=TRANSFER_TEXTS, transfer_select=select))
         check_reused_run(Path(config.out_dir), RunSettings(config), "distillation", out / "distill")
         r = trained_and_scored(distill, config)
         runs.append({"seed": config.options.seed, "dev": _main(r["dev"]), "test": _main(r["test"]),
