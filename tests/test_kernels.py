@@ -48,10 +48,12 @@ def sdpa_reference(qkv: torch.Tensor, heads: int, mask: torch.Tensor | None, pos
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("B", "T", "heads", "D"), [(3, 1, 2, 16), (4, 27, 12, 32), (2, 33, 3, 48), (2, 130, 4, 64)])
+@pytest.mark.parametrize(("B", "T", "heads", "D"), [(3, 1, 2, 16), (4, 27, 12, 32), (2, 33, 3, 48), (2, 130, 4, 64),
+                                                   (1, 27, 12, 32), (1, 9, 3, 16)])
 def test_attention_kernel_matches_sdpa(dtype, B, T, heads, D):
     """Every query, only some positions ([CLS] alone, or any), with and without padding (of different lengths,
-    the first sequence unpadded); the range it gives is its output's."""
+    the first sequence unpadded); the range it gives is its output's. One sequence on two threads shares its heads
+    out (3 heads: groups of 1 and 2)."""
     torch.manual_seed(T)
     qkv = (torch.randn(B, T, 3 * heads * D) * 2).to(dtype)
     lengths = torch.randint(1, T + 1, (B,))
@@ -94,11 +96,13 @@ def test_the_kernels_run_on_torchs_threads_with_the_same_results():
     torch.manual_seed(0)
     ops = torch.ops.bertforge
     qkv, x, residual = torch.randn(6, 27, 3 * 4 * 16), torch.randn(300, 64), torch.randn(300, 64)
+    one_text = torch.randn(1, 27, 3 * 5 * 16)  # fewer sequences than threads: its heads shared out (2 and 3)
     weight, bias = torch.randn(64), torch.randn(64)
     big = torch.randn(200_000)
 
     def outputs() -> list[torch.Tensor]:
-        return [*ops.attention(qkv, 4, None, None), *ops.add_layer_norm(x, residual, weight, bias, 1e-12),
+        return [*ops.attention(qkv, 4, None, None), *ops.attention(one_text, 5, None, None),
+                *ops.add_layer_norm(x, residual, weight, bias, 1e-12),
                 ops.value_range(big), ops.quantize_u8(big, 0.02, 128), ops.keep_mask(200_000, 0.1, 7),
                 ops.apply_keep_mask(big, 0.1, 7), *ops.transpose_sum(torch.cat([x, residual], 1)[:, :125])]
 

@@ -6,8 +6,9 @@
 // snippets (27 tokens on average) attention alone is about 8 of them per layer (head split copies, two batched
 // products, scale, mask, softmax, casts), each a pass over memory with its own fixed cost. These kernels do the same
 // work in one pass each:
-//   attention      scores, mask, softmax and the weighted sum of values, one sequence (every head) at a time, from
-//                  the query/key/value product's output as it is, into the (B, P, H) layout the next product reads;
+//   attention      scores, mask, softmax and the weighted sum of values, one sequence (every head) at a time, or a
+//                  share of its heads where sequences are fewer than threads (one text), from the query/key/value
+//                  product's output as it is, into the (B, P, H) layout the next product reads;
 //   add_layer_norm the residual add and LayerNorm of one row at a time (residual_layer_norm: keeping the sum, for
 //                  pre-LN layers).
 // Both also return the range (min, max) of what they wrote, which the following int8 product quantizes by, so it
