@@ -188,7 +188,7 @@ constexpr int64_t kAhead = 4;
 // kQueries queries and those queries gathered (when only some positions are asked for).
 struct Sequence {
   // W: the width of a row's query (and key, and value) part and of an output row, N * D unless the sequence's heads
-  // are shared out (`attention_kernel`): then this one works N of them, its rows and outputs offset to the first
+  // are shared out (`shared_heads`): then this one works N of them, its rows and outputs offset to the first
   int64_t N, T, D, Tp, W;
   // rows T .. Tp of k stay zeros, so the padded key columns of kt are zeros; their keep 0, bias -inf
   std::vector<float> qs, k, kt, v, keep, bias, S, gathered;
