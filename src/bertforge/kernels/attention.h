@@ -188,7 +188,7 @@ constexpr int64_t kAhead = 4;
 // kQueries queries and those queries gathered (when only some positions are asked for).
 struct Sequence {
   // W: the width of a row's query (and key, and value) part and of an output row, N * D unless the sequence's heads
-  // are shared out (`shared_heads`): then this one works N of them, its rows and outputs offset to the first
+  // are shared out (`attention_kernel`): then this one works N of them, its rows and outputs offset to the first
   int64_t N, T, D, Tp, W;
   // rows T .. Tp of k stay zeros, so the padded key columns of kt are zeros; their keep 0, bias -inf
   std::vector<float> qs, k, kt, v, keep, bias, S, gathered;
@@ -267,55 +267,30 @@ struct Sequence {
   }
 };
 
-// `attention_kernel` for fewer sequences than threads: each sequence's N heads cut into up to `threads / B` groups of
-// whole heads, a group a task (its Sequence reads and writes only its heads' columns), the groups' ranges joined.
-// The same arithmetic per head as a sequence a task, so the same output bits. One text of MiniLM-L6 (12 heads, 27
-// tokens) ran its attention on one of two cores before.
+// qkv (B, T, 3H): each row query, key, value, each of N heads of D (a multiple of kLanes); mask (B, T) True where a
+// key may be attended, or null; positions (B, P) the query positions, or null for all T. out (B, P, H). Returns the
+// ranges of the output's parts, one a task (the caller joins them). A task is one sequence, or with fewer sequences
+// than threads (a text served alone) a group of its heads: up to threads / B groups of whole heads, each Sequence
+// reading and writing only its heads' columns, with the same arithmetic per head, so the same output bits (one text
+// of MiniLM-L6, 12 heads, ran its attention on one of two cores before).
 template <typename scalar_t>
-void shared_heads(const scalar_t* qkv, const bool* mask, const int64_t* positions, float* out, int64_t B, int64_t T,
-                  int64_t P, int64_t N, int64_t D, std::vector<Range>& ranges, int64_t threads) {
-  const int64_t H = N * D, groups = std::min<int64_t>(N, threads / B);
-  std::vector<Range> parts(B * groups);
+std::vector<Range> attention_kernel(const scalar_t* qkv, const bool* mask, const int64_t* positions, float* out,
+                                    int64_t B, int64_t T, int64_t P, int64_t N, int64_t D) {
+  const int64_t H = N * D, threads = at::get_num_threads();
+  const int64_t groups = B < threads ? std::min<int64_t>(N, threads / B) : 1;
+  std::vector<Range> ranges(B * groups);
   at::parallel_for(0, B * groups, 1, [&](int64_t begin, int64_t end) {
+    std::optional<Sequence> seq;  // reused over the task's sequences while their head count stays the same
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / groups, g = task % groups;
       const int64_t n0 = g * N / groups, n1 = (g + 1) * N / groups;
-      Sequence seq(n1 - n0, T, D, H);
-      seq.read(qkv + b * T * 3 * H + n0 * D, mask == nullptr ? nullptr : mask + b * T);
-      seq.transpose_keys();
-      seq.answer_all(positions == nullptr ? nullptr : positions + b * P, P, out + b * P * H + n0 * D, parts[task]);
+      if (!seq || seq->N != n1 - n0) seq.emplace(n1 - n0, T, D, H);
+      seq->read(qkv + b * T * 3 * H + n0 * D, mask == nullptr ? nullptr : mask + b * T);
+      seq->transpose_keys();
+      seq->answer_all(positions == nullptr ? nullptr : positions + b * P, P, out + b * P * H + n0 * D, ranges[task]);
     }
   });
-  for (int64_t b = 0; b < B; ++b) {
-    Range joined;
-    for (int64_t g = 0; g < groups; ++g) {
-      joined.lo = bertforge::min(joined.lo, parts[b * groups + g].lo);
-      joined.hi = bertforge::max(joined.hi, parts[b * groups + g].hi);
-    }
-    ranges[b] = joined;
-  }
-}
-
-// qkv (B, T, 3H): each row query, key, value, each of N heads of D (a multiple of kLanes); mask (B, T) True where a
-// key may be attended, or null; positions (B, P) the query positions, or null for all T. out (B, P, H); ranges[b]
-// the range of sequence b's output. One sequence a task; with fewer sequences than threads (a text served alone),
-// a share of a sequence's heads a task instead (`shared_heads`).
-template <typename scalar_t>
-void attention_kernel(const scalar_t* qkv, const bool* mask, const int64_t* positions, float* out, int64_t B,
-                      int64_t T, int64_t P, int64_t N, int64_t D, std::vector<Range>& ranges) {
-  const int64_t H = N * D;
-  const int64_t threads = at::get_num_threads();
-  if (B < threads && N > 1) return shared_heads(qkv, mask, positions, out, B, T, P, N, D, ranges, threads);
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    Sequence seq(N, T, D);
-    for (int64_t b = begin; b < end; ++b) {
-      seq.read(qkv + b * T * 3 * H, mask == nullptr ? nullptr : mask + b * T);
-      seq.transpose_keys();
-      Range range;
-      seq.answer_all(positions == nullptr ? nullptr : positions + b * P, P, out + b * P * H, range);
-      ranges[b] = range;
-    }
-  });
+  return ranges;
 }
 
 }  // namespace bertforge

@@ -84,15 +84,13 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& qkv, int64_t head
   const bertforge::Queries queries(mask, positions, B, T);
   const int64_t P = queries.P;
   at::Tensor out = at::empty({B, P, H}, x.options().dtype(at::kFloat));
-  std::vector<Range> ranges(B);
   const bool* mp = queries.mask_data();
   const int64_t* pp = queries.positions_data();
   float* op = out.data_ptr<float>();
-  if (x.scalar_type() == at::kFloat) {
-    bertforge::attention_kernel(x.data_ptr<float>(), mp, pp, op, B, T, P, heads, D, ranges);
-  } else {
-    bertforge::attention_kernel(x.data_ptr<at::BFloat16>(), mp, pp, op, B, T, P, heads, D, ranges);
-  }
+  const std::vector<Range> ranges =
+      x.scalar_type() == at::kFloat
+          ? bertforge::attention_kernel(x.data_ptr<float>(), mp, pp, op, B, T, P, heads, D)
+          : bertforge::attention_kernel(x.data_ptr<at::BFloat16>(), mp, pp, op, B, T, P, heads, D);
   return {out, range_tensor(ranges)};
 }
 
