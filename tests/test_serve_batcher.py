@@ -101,15 +101,28 @@ def test_close_runs_what_was_queued_then_refuses(engine_and_batcher):
     assert not batcher.accepting
 
 
-def test_requests_arriving_within_the_wait_join_the_batch():
+def test_a_lone_request_runs_at_once_and_overlapping_ones_wait_to_share_a_call():
     engine = Engine()
     batcher = Batcher(engine, max_tokens=100, max_wait=0.5, max_queue=10)
     batcher.start()
     try:
-        first = batcher.submit("k", ["a"], 1)
-        assert engine.calls == []
-        second = batcher.submit("k", ["b"], 1)
-        assert first.result(10) == ["k:a"] and second.result(10) == ["k:b"]
-        assert engine.calls == [("k", ["a", "b"])]
+        start = time.monotonic()
+        assert batcher.submit("k", ["alone"], 1).result(10) == ["k:alone"]
+        assert time.monotonic() - start < 0.25  # no 0.5 s wait: nothing overlapped yet
+        engine.running.clear()
+        first = busy(engine, batcher)
+        during = batcher.submit("k", ["during"], 1)  # arrives while a call runs: requests overlap
+        engine.hold.set()
+        assert first.result(10) == ["k:first"]
+        joined = batcher.submit("k", ["joined"], 1)  # within the wait the worker now keeps for more
+        assert during.result(10) == ["k:during"] and joined.result(10) == ["k:joined"]
+        assert engine.calls[-1] == ("k", ["during", "joined"])
+        late = batcher.submit("k", ["late"], 1)  # the last call ran two: this one still waits, alone
+        assert late.result(10) == ["k:late"]
+        start = time.monotonic()
+        assert batcher.submit("k", ["again"], 1).result(10) == ["k:again"]  # a call of one, nothing overlapped
+        assert time.monotonic() - start < 0.25
+        assert [items for _, items in engine.calls] == [["alone"], ["first"], ["during", "joined"], ["late"],
+                                                         ["again"]]
     finally:
         batcher.close(10)

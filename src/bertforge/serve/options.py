@@ -35,7 +35,7 @@ class ServeOptions:
     max_batch_tokens: int = option(8192, help="tokens (estimated) of the requests run together in one engine call",
                                    bound=at_least(1, "more than 2**24 tokens at once fit no device", at_most=2**24))
     max_wait_ms: float = option(2.0, help="how long the engine waits for more requests to join a batch before "
-                                          "running it",
+                                          "running it, while requests overlap (a lone client's requests run at once)",
                                  bound=at_least(0, "a minute at most: longer is past any client's timeout",
                                                 at_most=60_000))
     max_queue: int = option(1024, help="inputs waiting at most; past it requests are refused at once with 503 "
