@@ -13,6 +13,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +25,7 @@ httpx = pytest.importorskip("httpx", reason="httpx is not installed (pip install
 from serve_helpers import LIMIT, Gate, model_dirs, post, running, wait_for  # noqa: E402
 
 from bertforge.cli import main  # noqa: E402
+from bertforge.errors import BertforgeError  # noqa: E402
 from bertforge.infer import Encoder, EngineOptions, MaskFiller, predict_records  # noqa: E402
 
 TEXTS = ["the film was good .", "bad", "the quick brown fox jumps over the lazy dog , and the dog was lazy .",
@@ -441,3 +443,25 @@ def test_the_gates_own_lane_answers_as_the_fastapi_routes(models):
             gate.state.batcher.close(LIMIT)
         assert lane == routes
         assert {status for _, status, _ in lane} >= {200, 422}
+
+
+def test_the_model_is_loaded_on_a_thread_that_ends_not_on_the_main_thread(models, monkeypatch):
+    """Every thread that runs a parallel region keeps an OpenMP team; the main thread's, beside the engine worker's,
+    made every engine call wake its threads from sleep (serve/server.py `loaded_apart`)."""
+    from bertforge.serve import server as server_module
+    from bertforge.serve.model import ServedModel
+    from bertforge.serve.options import ServeOptions
+
+    threads = []
+    real_load = ServedModel.load
+
+    def load(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(ServedModel, "load", load)
+    served = server_module.loaded_apart(ServeOptions(model=str(models["clf"])))
+    assert served.endpoints == ["/predict", "/embed"]
+    assert len(threads) == 1 and threads[0] is not threading.main_thread() and not threads[0].is_alive()
+    with pytest.raises(BertforgeError, match="not a model directory|no config.json|does not exist"):
+        server_module.loaded_apart(ServeOptions(model=str(models["clf"] / "absent")))
