@@ -463,5 +463,5 @@ def test_the_model_is_loaded_on_a_thread_that_ends_not_on_the_main_thread(models
     served = server_module.loaded_apart(ServeOptions(model=str(models["clf"])))
     assert served.endpoints == ["/predict", "/embed"]
     assert len(threads) == 1 and threads[0] is not threading.main_thread() and not threads[0].is_alive()
-    with pytest.raises(BertforgeError, match="not a model directory|no config.json|does not exist"):
+    with pytest.raises(BertforgeError, match="is not a model directory"):
         server_module.loaded_apart(ServeOptions(model=str(models["clf"] / "absent")))
