@@ -3,6 +3,7 @@ CPU, every batch once, the caller's settings kept."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -51,17 +52,46 @@ def test_every_batch_runs_once_on_two_threads_of_one_torch_thread_each(two_threa
     def fn(batch):
         with lock:
             seen.append((batch, threading.get_ident(), torch.get_num_threads(), torch.is_grad_enabled()))
+        threading.Event().wait(0.005)  # long enough that neither stream takes every batch
 
     with torch.no_grad():
         run_batches(fn, range(10), streams=2)
     assert sorted(b for b, *_ in seen) == list(range(10))
     assert {threads for _, _, threads, _ in seen} == {1}  # the caller's 2 threads shared out
     assert {grad for *_, grad in seen} == {False}  # the caller's no_grad, though grad mode is per thread
-    assert threading.get_ident() not in {ident for _, ident, _, _ in seen}
+    assert threading.get_ident() in {ident for _, ident, _, _ in seen}  # the caller is one of the streams
     assert torch.get_num_threads() == 2  # restored
     seen.clear()
     run_batches(fn, range(3), streams=1)  # one stream: in the caller's thread, in order, with its threads
     assert seen == [(b, threading.get_ident(), 2, True) for b in range(3)]
+
+
+def _threads_of_this_process() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc (Linux)")
+def test_the_streams_teams_add_no_threads_to_the_callers():
+    """Each thread that runs a parallel region keeps an OpenMP team; a caller that only waited would keep its full
+    team idle beside the streams' (more threads than cores, which makes libgomp wake sleeping threads on every
+    region). The caller runs a stream with its share instead, so its team shrinks: the process has no more threads
+    during the streams than after the caller's own work at four threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        a = torch.randn(256, 256)
+
+        def work(_=None):
+            a @ a
+            torch.nn.functional.gelu(torch.randn(2_000_000))
+
+        work()
+        alone = _threads_of_this_process()
+        counts = []
+        run_batches(lambda b: (work(), counts.append(_threads_of_this_process())), range(8), streams=2)
+        assert len(counts) == 8 and max(counts) <= alone
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_first_error_stops_every_stream_and_is_raised(two_threads):

@@ -13,6 +13,16 @@ run separate ones. On bench/inference.py's MiniLM classifier over Rotten Tomatoe
 its fp32 does not), so bench/inference.py runs it both ways. A "stream" here is one such CPU thread taking batches
 (not a CUDA stream). The batches are the same either way, and so are the results up to rounding; each stream takes
 the next batch when it is done with its last.
+
+The calling thread runs one of the streams itself. Under torch's OpenMP (GNU libgomp in its Linux wheels) every
+thread that has run a parallel region keeps a team of worker threads, idle or not, and once the teams' threads
+outnumber the cores libgomp barely spins before sleeping, so each parallel region then wakes sleeping threads: on
+`serve`'s engine thread, beside a main thread that had loaded the model, one MiniLM text took 8.0 ms against 5.8
+and a 64 x 64 product 80 us against 7 (docs/benchmarks.md, "serve's batching wait"). A caller that only waited
+for new stream threads would keep its full team beside theirs; running a stream with its share of the threads
+shrinks that team (libgomp lets a team's surplus threads exit when the thread next runs a smaller one), so the
+streams' teams add up to the caller's thread count. On 2 cores each stream runs on one thread and opens no team,
+so this matters from 4 cores up (not yet measured on such a CPU; tests/test_batching.py counts the threads).
 """
 
 from __future__ import annotations
@@ -60,8 +70,9 @@ def cpu_streams(device: torch.device, batches: int) -> int:
 
 def run_batches(fn: Callable[[T], None], batches: Iterable[T], streams: int) -> None:
     """fn(batch) for every batch, on `streams` threads that share the caller's torch threads out evenly (the
-    caller's thread count is restored after). Gradient mode is per thread in torch, so each stream takes the
-    caller's. The first error stops every stream from taking another batch and is raised here."""
+    caller's thread count is restored after). The caller is one of the streams: its OpenMP team shrinks to its
+    share rather than idling beside the others' (module docstring). Gradient mode is per thread in torch, so each
+    stream takes the caller's. The first error stops every stream from taking another batch and is raised here."""
     if streams <= 1:
         for batch in batches:
             fn(batch)
@@ -87,8 +98,10 @@ def run_batches(fn: Callable[[T], None], batches: Iterable[T], streams: int) -> 
                     raise
 
     try:
-        with ThreadPoolExecutor(streams, thread_name_prefix="bertforge-batch") as pool:
-            for future in [pool.submit(stream) for _ in range(streams)]:
+        with ThreadPoolExecutor(streams - 1, thread_name_prefix="bertforge-batch") as pool:
+            others = [pool.submit(stream) for _ in range(streams - 1)]
+            stream()
+            for future in others:
                 future.result()
     finally:
         torch.set_num_threads(threads)
