@@ -43,9 +43,10 @@ PINNED = {"bert": "95978326e8678ad7", "electra": "16312b0bea01442d", "electra-ge
 # each gradient by its inverse, where torch's clip_grad_norm_ multiplied (train/optim.py `clipped_step`). Then the
 # runs whose heads read some positions of padded batches (bert, finetune): their layers but the last train on the real
 # tokens alone (bertforge.training_attention.TrainingPacking), so their dropout draws its masks over those rows, not
-# over the padded batch's.
-PINNED_KERNELS = {"bert": "b41952217c8427ef", "electra": "8a98f722ce473a88", "electra-generator": "5874c5a4fcef7874",
-                  "finetune": "701124dba716c077"}
+# over the padded batch's. Then every run: training's GELU and its gradient run on the kernels (kernels/gelu.h: erf by
+# Abramowitz and Stegun's 7.1.26, about 1e-6 from torch's values, IEEE operations only so every x86 CPU rounds alike).
+PINNED_KERNELS = {"bert": "e4aaec8cac0819b9", "electra": "ec0261aa30746543", "electra-generator": "099f5c7b9a8963c9",
+                  "finetune": "fbc51a5f7450e42a"}
 # The budget recipe's runs (the module's docstring says why there are two pairs).
 PINNED_BUDGET = {"Zen 5, Zen 4 EPYCs": {"budget": "5857134b1b640cbd", "budget-half-depth": "e82660d509dbd9c0"},
                  "Xeons, Zen 3 EPYC": {"budget": "08daf67a19f195c0", "budget-half-depth": "47fbf6900cb7fb2f"}}

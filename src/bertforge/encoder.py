@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend
 
 from bertforge.config import BertConfig
 from bertforge.dropout import Dropout, dropout
+from bertforge.gelu import gelu
 from bertforge.linear import Linear
 from bertforge.model_files import load_pretrained, save_pretrained
 from bertforge.training_attention import TrainingAttention, TrainingPacking
@@ -30,7 +31,7 @@ CLS_INDEX = 0  # the tokenizer puts [CLS] first in every sequence: token 0 is wh
 
 def activation(name: str):
     if name == "gelu":
-        return F.gelu
+        return gelu
     if name in ("gelu_new", "gelu_pytorch_tanh"):
         return lambda x: F.gelu(x, approximate="tanh")
     if name == "relu":

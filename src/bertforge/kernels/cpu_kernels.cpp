@@ -19,6 +19,7 @@
 // And for training on oneDNN's fp32 products (bertforge/linear.py):
 //   transpose_sum  a Linear layer's output gradient transposed, with its column sums (transpose.h);
 //   grad_norm      the 2-norm of many tensors together, gradient clipping's (grad_norm.h);
+//   gelu           the exact GELU and its gradient, one pass each (gelu.h);
 //   attention_train (and its backward) attention with dropout, from and to the products' layouts, padded or packed
 //                  (attention_train.h; the ops in attention_train_ops.h).
 // fp32 inference products for CPUs without AVX-512: f32_linear over weights f32_pack made (fp32_panels.h).
@@ -43,6 +44,7 @@
 #include "attention_train_ops.h"
 #include "dropout.h"
 #include "fp32_panels.h"
+#include "gelu.h"
 #include "grad_norm.h"
 #include "int8_u7.h"
 #include "int8_amx.h"
@@ -343,6 +345,8 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("keep_mask(int n, float p, int key) -> Tensor", &keep_mask);
   m.def("apply_keep_mask(Tensor x, float p, int key) -> Tensor");
   m.def("transpose_sum(Tensor g) -> (Tensor, Tensor)");
+  m.def("gelu(Tensor x) -> Tensor");
+  m.def("gelu_backward(Tensor grad, Tensor x) -> Tensor");
   m.def("grad_norm(Tensor[] tensors) -> float", &bertforge::grad_norm);
   m.def("attention_train(Tensor qkv, int heads, Tensor? mask, float p, int key, Tensor? offsets=None, int length=0)"
         " -> (Tensor, Tensor)");
@@ -380,6 +384,8 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("vnni_linear", bertforge::vnni::checked_linear);
   m.impl("int8_encoder", bertforge::encoder::int8_encoder);
   m.impl("transpose_sum", transpose_sum);
+  m.impl("gelu", bertforge::gelu);
+  m.impl("gelu_backward", bertforge::gelu_backward);
   m.impl("attention_train", bertforge::train::attention_train);
   m.impl("attention_train_backward", bertforge::train::attention_train_backward);
 }

@@ -48,6 +48,7 @@ struct Vec {
 inline Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }  // IEEE's, unlike reciprocal
 inline Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }     // a b + c
 inline Vec fnma(Vec a, Vec b, Vec c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }   // c - a b
 inline Vec min(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
@@ -166,6 +167,7 @@ struct Vec {
 inline Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline Vec operator/(Vec a, Vec b) { return {_mm256_div_ps(a.v, b.v)}; }  // IEEE's, unlike reciprocal
 inline Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }     // a b + c
 inline Vec fnma(Vec a, Vec b, Vec c) { return {_mm256_fnmadd_ps(a.v, b.v, c.v)}; }   // c - a b
 inline Vec min(Vec a, Vec b) { return {_mm256_min_ps(a.v, b.v)}; }
@@ -282,19 +284,26 @@ inline Vec exp_nonpositive(Vec x) {
   return times_pow2(p, n);
 }
 
-// The exact GELU, x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, with erf by Abramowitz and Stegun's 7.1.26 (absolute error
-// under 1.5e-7): inside the u7 and VNNI products (int8_u7.h, int8_vnni.h).
-inline Vec gelu_erf(Vec x) {
-  const Vec u = x * Vec::all(0.70710678118654752f);
-  const Vec sign = bits_and(u, Vec::all(-0.0f));
-  const Vec a = bits_xor(u, sign);  // |u|
-  const Vec t = reciprocal(fma(a, Vec::all(0.3275911f), Vec::all(1.f)));
+// erf(a) for a >= 0 by Abramowitz and Stegun's 7.1.26 (absolute error under 1.5e-7), given t = 1 / (1 + 0.3275911 a);
+// `gauss` gets e^(-a^2) on the way.
+inline Vec erf_nonnegative(Vec a, Vec t, Vec& gauss) {
   Vec p = Vec::all(1.061405429f);
   p = fma(p, t, Vec::all(-1.453152027f));
   p = fma(p, t, Vec::all(1.421413741f));
   p = fma(p, t, Vec::all(-0.284496736f));
   p = fma(p, t, Vec::all(0.254829592f));
-  const Vec erf = fnma(p * t, exp_nonpositive(Vec::zero() - a * a), Vec::all(1.f));  // erf(|u|)
+  gauss = exp_nonpositive(Vec::zero() - a * a);
+  return fnma(p * t, gauss, Vec::all(1.f));
+}
+
+// The exact GELU, x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, erf as above: inside the u7 and VNNI products (int8_u7.h,
+// int8_vnni.h); training's GELU is gelu.h.
+inline Vec gelu_erf(Vec x) {
+  const Vec u = x * Vec::all(0.70710678118654752f);
+  const Vec sign = bits_and(u, Vec::all(-0.0f));
+  const Vec a = bits_xor(u, sign);  // |u|
+  Vec gauss;
+  const Vec erf = erf_nonnegative(a, reciprocal(fma(a, Vec::all(0.3275911f), Vec::all(1.f))), gauss);
   return (Vec::all(0.5f) * x) * (Vec::all(1.f) + bits_xor(erf, sign));
 }
 

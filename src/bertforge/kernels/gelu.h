@@ -1,0 +1,65 @@
+// The exact GELU for fp32 training: y = x Phi(x) forward, dx = dy (Phi(x) + x phi(x)) backward, Phi the standard
+// normal's distribution function and phi its density. erf is vec.h's (Abramowitz and Stegun's 7.1.26, as the int8
+// products' GELU), and the density's e^(-x^2 / 2) is the exponential that erf computes anyway, so the gradient costs
+// about what the forward does: one pass over x (and dy), where torch's gelu_backward evaluates erf and exp apart.
+
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "vec.h"
+
+namespace bertforge {
+
+// Phi(x) = (1 + erf(x / sqrt 2)) / 2; `gauss` gets e^(-x^2 / 2). IEEE operations only (a division where the int8
+// GELU takes rcp's estimate, which Intel and AMD CPUs round differently), so that training gives the same bits on
+// every x86 CPU that runs the same build.
+inline Vec normal_cdf(Vec x, Vec& gauss) {
+  const Vec u = x * Vec::all(0.70710678118654752f);
+  const Vec sign = bits_and(u, Vec::all(-0.0f));
+  const Vec a = bits_xor(u, sign);
+  const Vec erf = erf_nonnegative(a, Vec::all(1.f) / fma(a, Vec::all(0.3275911f), Vec::all(1.f)), gauss);
+  return Vec::all(0.5f) * (Vec::all(1.f) + bits_xor(erf, sign));
+}
+
+inline Vec gelu_value(Vec x, Vec /*dy*/) {
+  Vec gauss;
+  return x * normal_cdf(x, gauss);
+}
+
+inline Vec gelu_gradient(Vec x, Vec dy) {
+  Vec gauss;
+  const Vec cdf = normal_cdf(x, gauss);
+  return dy * fma(x * Vec::all(0.39894228040143268f), gauss, cdf);  // 1 / sqrt(2 pi)
+}
+
+// out[i] = f(x[i], dy[i]) over the tensors' elements, shared over the threads; dy may be x (the forward reads none).
+template <Vec (*f)(Vec, Vec)>
+at::Tensor elementwise(const at::Tensor& x, const at::Tensor& dy) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && dy.scalar_type() == at::kFloat, "gelu: fp32 tensors only");
+  TORCH_CHECK(x.sizes() == dy.sizes(), "gelu_backward: the gradient's shape must be the input's");
+  const at::Tensor a = x.contiguous(), g = dy.contiguous();
+  at::Tensor out = at::empty_like(a);
+  const float* xs = a.data_ptr<float>();
+  const float* gs = g.data_ptr<float>();
+  float* ys = out.data_ptr<float>();
+  at::parallel_for(0, a.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    for (; i + Vec::kLanes <= end; i += Vec::kLanes) f(Vec::load(xs + i), Vec::load(gs + i)).store(ys + i);
+    if (i < end) {
+      float last[Vec::kLanes];
+      f(Vec::load_first(xs + i, end - i, 0.f), Vec::load_first(gs + i, end - i, 0.f)).store(last);
+      std::copy_n(last, end - i, ys + i);
+    }
+  });
+  return out;
+}
+
+inline at::Tensor gelu(const at::Tensor& x) { return elementwise<gelu_value>(x, x); }
+
+inline at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x) { return elementwise<gelu_gradient>(x, dy); }
+
+}  // namespace bertforge

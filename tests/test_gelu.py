@@ -1,0 +1,85 @@
+"""bertforge.gelu: the exact GELU and its gradient on the kernels (kernels/gelu.h) against torch's in float64, and
+which calls take the kernels (fp32 CPU training) and which keep torch's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertforge import kernels
+from bertforge.config import BertConfig
+from bertforge.encoder import activation
+from bertforge.gelu import gelu
+from bertforge.models import BertForSequenceClassification
+
+# every kind of value a GELU input holds, and element counts that end mid-vector on either build (8 or 16 lanes)
+SPECIAL = [0.0, -0.0, 1e-30, -1e-30, 1e-4, -1e-4, 0.5, -0.5, -0.7517916, 1.0, -1.0, 3.0, -3.0, 5.5, -5.5, 9.0, -9.0,
+           20.0, -20.0, 80.0, -80.0]
+
+
+def _inputs(n: int) -> torch.Tensor:
+    torch.manual_seed(n)
+    x = torch.cat([torch.tensor(SPECIAL), torch.randn(n) * 3, torch.linspace(-12, 12, n)])
+    return x[: max(n, 1)] if n < len(SPECIAL) else x
+
+
+@pytest.mark.parametrize("n", [1, 7, 15, 17, 1000, 70_001])
+def test_the_kernels_gelu_and_its_gradient_match_torchs_in_float64(int8_kernels, n):
+    x = _inputs(n)
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    y = torch.ops.bertforge.gelu(x)
+    dx = torch.ops.bertforge.gelu_backward(dy, x)
+    y64 = F.gelu(x.double())
+    dx64 = torch.ops.aten.gelu_backward(dy.double(), x.double())
+    # erf within 1.5e-7 (Abramowitz and Stegun 7.1.26) moves y by |x| times half of it, plus fp32 rounding
+    bound = 2e-7 + 1.5e-7 * x.double().abs()
+    assert ((y.double() - y64).abs() <= bound + 1.2e-7 * y64.abs()).all()
+    assert ((dx.double() - dx64).abs() <= (bound + 1.2e-7) * dy.double().abs() + 2e-7 * dx64.abs()).all()
+    assert y.shape == x.shape and dx.dtype == torch.float32
+
+
+def test_the_kernels_take_any_shape_and_a_non_contiguous_input(int8_kernels):
+    x = torch.randn(6, 40, 24).transpose(1, 2)
+    dy = torch.randn(6, 24, 40)
+    torch.testing.assert_close(torch.ops.bertforge.gelu(x), F.gelu(x), rtol=1e-6, atol=2e-6)
+    torch.testing.assert_close(torch.ops.bertforge.gelu_backward(dy, x), torch.ops.aten.gelu_backward(dy, x),
+                               rtol=1e-6, atol=2e-6)
+    with pytest.raises(RuntimeError, match="gradient's shape"):
+        torch.ops.bertforge.gelu_backward(torch.randn(3), torch.randn(4))
+    with pytest.raises(RuntimeError, match="fp32"):
+        torch.ops.bertforge.gelu(torch.randn(4, dtype=torch.float64))
+
+
+def test_training_calls_take_the_kernels_and_every_other_call_torchs(int8_kernels):
+    x = torch.randn(5, 33, requires_grad=True)
+    y = gelu(x)
+    assert type(y.grad_fn).__name__ == "_GeluBackward"
+    dy = torch.randn(5, 33)
+    y.backward(dy)
+    torch.testing.assert_close(x.grad, torch.ops.aten.gelu_backward(dy, x.detach()), rtol=1e-6, atol=2e-6)
+    with torch.no_grad():
+        assert torch.equal(gelu(x), F.gelu(x))  # evaluation and inference: torch's, bit for bit
+    assert type(gelu(x.detach().bfloat16().requires_grad_()).grad_fn).__name__ == "GeluBackward0"
+    assert torch.equal(gelu(x.detach()), F.gelu(x.detach()))
+
+
+def test_without_the_kernels_training_uses_torchs_gelu(monkeypatch):
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    x = torch.randn(4, 9, requires_grad=True)
+    assert type(gelu(x).grad_fn).__name__ == "GeluBackward0"
+
+
+def test_a_models_training_step_runs_its_gelus_on_the_kernels(int8_kernels):
+    assert activation("gelu") is gelu
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=16, num_labels=2)
+    model = BertForSequenceClassification(config).train()
+    loss = model(torch.randint(5, 50, (3, 10)), labels=torch.tensor([0, 1, 1])).loss
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(next_fn for next_fn, _ in node.next_functions)
+    assert sum(type(node).__name__ == "_GeluBackward" for node in seen) == 2  # one a layer
