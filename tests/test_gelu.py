@@ -1,5 +1,6 @@
-"""bertforge.gelu: the exact GELU and its gradient on the kernels (kernels/gelu.h) against torch's in float64, and
-which calls take the kernels (fp32 CPU training) and which keep torch's."""
+"""bertforge.gelu: the exact GELU and its gradient on the kernels (kernels/gelu.h) against torch's in float64, bf16
+as the fp32 values rounded once, and which calls take the kernels (fp32 and bf16 CPU training) and which keep
+torch's."""
 
 from __future__ import annotations
 
@@ -47,8 +48,23 @@ def test_the_kernels_take_any_shape_and_a_non_contiguous_input(int8_kernels):
                                rtol=1e-6, atol=2e-6)
     with pytest.raises(RuntimeError, match="gradient's shape"):
         torch.ops.bertforge.gelu_backward(torch.randn(3), torch.randn(4))
-    with pytest.raises(RuntimeError, match="fp32"):
+    with pytest.raises(RuntimeError, match="fp32 or bf16"):
         torch.ops.bertforge.gelu(torch.randn(4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="both of one type"):
+        torch.ops.bertforge.gelu_backward(torch.randn(4).bfloat16(), torch.randn(4))
+
+
+@pytest.mark.parametrize("n", [5, 16, 1000, 70_001])
+def test_bf16_is_the_fp32_result_rounded_to_nearest_even(int8_kernels, n):
+    x = torch.cat([torch.tensor([float("nan"), 3e38, -3e38, 0.0, -0.0]), _inputs(n) * 1.7])[:n].bfloat16()
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).bfloat16()
+    y, dx = torch.ops.bertforge.gelu(x), torch.ops.bertforge.gelu_backward(dy, x)
+    assert y.dtype == dx.dtype == torch.bfloat16
+    for got, fp32 in ((y, torch.ops.bertforge.gelu(x.float())),
+                      (dx, torch.ops.bertforge.gelu_backward(dy.float(), x.float()))):
+        nan = fp32.isnan()
+        assert torch.equal(got.isnan(), nan)  # a NaN's bits are not compared: torch's casts keep its payload
+        assert torch.equal(got[~nan].view(torch.int16), fp32[~nan].bfloat16().view(torch.int16))
 
 
 def test_training_calls_take_the_kernels_and_every_other_call_torchs(int8_kernels):
@@ -60,7 +76,8 @@ def test_training_calls_take_the_kernels_and_every_other_call_torchs(int8_kernel
     torch.testing.assert_close(x.grad, torch.ops.aten.gelu_backward(dy, x.detach()), rtol=1e-6, atol=2e-6)
     with torch.no_grad():
         assert torch.equal(gelu(x), F.gelu(x))  # evaluation and inference: torch's, bit for bit
-    assert type(gelu(x.detach().bfloat16().requires_grad_()).grad_fn).__name__ == "GeluBackward0"
+    assert type(gelu(x.detach().bfloat16().requires_grad_()).grad_fn).__name__ == "_GeluBackward"
+    assert type(gelu(x.detach().double().requires_grad_()).grad_fn).__name__ == "GeluBackward0"
     assert torch.equal(gelu(x.detach()), F.gelu(x.detach()))
 
 

@@ -1,15 +1,16 @@
-"""The encoder's GELU, the exact one (x Phi(x), Phi the standard normal's distribution function): in fp32 training on
-the CPU, forward and gradient on bertforge's kernels (`kernels/gelu.h`).
+"""The encoder's GELU, the exact one (x Phi(x), Phi the standard normal's distribution function): in CPU training, fp32
+or bf16, forward and gradient on bertforge's kernels (`kernels/gelu.h`).
 
 torch's GELU evaluates erf to full precision, and its gradient evaluates erf and an exponential apart: on a 2-core
-Zen 4, for MiniLM-L6's (914 x 1,536) GELU input, 0.55 ms forward and 1.07 ms backward, where the kernels take 0.38 and
-0.44 (the gradient reuses the exponential inside erf). erf comes from Abramowitz and Stegun's 7.1.26, absolute error
-under 1.5e-7, as the int8 products' GELU: the outputs differ from torch's by about 1e-6, far below training's noise.
-A MiniLM-L6 fine-tuning step (batch 32) ran 3.5-5.4% faster for it (28 and 64 tokens; steps of either alternating in
-one process).
+Zen 4, for MiniLM-L6's (914 x 1,536) GELU input, 0.52 ms forward and 1.18 ms backward in fp32, where the kernels take
+0.42 and 0.52 (the gradient reuses the exponential inside erf); in bf16 (computed in fp32, rounded once) the gradient
+1.0 against 0.51 ms, and 0.73 against 0.23 at the demo's tiny's (1,024 x 512). erf comes from Abramowitz and Stegun's
+7.1.26, absolute error under 1.5e-7, as the int8 products' GELU: the outputs differ from torch's by about 1e-6, far
+below training's noise. A MiniLM-L6 fine-tuning step (batch 32, fp32) ran 2-4% faster for it (28 and 64 tokens; steps
+of either alternating in one process), an epoch of `bench/finetune.py` 8-12% (docs/benchmarks.md).
 
-Elsewhere, torch's `F.gelu`: without a gradient (inference, evaluation), in bf16, on other devices, under
-`torch.compile` (inductor fuses its own) and where the kernels cannot be built."""
+Elsewhere, torch's `F.gelu`: without a gradient (inference, evaluation: their bits stay torch's), in other dtypes, on
+other devices, under `torch.compile` (inductor fuses its own) and where the kernels cannot be built."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from bertforge import kernels
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class _Gelu(torch.autograd.Function):
@@ -32,8 +35,8 @@ class _Gelu(torch.autograd.Function):
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
-    """`F.gelu(x)`, on the kernels where a gradient is wanted of an fp32 CPU tensor (module docstring)."""
-    if (x.requires_grad and x.dtype == torch.float32 and x.device.type == "cpu" and torch.is_grad_enabled()
+    """`F.gelu(x)`, on the kernels where a gradient is wanted of an fp32 or bf16 CPU tensor (module docstring)."""
+    if (x.requires_grad and x.dtype in _KERNEL_DTYPES and x.device.type == "cpu" and torch.is_grad_enabled()
             and not torch.compiler.is_compiling() and kernels.available()):
         return _Gelu.apply(x)
     return F.gelu(x)

@@ -1,7 +1,8 @@
-// The exact GELU for fp32 training: y = x Phi(x) forward, dx = dy (Phi(x) + x phi(x)) backward, Phi the standard
-// normal's distribution function and phi its density. erf is vec.h's (Abramowitz and Stegun's 7.1.26, as the int8
-// products' GELU), and the density's e^(-x^2 / 2) is the exponential that erf computes anyway, so the gradient costs
-// about what the forward does: one pass over x (and dy), where torch's gelu_backward evaluates erf and exp apart.
+// The exact GELU for training, fp32 or bf16 (computed in fp32, rounded once): y = x Phi(x) forward, dx = dy (Phi(x) +
+// x phi(x)) backward, Phi the standard normal's distribution function and phi its density. erf is vec.h's (Abramowitz
+// and Stegun's 7.1.26, as the int8 products' GELU), and the density's e^(-x^2 / 2) is the exponential that erf computes
+// anyway, so the gradient costs about what the forward does: one pass over x (and dy), where torch's gelu_backward
+// evaluates erf and exp apart.
 
 #pragma once
 
@@ -37,22 +38,34 @@ inline Vec gelu_gradient(Vec x, Vec dy) {
 }
 
 // out[i] = f(x[i], dy[i]) over the tensors' elements, shared over the threads; dy may be x (the forward reads none).
+// fp32 or bf16 (computed in fp32, rounded once as torch's bf16 GELU rounds).
+template <Vec (*f)(Vec, Vec), typename T>
+void elementwise_range(const T* xs, const T* gs, T* ys, int64_t begin, int64_t end) {
+  int64_t i = begin;
+  for (; i + Vec::kLanes <= end; i += Vec::kLanes) f(Vec::load(xs + i), Vec::load(gs + i)).store(ys + i);
+  if (i < end) {
+    T x[Vec::kLanes] = {}, g[Vec::kLanes] = {}, y[Vec::kLanes];
+    std::copy_n(xs + i, end - i, x);
+    std::copy_n(gs + i, end - i, g);
+    f(Vec::load(x), Vec::load(g)).store(y);
+    std::copy_n(y, end - i, ys + i);
+  }
+}
+
 template <Vec (*f)(Vec, Vec)>
 at::Tensor elementwise(const at::Tensor& x, const at::Tensor& dy) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && dy.scalar_type() == at::kFloat, "gelu: fp32 tensors only");
+  TORCH_CHECK(x.scalar_type() == dy.scalar_type() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "gelu: fp32 or bf16 tensors, both of one type");
   TORCH_CHECK(x.sizes() == dy.sizes(), "gelu_backward: the gradient's shape must be the input's");
   const at::Tensor a = x.contiguous(), g = dy.contiguous();
   at::Tensor out = at::empty_like(a);
-  const float* xs = a.data_ptr<float>();
-  const float* gs = g.data_ptr<float>();
-  float* ys = out.data_ptr<float>();
   at::parallel_for(0, a.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-    int64_t i = begin;
-    for (; i + Vec::kLanes <= end; i += Vec::kLanes) f(Vec::load(xs + i), Vec::load(gs + i)).store(ys + i);
-    if (i < end) {
-      float last[Vec::kLanes];
-      f(Vec::load_first(xs + i, end - i, 0.f), Vec::load_first(gs + i, end - i, 0.f)).store(last);
-      std::copy_n(last, end - i, ys + i);
+    if (a.scalar_type() == at::kFloat) {
+      elementwise_range<f>(a.data_ptr<float>(), g.data_ptr<float>(), out.data_ptr<float>(), begin, end);
+    } else {
+      elementwise_range<f>(a.data_ptr<at::BFloat16>(), g.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(),
+                           begin, end);
     }
   });
   return out;

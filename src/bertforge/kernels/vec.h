@@ -42,6 +42,14 @@ struct Vec {
     return {_mm512_mask_loadu_ps(_mm512_set1_ps(fill), first(n), p)};
   }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
+  // as bf16, rounded to nearest even as c10::BFloat16 rounds (a NaN as 0x7FC0)
+  void store(c10::BFloat16* p) const {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
   static __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 };
 
@@ -159,6 +167,15 @@ struct Vec {
     return {_mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m))};
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
+  // as bf16, rounded to nearest even as c10::BFloat16 rounds (a NaN as 0x7FC0)
+  void store(c10::BFloat16* p) const {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    const __m256i words = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);  // 8 words in the low half
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(words));
+  }
   static __m256i first(int64_t n) {  // all ones in lanes i < n
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
