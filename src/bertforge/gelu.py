@@ -10,7 +10,8 @@ below training's noise. A MiniLM-L6 fine-tuning step (batch 32, fp32) ran 2-4% f
 of either alternating in one process), an epoch of `bench/finetune.py` 8-12% (docs/benchmarks.md).
 
 Elsewhere, torch's `F.gelu`: without a gradient (inference, evaluation: their bits stay torch's), in other dtypes, on
-other devices, under `torch.compile` (inductor fuses its own) and where the kernels cannot be built."""
+other devices, under `torch.compile` (inductor fuses its own) or tracing (an exported graph names no bertforge
+op) and where the kernels cannot be built."""
 
 from __future__ import annotations
 
@@ -37,6 +38,6 @@ class _Gelu(torch.autograd.Function):
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """`F.gelu(x)`, on the kernels where a gradient is wanted of an fp32 or bf16 CPU tensor (module docstring)."""
     if (x.requires_grad and x.dtype in _KERNEL_DTYPES and x.device.type == "cpu" and torch.is_grad_enabled()
-            and not torch.compiler.is_compiling() and kernels.available()):
+            and not torch.compiler.is_compiling() and not torch.jit.is_tracing() and kernels.available()):
         return _Gelu.apply(x)
     return F.gelu(x)
