@@ -258,7 +258,7 @@ def _fuse_gelu(model: nn.Module) -> None:
     it as the product is written, instead of a pass over the (B, T, I) output), where the layer's activation
     is the exact GELU: about 1.1x on the whole int8 model (bench/inference.py's MiniLM, 2 threads)."""
     for layer in model.modules():
-        if isinstance(layer, BertLayer) and layer.act in (F.gelu, gelu) and (
+        if isinstance(layer, BertLayer) and layer.act is gelu and (
                 isinstance(layer.intermediate, Int8Linear) or _fp32_packed(layer.intermediate)):
             layer.intermediate.activation = "gelu"
             layer.act = nn.Identity()

@@ -15,15 +15,10 @@
 
 namespace bertforge {
 
-// Phi(x) = (1 + erf(x / sqrt 2)) / 2; `gauss` gets e^(-x^2 / 2). IEEE operations only (a division where the int8
-// GELU takes rcp's estimate, which Intel and AMD CPUs round differently), so that training gives the same bits on
-// every x86 CPU that runs the same build.
+// Phi(x) = (1 + erf(x / sqrt 2)) / 2, erf by IEEE operations only (vec.h's erf_signed<true>) so that training gives the
+// same bits on every x86 CPU that runs the same build; `gauss` gets e^(-x^2 / 2).
 inline Vec normal_cdf(Vec x, Vec& gauss) {
-  const Vec u = x * Vec::all(0.70710678118654752f);
-  const Vec sign = bits_and(u, Vec::all(-0.0f));
-  const Vec a = bits_xor(u, sign);
-  const Vec erf = erf_nonnegative(a, Vec::all(1.f) / fma(a, Vec::all(0.3275911f), Vec::all(1.f)), gauss);
-  return Vec::all(0.5f) * (Vec::all(1.f) + bits_xor(erf, sign));
+  return Vec::all(0.5f) * (Vec::all(1.f) + erf_signed<true>(x * Vec::all(0.70710678118654752f), gauss));
 }
 
 inline Vec gelu_value(Vec x, Vec /*dy*/) {

@@ -301,27 +301,35 @@ inline Vec exp_nonpositive(Vec x) {
   return times_pow2(p, n);
 }
 
-// erf(a) for a >= 0 by Abramowitz and Stegun's 7.1.26 (absolute error under 1.5e-7), given t = 1 / (1 + 0.3275911 a);
-// `gauss` gets e^(-a^2) on the way.
-inline Vec erf_nonnegative(Vec a, Vec t, Vec& gauss) {
+// erf(u) by Abramowitz and Stegun's 7.1.26 (absolute error under 1.5e-7), on |u| with u's sign put back; `gauss` gets
+// e^(-u^2) on the way. kExact: t = 1 / (1 + 0.3275911 |u|) by IEEE division, the same bits on every x86 CPU (training's
+// GELU, gelu.h); else by `reciprocal`, whose rcp estimate Intel and AMD CPUs round differently (the int8 products').
+template <bool kExact>
+inline Vec erf_signed(Vec u, Vec& gauss) {
+  const Vec sign = bits_and(u, Vec::all(-0.0f));
+  const Vec a = bits_xor(u, sign);  // |u|
+  const Vec d = fma(a, Vec::all(0.3275911f), Vec::all(1.f));
+  Vec t;
+  if constexpr (kExact) {
+    t = Vec::all(1.f) / d;
+  } else {
+    t = reciprocal(d);
+  }
   Vec p = Vec::all(1.061405429f);
   p = fma(p, t, Vec::all(-1.453152027f));
   p = fma(p, t, Vec::all(1.421413741f));
   p = fma(p, t, Vec::all(-0.284496736f));
   p = fma(p, t, Vec::all(0.254829592f));
   gauss = exp_nonpositive(Vec::zero() - a * a);
-  return fnma(p * t, gauss, Vec::all(1.f));
+  return bits_xor(fnma(p * t, gauss, Vec::all(1.f)), sign);
 }
 
 // The exact GELU, x Phi(x) = x (1 + erf(x / sqrt 2)) / 2, erf as above: inside the u7 and VNNI products (int8_u7.h,
 // int8_vnni.h); training's GELU is gelu.h.
 inline Vec gelu_erf(Vec x) {
-  const Vec u = x * Vec::all(0.70710678118654752f);
-  const Vec sign = bits_and(u, Vec::all(-0.0f));
-  const Vec a = bits_xor(u, sign);  // |u|
   Vec gauss;
-  const Vec erf = erf_nonnegative(a, reciprocal(fma(a, Vec::all(0.3275911f), Vec::all(1.f))), gauss);
-  return (Vec::all(0.5f) * x) * (Vec::all(1.f) + bits_xor(erf, sign));
+  const Vec erf = erf_signed<false>(x * Vec::all(0.70710678118654752f), gauss);
+  return (Vec::all(0.5f) * x) * (Vec::all(1.f) + erf);
 }
 
 // y[0..n) = gelu_erf(y) in place.
