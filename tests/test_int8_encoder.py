@@ -91,22 +91,56 @@ def test_which_encoders_run_a_sequence_at_a_time(monkeypatch):
     assert most >= 384  # MiniLM-L6's width
 
 
-def test_a_long_sequence_alone_runs_operator_by_operator(monkeypatch):
-    """A batch with fewer sequences than threads, longer than `SEQUENCE_SHORT_T` (longer with AMX tiles, whose
-    products make one thread's sequence quick), would leave threads idle a sequence at a time: it runs operator by
-    operator (whose products share the rows out); a short one, or one sequence a thread, runs a sequence at a time."""
+def test_fewer_sequences_than_threads_share_their_work_out_with_the_same_bits(monkeypatch):
+    """Fewer sequences than threads (a text served alone) run one after another, each one's products by panels and
+    its attention by groups of heads over the threads, where its widest product makes two chunks: the same bits as
+    one thread running each sequence, post-LN and pre-LN, every position and [CLS] alone, a mask with a gap; a model
+    too small to share stays on one thread. Not on AMX tiles (each thread's own state)."""
+    _flags(monkeypatch, amx=False)
+    shares = torch.ops.bertforge.int8_encoder_shares
+    tiles = torch.ops.bertforge.amx_tiles()
+    threads = torch.get_num_threads()
+    try:
+        for pre_ln in (False, True):
+            model = quantize_int8(classifier(hidden=256, heads=4, max_position_embeddings=160, pre_layer_norm=pre_ln))
+            ids, mask = batch(T=100, B=3)
+            holed = mask.clone()
+            holed[:, 1] = 0
+            got = {}
+            for n in (1, 2, 4):
+                torch.set_num_threads(n)
+                assert shares(1, 100, 256, 520) == (n > 1 and not tiles)
+                assert shares(3, 100, 256, 520) == (n > 3 and not tiles)
+                with torch.no_grad():
+                    got[n] = [model(ids[:1], attention_mask=mask[:1]).logits, model(ids, attention_mask=holed).logits,
+                              model.bert(ids[:1], attention_mask=mask[:1]).sequence_output]
+            for n in (2, 4):
+                for a, b in zip(got[n], got[1], strict=True):
+                    assert torch.equal(a, b), (pre_ln, n)
+        torch.set_num_threads(4)
+        assert not shares(1, 27, 128, 264)  # BERT-tiny's snippet: each product one chunk, nothing to share
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_which_batches_run_a_sequence_at_a_time(monkeypatch):
+    """Without AMX tiles every batch up to the encoder's longest runs on the operator (fewer sequences than threads
+    shared out over them). On tiles a batch with fewer sequences than threads longer than `AMX_SHORT_T` would leave
+    threads idle, so it runs operator by operator (whose products share the rows out); a short one, or one sequence a
+    thread, runs a sequence at a time."""
     _flags(monkeypatch, amx=False)
     model = quantize_int8(classifier(max_position_embeddings=160))
     calls = []
     fused_layer = bertforge.infer.fused._fused_layer
     monkeypatch.setattr(bertforge.infer.fused, "_fused_layer", lambda *a: calls.append(1) or fused_layer(*a))
+    tiles = torch.ops.bertforge.amx_tiles()
     short = model.bert.encoder.sequence_short_t
-    assert short == bertforge.infer.fused.SEQUENCE_SHORT_T[torch.ops.bertforge.amx_tiles()] >= 64
+    assert short == (bertforge.infer.fused.AMX_SHORT_T if tiles else model.bert.encoder.max_positions)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         with torch.no_grad():
-            for T, B, by_operator in ((short + 1, 1, True), (short, 1, False), (short + 1, 2, False)):
+            for T, B, by_operator in ((129, 1, tiles), (128, 1, False), (129, 2, False), (160, 1, tiles)):
                 calls.clear()
                 model(*batch(T, B))
                 assert bool(calls) == by_operator, (T, B)

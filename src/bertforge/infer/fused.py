@@ -38,10 +38,12 @@ class FusedEncoder(nn.Module):
         self.sequence_short_t = 0  # batches of sequences this short run a sequence at a time however few they are
 
     def by_sequence(self) -> None:
-        """Run on the kernels' int8_encoder from now on, where a batch gives each thread a sequence or its sequences
-        are short (`SEQUENCE_SHORT_T`, VNNI only; else a thread's one sequence would run alone, where the products
-        split it over the threads). Every layer's products must be `transforms.Int8Linear`s on the VNNI kernels (8-bit
-        weights) or all on the u7 kernels (7-bit, CPUs without int8 dot products)."""
+        """Run on the kernels' int8_encoder from now on. With fewer sequences than threads (a text served alone) the
+        operator shares each sequence's products and attention out over the threads, except on AMX tiles (each
+        thread's own), where it runs such batches only while they are short (`AMX_SHORT_T`; else a thread's one
+        sequence would run alone, where the products split it over the threads). Every layer's products must be
+        `transforms.Int8Linear`s on the VNNI kernels (8-bit weights) or all on the u7 kernels (7-bit, CPUs without
+        int8 dot products)."""
         weights, eps = [], []
 
         def add(norm: nn.LayerNorm) -> None:
@@ -49,7 +51,8 @@ class FusedEncoder(nn.Module):
             eps.append(norm.eps)
 
         self.sequence_u7 = self.layer[0].attention.qkv.vnni is None
-        self.sequence_short_t = 0 if self.sequence_u7 else SEQUENCE_SHORT_T[torch.ops.bertforge.amx_tiles()]
+        tiles = not self.sequence_u7 and torch.ops.bertforge.amx_tiles()
+        self.sequence_short_t = AMX_SHORT_T if tiles else self.max_positions
         for layer in self.layer:  # a layer's 20: its four products' 4, then its two LayerNorms' 2
             for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
                 bias = product.bias if product.bias is not None else torch.zeros(product.out_features)
@@ -127,15 +130,15 @@ def _fused_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, p
 # The longest batches the fused encoder runs; longer ones run PyTorch's operators.
 FUSED_MAX_T = 512
 
-# Batches of sequences this short run a sequence a time (`FusedEncoder.by_sequence`) however few they are, on the
-# VNNI kernels without AMX tiles and with them: one text was answered sooner on one thread that way than on two
-# operator by operator (2-core Xeon, p50 of 200 texts; MiniLM-L6 fine-tuned, BERT-tiny distilled). Rotten Tomatoes
-# snippets (27 tokens on average): with the tiles MiniLM-L6 2.06 against 3.28 ms, BERT-tiny 0.74 against 0.98;
-# without (AMX hidden from the kernels) 2.52 against 2.73 and 0.58 against 0.74. Three or four snippets joined (about
-# 75 tokens): with the tiles 3.4-3.6 against 5.5-6.1 ms and 0.76-0.78 against 0.84-1.03; without, MiniLM-L6 lost
-# (5.9-6.4 against 4.7-4.8 ms). Not on the u7 kernels (7-bit, AVX2), whose products are slower: there MiniLM-L6's
-# snippet took 3.53 ms on one thread against 2.77 on two (the AVX2 build on the same Xeon).
-SEQUENCE_SHORT_T = {False: 64, True: 128}  # by whether the products run on AMX tiles
+# On AMX tiles, batches of sequences this short run a sequence a time (`FusedEncoder.by_sequence`) however few they
+# are: one text was answered sooner on one thread that way than on two operator by operator (2-core Xeon, p50 of 200
+# texts; MiniLM-L6 fine-tuned, BERT-tiny distilled). Rotten Tomatoes snippets (27 tokens on average): MiniLM-L6 2.06
+# against 3.28 ms, BERT-tiny 0.74 against 0.98; three or four snippets joined (about 75 tokens): 3.4-3.6 against
+# 5.5-6.1 ms and 0.76-0.78 against 0.84-1.03. Without tiles the operator shares a lone sequence out over the threads
+# instead, and every length runs on it: one MiniLM-L6 encoder pass on a 2-core Zen 4 (VNNI) at 27 tokens 1.06 ms
+# against 1.69 on one thread and 1.36 operator by operator, at 64 2.56 against 4.14 and 2.77, at 128 5.44 against
+# 9.34 and 5.63; on the u7 kernels (7-bit, AVX2) the same as operator by operator or better.
+AMX_SHORT_T = 128
 
 
 def fuse_encoders(model: nn.Module, is_product: Callable[[nn.Module], bool]) -> list[FusedEncoder]:

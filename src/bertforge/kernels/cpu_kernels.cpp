@@ -25,7 +25,8 @@
 // fp32 inference products for CPUs without AVX-512: f32_linear over weights f32_pack made (fp32_panels.h).
 // The int8 products themselves: u7_linear (int8_u7.h, CPUs without int8 dot products) and vnni_linear (int8_vnni.h,
 // AVX-512 VNNI without AMX), each quantizing its activations per row; int8_encoder (int8_encoder.h) runs a whole
-// encoder of either's products a sequence at a time.
+// encoder of either's products a sequence at a time (int8_encoder_shares: whether it shares a lone sequence's work out
+// over the threads).
 // (lanes() says which build this is: 16 floats a vector on AVX-512, 8 on AVX2.)
 
 #include <ATen/ATen.h>
@@ -366,6 +367,8 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("amx_tiles() -> bool", &bertforge::amx::usable);
   m.def("int8_encoder(Tensor x, Tensor? mask, Tensor? positions, Tensor[] weights, int heads, float[] eps, "
         "bool pre_ln, bool u7=False) -> Tensor");
+  m.def("int8_encoder_shares(int B, int T, int H, int I, bool u7=False) -> bool",
+        &bertforge::encoder::int8_encoder_shares);
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {

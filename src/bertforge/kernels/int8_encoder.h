@@ -1,7 +1,9 @@
 // An encoder of int8 layers run a sequence at a time (the int8_encoder operator), post-LN or pre-LN: every layer of
-// one sequence, one after the other, on one thread, before the next sequence. Each piece is the operators' own (the
-// per-row products' quantization, tiles and epilogue, int8_vnni.h or int8_u7.h; attention's Sequence, attention.h;
-// add_layer_norm's rows, layer_norm.h), so the results are theirs bit for bit; what goes is the work between them.
+// one sequence, one after the other, on one thread, before the next sequence; with fewer sequences than threads (a
+// text served alone) each sequence's products and attention shared out over the threads instead (`shares_out`).
+// Each piece is the operators' own (the per-row products' quantization, tiles and epilogue, int8_vnni.h or int8_u7.h;
+// attention's Sequence, attention.h; add_layer_norm's rows, layer_norm.h), so the results are theirs bit for bit;
+// what goes is the work between them.
 // Run operator by operator over a batch, a small model's layer writes each activation of the whole batch out and
 // reads it back (BERT-tiny's feed-forward: 3.6 MB for 64 snippets, past the core's L2), each of about ten operators
 // finds its rows again, and the products of a batch are tall and thin (K = 128). A sequence's activations (tens of
@@ -63,17 +65,23 @@ struct VnniProducts {
   std::vector<uint8_t> codes;  // rows up to a whole AMX tile's, which reads them
   std::vector<float> scale;
   std::vector<int32_t> zero;
-  bool on_tiles = amx::usable();
+  static bool uses_tiles() { return amx::usable(); }
+  bool on_tiles = uses_tiles();
   VnniProducts(int64_t T, int64_t width)
       : codes((T + amx::kRows - 1) / amx::kRows * amx::kRows * ((width + 3) / 4 * 4)), scale(T), zero(T) {}
 
   static constexpr int64_t kPanel = vnni::NR;
+  static constexpr int64_t depth(int64_t K) { return (K + 3) / 4 * 4; }
 
-  // y's columns c0 .. c1 (whole panels; c1 past N stops at N) of the M rows' product
-  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y, int64_t c0 = 0,
-               int64_t c1 = kWhole) {
-    const int64_t Kp = (w.K + 3) / 4 * 4, p0 = c0 / kPanel, p1 = (std::min(c1, w.N) + kPanel - 1) / kPanel;
-    vnni::quantize_rows(in, M, w.K, Kp, codes.data(), scale.data(), zero.data());
+  // the M rows' codes, for `multiply`
+  void quantize(const float* in, int64_t M, int64_t K) {
+    vnni::quantize_rows(in, M, K, depth(K), codes.data(), scale.data(), zero.data());
+  }
+
+  // y's columns of panels p0 .. p1 of the M quantized rows' product: reads this object only, so threads may each
+  // take panels of one product
+  void multiply(int64_t M, const Product& w, bool gelu, float* y, int64_t p0, int64_t p1) const {
+    const int64_t Kp = depth(w.K);
     const Epilogue e{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
     if (on_tiles && Kp % amx::kDepth == 0) return amx::product(codes.data(), M, Kp, w.panels, e, p0, p1);
     for (int64_t p = p0; p < p1; ++p)
@@ -91,15 +99,19 @@ struct U7Products {
   std::vector<float> scale;
   std::vector<int32_t> zero;
   static constexpr bool on_tiles = false;
+  static bool uses_tiles() { return false; }
   U7Products(int64_t T, int64_t width) : codes(T * ((width + 7) / 8 * 8)), scale(T), zero(T) {}
 
   static constexpr int64_t kPanel = u7::NR;
+  static constexpr int64_t depth(int64_t K) { return (K + 7) / 8 * 8; }
 
-  // y's columns c0 .. c1 (whole panels; c1 past N stops at N) of the M rows' product
-  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y, int64_t c0 = 0,
-               int64_t c1 = kWhole) {
-    const int64_t Kp = (w.K + 7) / 8 * 8, p0 = c0 / kPanel, p1 = (std::min(c1, w.N) + kPanel - 1) / kPanel;
-    u7::quantize_rows(in, M, w.K, Kp, codes.data(), scale.data(), zero.data());
+  void quantize(const float* in, int64_t M, int64_t K) {
+    u7::quantize_rows(in, M, K, depth(K), codes.data(), scale.data(), zero.data());
+  }
+
+  // as VnniProducts::multiply
+  void multiply(int64_t M, const Product& w, bool gelu, float* y, int64_t p0, int64_t p1) const {
+    const int64_t Kp = depth(w.K);
     const Epilogue o{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
     for (int64_t p = p0; p < p1; ++p) u7::block(codes.data(), Kp, w.panels + p * Kp * kPanel, 0, M, p * kPanel, o);
   }
@@ -110,18 +122,42 @@ struct Kind {  // which products an encoder runs on, as a value
   using type = T;
 };
 
+// A chunk of a shared-out product's panels (`EncoderWork::team`) holds at least this many multiply-adds, and its
+// attention is shared out from this many (T x T x H): BERT-tiny's products at 27 rows (1.3-1.8M each) took twice as
+// long split in two with chunks of a quarter of this as on one thread (a 2-core Zen 4); MiniLM-L6's ran alike.
+constexpr int64_t kChunkMacs = 1 << 21;
+
 // One thread's working memory, sized once for the call's longest sequence and widest product, and its products.
+// `team`: the calling thread runs the sequences one after another and shares each product's panels out over every
+// thread (fewer sequences than threads, as for a text served alone); else each thread runs its own sequences.
 template <typename Products>
 struct EncoderWork {
   Sequence seq;
   Products products;
+  bool team = false;
   std::vector<float> qkv, queries, context, attended, normed, middle, normed_in, hidden, output, gathered, x[2];
+  std::vector<Sequence> groups;  // a team's attention: groups of whole heads, one a thread (`share_out`)
   EncoderWork(int64_t heads, int64_t T, int64_t H, int64_t I)
       : seq(heads, T, H / heads), products(T, std::max(H, I)), qkv(T * 3 * H), queries(T * 3 * H), context(T * H),
         attended(T * H), normed(T * H), middle(T * H), normed_in(T * H), hidden(T * I), output(T * H),
         gathered(T * H) {
     x[0].resize(T * H);
     x[1].resize(T * H);
+  }
+
+  // From now on a team's work over `threads` threads: products by panels, attention by groups of heads (each
+  // Sequence reading and writing its heads' columns alone, as attention_kernel shares a text's heads out).
+  void share_out(int64_t threads) {
+    team = true;
+    const int64_t N = seq.N, count = std::min(N, threads);
+    for (int64_t g = 0; g < count; ++g)
+      groups.emplace_back((g + 1) * N / count - g * N / count, seq.T, seq.D, N * seq.D);
+  }
+
+  // The next sequence's rows (`Sequence::fit`).
+  void fit(int64_t rows) {
+    seq.fit(rows);
+    for (Sequence& group : groups) group.fit(rows);
   }
 
   // One post-LN layer over the sequence in `in` (T rows of H), its answer at P rows (`positions`, or every row
@@ -162,11 +198,36 @@ struct EncoderWork {
                       const int64_t* positions, int64_t P) {
     Range unused;
     query_key_value(L.qkv, in, positions, P);
-    seq.read(qkv.data(), mask);
-    seq.transpose_keys();
-    seq.answer_all(positions, P, context.data(), unused);
-    products.product(context.data(), P, L.out, false, attended.data());
+    if (groups.empty() || seq.T * seq.T * seq.N * seq.D < kChunkMacs) {
+      seq.read(qkv.data(), mask);
+      seq.transpose_keys();
+      seq.answer_all(positions, P, context.data(), unused);
+    } else {
+      const int64_t G = static_cast<int64_t>(groups.size());
+      at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
+        Range part;
+        for (int64_t g = begin; g < end; ++g) {
+          const int64_t first = g * seq.N / G * seq.D;  // the group's first column
+          groups[g].read(qkv.data() + first, mask);
+          groups[g].transpose_keys();
+          groups[g].answer_all(positions, P, context.data() + first, part);
+        }
+      });
+    }
+    product(context.data(), P, L.out, false, attended.data());
     return positions == nullptr ? residual : gather(residual, positions, P);
+  }
+
+  // y's columns c0 .. c1 (whole panels; c1 past N stops at N) of the M rows' product: the rows quantized once, then
+  // the panels on this thread, or in the team's chunks of at least kChunkMacs (the same tiles a panel: the same bits)
+  void product(const float* in, int64_t M, const Product& w, bool gelu, float* y, int64_t c0 = 0,
+               int64_t c1 = kWhole) {
+    constexpr int64_t kPanel = Products::kPanel;
+    const int64_t p0 = c0 / kPanel, p1 = (std::min(c1, w.N) + kPanel - 1) / kPanel;
+    products.quantize(in, M, w.K);
+    const int64_t grain = std::max<int64_t>(1, kChunkMacs / (M * Products::depth(w.K) * kPanel));
+    if (!team || p1 - p0 < 2 * grain) return products.multiply(M, w, gelu, y, p0, p1);
+    at::parallel_for(p0, p1, grain, [&](int64_t begin, int64_t end) { products.multiply(M, w, gelu, y, begin, end); });
   }
 
   // the P rows (H wide) of `rows` at positions, in their order, into `gathered`
@@ -183,16 +244,16 @@ struct EncoderWork {
   // queries' columns are not whole panels (H not a multiple of the panels' width), every row's are computed.
   void query_key_value(const Product& w, const float* in, const int64_t* positions, int64_t P) {
     const int64_t T = seq.T, H = seq.N * seq.D;
-    if (positions == nullptr || H % Products::kPanel != 0) return products.product(in, T, w, false, qkv.data());
-    products.product(in, T, w, false, qkv.data(), H);
-    products.product(gather(in, positions, P), P, w, false, queries.data(), 0, H);
+    if (positions == nullptr || H % Products::kPanel != 0) return product(in, T, w, false, qkv.data());
+    product(in, T, w, false, qkv.data(), H);
+    product(gather(in, positions, P), P, w, false, queries.data(), 0, H);
     for (int64_t i = 0; i < P; ++i) std::copy_n(queries.data() + i * 3 * H, H, qkv.data() + positions[i] * 3 * H);
   }
 
   // output (P rows) = output(gelu(intermediate(in)))
   void feed_forward(const Layer& L, const float* in, int64_t P) {
-    products.product(in, P, L.intermediate, true, hidden.data());
-    products.product(hidden.data(), P, L.output, false, output.data());
+    product(in, P, L.intermediate, true, hidden.data());
+    product(hidden.data(), P, L.output, false, output.data());
   }
 };
 
@@ -210,47 +271,77 @@ inline int64_t real_rows(const bool* keys, const int64_t* positions, int64_t T, 
   return n > 0 ? n : T;
 }
 
-// x (B, T, H) through every layer, a sequence a task; the last layer answers at positions (B, P) when given.
-// Pre-LN when `final` (the encoder's last LayerNorm) is given, else post-LN.
+// One call's inputs: x (B, T, H); mask (B, T) or null; positions (B, P) or null; out (B, P, H). Pre-LN when `final`
+// (the encoder's last LayerNorm) is given, else post-LN.
+struct Encoding {
+  const float* x;
+  const bool* mask;
+  const int64_t* positions;
+  const std::vector<Layer>& layers;
+  const std::optional<Norm>& final;
+  int64_t T, P, H;
+  float* out;
+};
+
+// Sequence b of the call through every layer, on `work`.
 template <typename Products>
-void encode(const float* x, const bool* mask, const int64_t* positions, const std::vector<Layer>& layers,
-            const std::optional<Norm>& final, int64_t heads, int64_t B, int64_t T, int64_t P, int64_t H, float* out) {
-  const int64_t I = layers.front().intermediate.N, last = static_cast<int64_t>(layers.size()) - 1;
+void encode_sequence(EncoderWork<Products>& work, const Encoding& job, int64_t b) {
+  const int64_t T = job.T, P = job.P, H = job.H, last = static_cast<int64_t>(job.layers.size()) - 1;
+  const std::vector<Layer>& layers = job.layers;
+  const float* in = job.x + b * T * H;
+  const bool* keys = job.mask == nullptr ? nullptr : job.mask + b * T;
+  float* answer = job.out + b * P * H;
+  const int64_t* at = job.positions == nullptr ? nullptr : job.positions + b * P;
+  const int64_t rows = real_rows(keys, at, T, P);
+  work.fit(rows);
+  if (!job.final.has_value()) {
+    for (int64_t l = 0; l <= last; ++l) {
+      float* dst = l == last ? answer : work.x[l % 2].data();
+      work.post_ln_layer(layers[l], in, keys, l == last ? at : nullptr, l == last ? P : rows, dst);
+      in = dst;
+    }
+    return;
+  }
+  Range unused;
+  const Layer& first = layers.front();
+  for (int64_t t = 0; t < rows; ++t)
+    normalize_row(in + t * H, nullptr, first.norm1_weight, first.norm1_bias, first.eps1, H,
+                  work.normed_in.data() + t * H, nullptr, unused);
+  for (int64_t l = 0; l <= last; ++l) {
+    const Norm next = l == last ? *job.final : Norm{layers[l + 1].norm1_weight, layers[l + 1].norm1_bias,
+                                                    layers[l + 1].eps1};
+    float* stream = l == last ? nullptr : work.x[l % 2].data();
+    work.pre_ln_layer(layers[l], in, work.normed_in.data(), keys, l == last ? at : nullptr, l == last ? P : rows,
+                      next, stream, l == last ? answer : work.normed_in.data());
+    in = stream;
+  }
+}
+
+// Whether B sequences of T rows (H wide, feed-forward I) run one after another with each one's work shared out over
+// the threads (`EncoderWork::share_out`): where they are fewer than the threads and a sequence's widest product makes
+// two chunks, not on AMX tiles (each thread's own state: there a thread runs its sequences alone).
+inline bool shares_out(int64_t B, int64_t T, int64_t H, int64_t I, bool tiles) {
+  return B < at::get_num_threads() && T * H * I >= 2 * kChunkMacs && !tiles;
+}
+
+// Every sequence through every layer, the last answering at positions when given: a sequence a task, or one after
+// another with their work shared out (`shares_out`).
+template <typename Products>
+void encode(const Encoding& job, int64_t heads, int64_t B) {
+  const int64_t T = job.T, H = job.H, I = job.layers.front().intermediate.N;
+  if (shares_out(B, T, H, I, Products::uses_tiles())) {
+    EncoderWork<Products> work(heads, T, H, I);
+    work.share_out(at::get_num_threads());
+    for (int64_t b = 0; b < B; ++b) encode_sequence(work, job, b);
+    return;
+  }
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     EncoderWork<Products> work(heads, T, H, I);
 #if BERTFORGE_AMX
     std::optional<amx::Tiles> tiles;  // configured for this thread while it works, released after
     if (work.products.on_tiles) tiles.emplace();
 #endif
-    Range unused;
-    for (int64_t b = begin; b < end; ++b) {
-      const float* in = x + b * T * H;
-      const bool* keys = mask == nullptr ? nullptr : mask + b * T;
-      float* answer = out + b * P * H;
-      const int64_t* at = positions == nullptr ? nullptr : positions + b * P;
-      const int64_t rows = real_rows(keys, at, T, P);
-      work.seq.fit(rows);
-      if (!final.has_value()) {
-        for (int64_t l = 0; l <= last; ++l) {
-          float* dst = l == last ? answer : work.x[l % 2].data();
-          work.post_ln_layer(layers[l], in, keys, l == last ? at : nullptr, l == last ? P : rows, dst);
-          in = dst;
-        }
-        continue;
-      }
-      const Layer& first = layers.front();
-      for (int64_t t = 0; t < rows; ++t)
-        normalize_row(in + t * H, nullptr, first.norm1_weight, first.norm1_bias, first.eps1, H,
-                      work.normed_in.data() + t * H, nullptr, unused);
-      for (int64_t l = 0; l <= last; ++l) {
-        const Norm next = l == last ? *final : Norm{layers[l + 1].norm1_weight, layers[l + 1].norm1_bias,
-                                                    layers[l + 1].eps1};
-        float* stream = l == last ? nullptr : work.x[l % 2].data();
-        work.pre_ln_layer(layers[l], in, work.normed_in.data(), keys, l == last ? at : nullptr, l == last ? P : rows,
-                          next, stream, l == last ? answer : work.normed_in.data());
-        in = stream;
-      }
-    }
+    for (int64_t b = begin; b < end; ++b) encode_sequence(work, job, b);
   });
 }
 
@@ -306,10 +397,9 @@ inline at::Tensor int8_encoder(const at::Tensor& x, const std::optional<at::Tens
   std::optional<Norm> final;
   if (pre_ln) final = Norm{vector(20 * count), vector(20 * count + 1), static_cast<float>(eps[2 * count])};
   at::Tensor out = at::empty({B, P, H}, a.options());
-  const auto run = [&](auto kind) {
-    encode<typename decltype(kind)::type>(a.data_ptr<float>(), queries.mask_data(), queries.positions_data(), layers,
-                                          final, heads, B, T, P, H, out.data_ptr<float>());
-  };
+  const Encoding job{a.data_ptr<float>(), queries.mask_data(), queries.positions_data(), layers, final, T, P, H,
+                     out.data_ptr<float>()};
+  const auto run = [&](auto kind) { encode<typename decltype(kind)::type>(job, heads, B); };
 #if BERTFORGE_VNNI
   if (!u7) {
     run(Kind<VnniProducts>{});
@@ -318,6 +408,11 @@ inline at::Tensor int8_encoder(const at::Tensor& x, const std::optional<at::Tens
 #endif
   run(Kind<U7Products>{});
   return out;
+}
+
+// Whether the operator shares B sequences' work out over the threads (`shares_out`), on the u7 or the VNNI products.
+inline bool int8_encoder_shares(int64_t B, int64_t T, int64_t H, int64_t I, bool u7) {
+  return shares_out(B, T, H, I, !u7 && amx::usable());
 }
 
 }  // namespace bertforge::encoder
