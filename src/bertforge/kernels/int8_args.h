@@ -57,16 +57,23 @@ inline void row_scale(const float* row, int64_t K, float top, float* scale, int3
 }
 
 // Each row of x (M, K) with its scale and zero point for codes 0..top (row_scale, kept in scale[r] and zero[r]),
-// shared over torch's threads: write(r, row, s, z) writes the row's codes.
+// shared over torch's threads in chunks of at least 32K values (one text's rows stay on the calling thread): write(r,
+// row, s, z) writes the row's codes.
 template <typename Write>
 inline void quantize_each_row(const float* x, int64_t M, int64_t K, float top, float* scale, int32_t* zero,
                               Write write) {
-  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, M, std::max<int64_t>(16, (1 << 15) / std::max<int64_t>(K, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       row_scale(x + r * K, K, top, &scale[r], &zero[r]);
       write(r, x + r * K, scale[r], zero[r]);
     }
   });
+}
+
+// The fewest (row block, panel) tasks of a per-row int8 product a thread takes: about 256K multiply-adds, so a product
+// of a row or a few (a classifier's pooler and head over one text) runs on the calling thread, not waking others.
+inline int64_t task_grain(int64_t block_rows, int64_t Kp, int64_t columns) {
+  return std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, block_rows * Kp * columns));
 }
 
 // Where a per-row int8 product's int32 sums go (vnni and u7 alike): y[i, n] = act((sum - xzero[i] colsum[n]) xscale[i]

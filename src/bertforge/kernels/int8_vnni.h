@@ -134,7 +134,7 @@ inline at::Tensor linear(const at::Tensor& x /* contiguous fp32 */, const at::Te
                    y.data_ptr<float>(), N, gelu};
   const int8_t* wp = packed.data_ptr<int8_t>();
   const int64_t mblocks = (M + MC - 1) / MC;
-  at::parallel_for(0, mblocks * panels, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, mblocks * panels, task_grain(std::min(M, MC), Kp, NR), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t mb = t / panels, p = t % panels;
       for (int64_t r = mb * MC; r < std::min(M, (mb + 1) * MC); r += MR)
