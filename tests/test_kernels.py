@@ -409,6 +409,33 @@ def test_a_7_bit_encoder_runs_a_sequence_at_a_time_with_its_operators_bits(monke
 
 
 @needs_kernels
+def test_a_7_bit_lone_sequence_shares_its_work_out_with_the_same_bits(monkeypatch):
+    """On the u7 kernels too (7-bit weights, CPUs without int8 dot products), a batch of fewer sequences than threads
+    shares each one's products and attention out over them (tests/test_int8_encoder.py for the VNNI kernels): the same
+    bits at two and four threads as at one, pre-LN, [CLS] alone and every position."""
+    if not _has_onednn_ops():
+        pytest.skip("Int8Linear runs where torch has oneDNN's operators")
+    monkeypatch.setattr(bertforge.cpu, "int8_weight_bits", lambda: 7)
+    model = quantize_int8(classifier(hidden_size=256, num_attention_heads=4, intermediate_size=520,
+                                     max_position_embeddings=128, pre_layer_norm=True))
+    assert model.bert.encoder.sequence_u7
+    ids = torch.randint(5, 200, (1, 100), generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    got = {}
+    try:
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            assert torch.ops.bertforge.int8_encoder_shares(1, 100, 256, 520, True) == (n > 1)
+            with torch.no_grad():
+                got[n] = model(ids).logits, model.bert(ids).sequence_output
+    finally:
+        torch.set_num_threads(threads)
+    for n in (2, 4):
+        for a, b in zip(got[n], got[1], strict=True):
+            assert torch.equal(a, b), n
+
+
+@needs_kernels
 def test_the_encoder_runs_a_sequence_at_a_time_on_the_kernels_its_products_run_on():
     """The int8_encoder operator (the whole encoder a sequence at a time, tests/test_int8_encoder.py) runs on the
     VNNI kernels, or on the u7 kernels where the weights are 7-bit (CPUs without int8 dot products); a build without

@@ -163,8 +163,7 @@ at::Tensor embeddings(const at::Tensor& ids, const std::optional<at::Tensor>& ty
   TORCH_CHECK(H % kMultiple == 0 && word.dim() == 2 && position.dim() == 2 && type.dim() == 2 && type.size(0) > 0,
               "the embedding tables must be (rows, H), H a multiple of 16");
   TORCH_CHECK(T <= position.size(0), "the sequence is longer than the position embeddings");
-  // the ids checked in one pass here, not by torch's reductions (four of them took about a third of the operator's
-  // time for one text)
+  // the ids checked in one pass (four torch reductions took about a third of the operator's time for one text)
   const auto within = [](const at::Tensor& t, int64_t rows) {
     const int64_t* v = t.data_ptr<int64_t>();
     return std::all_of(v, v + t.numel(), [rows](int64_t i) { return i >= 0 && i < rows; });

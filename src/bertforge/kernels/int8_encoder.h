@@ -24,24 +24,11 @@
 
 #include "attention.h"
 #include "int8_amx.h"
-#include "int8_u7.h"
-#include "int8_vnni.h"
+#include "int8_products.h"
 #include "layer_norm.h"
 #include "vec.h"
 
 namespace bertforge::encoder {
-
-// A column range's end past every product's last column: the whole product.
-constexpr int64_t kWhole = INT64_MAX;
-
-// One int8 product's weights, as vnni_pack or u7_pack made them (panels of columns over K rounded up).
-struct Product {
-  const int8_t* panels;
-  const int32_t* sums;
-  const float* wscale;
-  const float* bias;
-  int64_t K, N;
-};
 
 // A layer's products and LayerNorms. Post-LN: x1 = LN1(out(attention(qkv(x))) + x), then LN2(output(gelu(
 // intermediate(x1))) + x1). Pre-LN: LN1 is taken before the attention (the previous layer computed it), LN2 before
@@ -56,70 +43,6 @@ struct Layer {
 struct Norm {
   const float *weight, *bias;
   float eps;
-};
-
-// A sequence's products on the VNNI kernels (8-bit activations per row; AMX tiles where granted and K is whole tile
-// depths), as vnni_linear computes them: every output element by the same int32 sums and epilogue.
-#if BERTFORGE_VNNI
-struct VnniProducts {
-  std::vector<uint8_t> codes;  // rows up to a whole AMX tile's, which reads them
-  std::vector<float> scale;
-  std::vector<int32_t> zero;
-  static bool uses_tiles() { return amx::usable(); }
-  bool on_tiles = uses_tiles();
-  VnniProducts(int64_t T, int64_t width)
-      : codes((T + amx::kRows - 1) / amx::kRows * amx::kRows * ((width + 3) / 4 * 4)), scale(T), zero(T) {}
-
-  static constexpr int64_t kPanel = vnni::NR;
-  static constexpr int64_t depth(int64_t K) { return (K + 3) / 4 * 4; }
-
-  // the M rows' codes, for `multiply`
-  void quantize(const float* in, int64_t M, int64_t K) {
-    vnni::quantize_rows(in, M, K, depth(K), codes.data(), scale.data(), zero.data());
-  }
-
-  // y's columns of panels p0 .. p1 of the M quantized rows' product: reads this object only, so threads may each
-  // take panels of one product
-  void multiply(int64_t M, const Product& w, bool gelu, float* y, int64_t p0, int64_t p1) const {
-    const int64_t Kp = depth(w.K);
-    const Epilogue e{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
-    if (on_tiles && Kp % amx::kDepth == 0) return amx::product(codes.data(), M, Kp, w.panels, e, p0, p1);
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t r = 0; r < M; r += vnni::MR)
-        vnni::rows_tile(std::min(vnni::MR, M - r), codes.data() + r * Kp, Kp, w.panels + p * Kp * vnni::NR, r,
-                        p * vnni::NR, e);
-  }
-};
-#endif
-
-// A sequence's products on the u7 kernels (7-bit activations per row, CPUs without int8 dot products), as
-// u7_linear computes them.
-struct U7Products {
-  std::vector<uint8_t> codes;
-  std::vector<float> scale;
-  std::vector<int32_t> zero;
-  static constexpr bool on_tiles = false;
-  static bool uses_tiles() { return false; }
-  U7Products(int64_t T, int64_t width) : codes(T * ((width + 7) / 8 * 8)), scale(T), zero(T) {}
-
-  static constexpr int64_t kPanel = u7::NR;
-  static constexpr int64_t depth(int64_t K) { return (K + 7) / 8 * 8; }
-
-  void quantize(const float* in, int64_t M, int64_t K) {
-    u7::quantize_rows(in, M, K, depth(K), codes.data(), scale.data(), zero.data());
-  }
-
-  // as VnniProducts::multiply
-  void multiply(int64_t M, const Product& w, bool gelu, float* y, int64_t p0, int64_t p1) const {
-    const int64_t Kp = depth(w.K);
-    const Epilogue o{w.sums, w.wscale, w.bias, scale.data(), zero.data(), y, w.N, gelu};
-    for (int64_t p = p0; p < p1; ++p) u7::block(codes.data(), Kp, w.panels + p * Kp * kPanel, 0, M, p * kPanel, o);
-  }
-};
-
-template <typename T>
-struct Kind {  // which products an encoder runs on, as a value
-  using type = T;
 };
 
 // A chunk of a shared-out product's panels (`EncoderWork::team`) holds at least this many multiply-adds, and its
