@@ -1,5 +1,6 @@
 """Packed (unpadded) inference (`bertforge.infer.packing`): every head's outputs on a padded batch of random lengths
-equal the unpacked model's, post-LN and pre-LN, fp32 and bf16, and the packed path is the one that ran."""
+equal the unpacked model's, post-LN and pre-LN, fp32 and bf16, and the packed path is the one that ran; and which
+models `prepare` packs."""
 
 import copy
 
@@ -47,13 +48,13 @@ def packed_calls(model: torch.nn.Module) -> list[int]:
 
 
 def both(model: torch.nn.Module, precision: str = "fp32") -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(the model as it is, in the dtype of `precision`; its prepared copy, packed). fp32's `prepare` runs the
-    encoder on the kernels where they load (`fused`, tests/test_kernels.py): here packed as where they do not."""
+    """(the model as it is, in the dtype of `precision`; its copy with packed Linear layers, packed). `prepare` runs
+    an fp32 encoder on the kernels where they load (`fused`, tests/test_kernels.py) and a bf16 one's attention
+    (test_bf16_attention_runs_on_the_kernels below): here packed as where they do not."""
     model.eval()
-    reference = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32)
-    if precision == "fp32":
-        return reference, pack_sequences(pack_linears(model))
-    return reference, prepare(model, EngineOptions(precision=precision), CPU)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    reference = copy.deepcopy(model).to(dtype)
+    return reference, pack_sequences(pack_linears(model.to(dtype)))
 
 
 def real(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -131,6 +132,49 @@ def test_bf16_packed_equals_bf16_padded(tiny_config):
     with torch.no_grad():
         want, got = reference(**batch).logits.float(), packed(**batch).logits.float()
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)  # bf16 rounding, products blocked differently
+
+
+@pytest.mark.skipif(not cpu.has_native_bf16(), reason="this CPU does not multiply bf16 natively")
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_bf16_attention_runs_on_the_kernels(tiny_config, pre_ln):
+    """`prepare` in bf16 where the kernels load: every layer's attention on the kernels' operator
+    (`KernelSelfAttention`, a padded batch, not packed), the feed-forward GELU inside its product; the logits, the
+    [CLS] rows and every real position within bf16 rounding of the plain bf16 model's, post-LN and pre-LN; training
+    mode runs the attention it wraps."""
+    from bertforge import kernels
+    from bertforge.infer.fused import KernelSelfAttention
+
+    if not kernels.available():
+        pytest.skip("bertforge's kernels do not load here (bf16 runs packed: the test above)")
+    tiny_config.pre_layer_norm = pre_ln
+    tiny_config.initializer_range = 0.2  # sharper attention than at 0.02, so a key left unmasked would show (seen:
+    # 1.7 at most and 0.17 on average against 0.03 and 0.006; logits 1.0 apart against 0.007)
+    torch.manual_seed(5)
+    model = BertForSequenceClassification(tiny_config).eval()
+    reference = copy.deepcopy(model).to(torch.bfloat16)
+    fast = prepare(model, EngineOptions(precision="bf16"), CPU)
+    assert not is_packed(fast)
+    layers = fast.bert.encoder.layer
+    assert all(isinstance(layer.attention, KernelSelfAttention) for layer in layers)
+    assert all(layer.intermediate.activation == "gelu" for layer in layers)
+    calls = []
+    for layer in layers:
+        layer.attention.inner.register_forward_hook(lambda *a: calls.append(1))
+    batch = padded_batch(tiny_config.vocab_size, [11, 4, 30, 7], torch.Generator().manual_seed(5))
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(**batch).logits.float(), reference(**batch).logits.float(), atol=3e-2,
+                                   rtol=0)
+        for kwargs in ({}, {"cls_only": True}):
+            got = fast.bert(**batch, **kwargs).sequence_output.float()
+            want = reference.bert(**batch, **kwargs).sequence_output.float()
+            if not kwargs:
+                got, want = got[real], want[real]
+            torch.testing.assert_close(got, want, atol=8e-2, rtol=0)
+            assert (got - want).abs().mean() < 0.02
+        assert not calls  # the wrapped module's attention did not run
+        fast.train()(**batch)
+    assert len(calls) == tiny_config.num_hidden_layers
 
 
 def test_fp32_models_are_fused_or_packed_int8_ones_are_not_packed_and_a_server_cuts_its_groups_in_four(tiny_config):

@@ -4,9 +4,9 @@ and embeddings, from Python and the command line.
 Speed on CPU comes from six choices, each measured by bench/inference.py (the kernels by bench/int8_kernels.py):
 - no computing on padding beyond what a batch needs: inputs are sorted by length and batched by a token
   budget, so each batch is padded only to its own longest sequence, and results are put back in input order;
-- in fp32 and bf16, no computing on padding in the products at all: an encoder runs a batch's real tokens packed
-  into one matrix, and pads them only for the attention (`packing`), which counts most for a batch of random
-  lengths, such as a group of the server's concurrent requests;
+- in fp32 and bf16 where bertforge's kernels do not load, no computing on padding in the products at all: an
+  encoder runs a batch's real tokens packed into one matrix, and pads them only for the attention (`packing`),
+  which counts most for a batch of random lengths, such as a group of the server's concurrent requests;
 - every Linear layer's weight laid out once for oneDNN's matrix kernels (`pack_linears`): the matrix products
   are most of the time on short texts, and torch's nn.Linear hands fp32 ones to MKL, which packs the weight
   anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight); on
@@ -18,7 +18,8 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
   it, which is faster there than fp32's fused kernel);
 - for int8 and fp32 on an AVX-512 or AVX2 CPU, bertforge's own kernels between the products (`bertforge.kernels`,
   built on first use): each layer's attention in one pass per sequence, each residual add + LayerNorm in one pass
-  per row, and (int8) the activation ranges handed to the next product (`fused.FusedEncoder`);
+  per row, and (int8) the activation ranges handed to the next product (`fused.FusedEncoder`); in bf16 the
+  attention (`fused.KernelSelfAttention`);
 - two batches at a time, each on half the threads, where there are 2 or more threads and 4 or more batches
   (`bertforge.batching`): small products use a CPU's threads better side by side than split.
 

@@ -191,3 +191,47 @@ class FusedEmbeddings(nn.Module):
         return torch.ops.bertforge.embeddings(input_ids, token_type_ids, e.word_embeddings.weight,
                                               e.position_embeddings.weight, e.token_type_embeddings.weight,
                                               norm.weight, norm.bias, norm.eps)
+
+
+class KernelSelfAttention(nn.Module):
+    """A `BertSelfAttention` in eval mode on the kernels' attention operator, for bf16 models (`transforms.prepare`):
+    its query/key/value product as it is (a bf16 `PackedLinear`), then each sequence's scores, softmax and weighted
+    values in one pass, in fp32 from the bf16 rows, the output back in bf16. On PyTorch's operators a bf16 model's
+    attention scattered its heads out and back and ran batched products, a softmax and a mask apart: MiniLM-L6 over
+    Rotten Tomatoes test on a 2-core Zen 4 ran 1.15x faster this way (with the GELU inside the product), one text
+    1.6-1.8x sooner. Training, packed calls and other devices run the module it wraps."""
+
+    def __init__(self, attention: BertSelfAttention):
+        super().__init__()
+        self.inner = attention
+        self.train(attention.training)
+
+    def __getattr__(self, name: str):  # num_heads, qkv & co.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["inner"], name)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None,
+                packing=None) -> torch.Tensor:
+        """As `BertSelfAttention.forward`."""
+        inner = self.inner
+        if self.training or packing is not None or x.device.type != "cpu":
+            return inner(x, mask, positions, packing)
+        keys = None if mask is None else mask[:, 0, 0, :]
+        y, _ = torch.ops.bertforge.attention(inner.qkv(x), inner.num_heads, keys, positions)
+        return y.to(x.dtype)
+
+
+def kernel_attention(model: nn.Module, is_product: Callable[[nn.Module], bool]) -> int:
+    """Every `BertSelfAttention` whose query/key/value product is `is_product`, with heads of a multiple of 16,
+    replaced by a `KernelSelfAttention` of it, in place, where bertforge's CPU kernels are available; how many."""
+    if not kernels.available():
+        return 0
+    layers = [layer for layer in model.modules() if isinstance(layer, BertLayer)
+              and isinstance(layer.attention, BertSelfAttention) and layer.attention.head_size % 16 == 0
+              and is_product(layer.attention.qkv)]
+    for layer in layers:
+        layer.attention = KernelSelfAttention(layer.attention)
+    return len(layers)
+

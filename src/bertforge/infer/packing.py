@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from bertforge.encoder import BertEncoder, BertSelfAttention, attend
-from bertforge.infer.fused import FusedEncoder
+from bertforge.infer.fused import FusedEncoder, KernelSelfAttention
 from bertforge.training_attention import TrainingPacking
 
 
@@ -130,10 +130,12 @@ class PackedEncoder(nn.Module):
 
 
 def pack_sequences(model: nn.Module) -> nn.Module:
-    """Every BertEncoder of `model` replaced by a `PackedEncoder` of the same layers, in place."""
+    """Every BertEncoder of `model` replaced by a `PackedEncoder` of the same layers, in place, but those whose
+    attention runs on the kernels (`fused.KernelSelfAttention`, which takes a padded batch)."""
     for name, child in model.named_children():
         if isinstance(child, BertEncoder):
-            setattr(model, name, PackedEncoder(child))
+            if not any(isinstance(layer.attention, KernelSelfAttention) for layer in child.layer):
+                setattr(model, name, PackedEncoder(child))
         elif not isinstance(child, (PackedEncoder, FusedEncoder)):  # a fused encoder runs its own way
             pack_sequences(child)
     return model

@@ -1,7 +1,8 @@
 """A model rewritten for fast inference on the CPU, in place, same weights: every Linear layer's weight packed once
 for oneDNN's matrix kernels (`pack_linears`), or made int8 (`quantize_int8`): oneDNN's int8 products, the
 feed-forward GELU inside them, short texts' attention in bf16 where the CPU multiplies it natively, and on an
-AVX-512 or AVX2 CPU bertforge's own kernels between the products (`fused.FusedEncoder`). `prepare` picks among them
+AVX-512 or AVX2 CPU bertforge's own kernels between the products (`fused.FusedEncoder`; in bf16 the attention,
+`fused.KernelSelfAttention`). `prepare` picks among them
 for an engine's options. Why each, with its measurements: `bertforge.infer`.
 """
 
@@ -22,7 +23,7 @@ from bertforge import cpu, kernels
 from bertforge.encoder import BertLayer, BertSelfAttention
 from bertforge.gelu import gelu
 from bertforge.infer.checks import inference_dtype
-from bertforge.infer.fused import fuse_encoders
+from bertforge.infer.fused import fuse_encoders, kernel_attention
 from bertforge.infer.packing import pack_sequences, packed_rows
 from bertforge.linear import has_onednn_linear
 from bertforge.options import EngineOptions
@@ -253,13 +254,18 @@ def _fp32_packed(product: nn.Module) -> bool:
     return isinstance(product, PackedLinear) and product.dtype == torch.float32
 
 
+def _bf16_packed(product: nn.Module) -> bool:
+    return isinstance(product, PackedLinear) and product.dtype == torch.bfloat16
+
+
 def _fuse_gelu(model: nn.Module) -> None:
     """The feed-forward GELU of every BertLayer moved into its int8 or fp32 `intermediate` product (oneDNN applies
     it as the product is written, instead of a pass over the (B, T, I) output), where the layer's activation
-    is the exact GELU: about 1.1x on the whole int8 model (bench/inference.py's MiniLM, 2 threads)."""
+    is the exact GELU: about 1.1x on the whole int8 model (bench/inference.py's MiniLM, 2 threads). In bf16 the GELU
+    is then taken of the fp32 sum, where PyTorch's took it of the product's bf16 output (one rounding fewer)."""
     for layer in model.modules():
         if isinstance(layer, BertLayer) and layer.act is gelu and (
-                isinstance(layer.intermediate, Int8Linear) or _fp32_packed(layer.intermediate)):
+                isinstance(layer.intermediate, (Int8Linear, PackedLinear))):
             layer.intermediate.activation = "gelu"
             layer.act = nn.Identity()
 
@@ -373,6 +379,7 @@ def prepare(model: nn.Module, options: EngineOptions, device: torch.device) -> n
     if device.type != "cpu":
         return model
     model = pack_linears(model)
-    _fuse_gelu(model)  # fp32 only
+    _fuse_gelu(model)
     _fuse_fp32_encoders(model)  # on the kernels between the products where they load
+    kernel_attention(model, _bf16_packed)  # bf16 ones' attention on the kernels where they load
     return pack_sequences(model)  # the encoders left: on real tokens only
