@@ -172,3 +172,5 @@ def test_the_operator_refuses_operands_it_cannot_run():
     with pytest.raises(RuntimeError, match="P at most T"):
         run(x, None, torch.zeros(2, 6, dtype=torch.long), weights, 2, eps, False)
     assert run(x, None, torch.tensor([[0], [4]]), weights, 2, eps, False).shape == (2, 1, 64)
+    assert run(x[:, :0], None, None, weights, 2, eps, False).shape == (2, 0, 64)  # no rows: nothing to divide up
+    assert run(x[:1, :0], None, None, weights, 2, eps, False).shape == (1, 0, 64)

@@ -148,7 +148,7 @@ struct EncoderWork {
     constexpr int64_t kPanel = Products::kPanel;
     const int64_t p0 = c0 / kPanel, p1 = (std::min(c1, w.N) + kPanel - 1) / kPanel;
     products.quantize(in, M, w.K);
-    const int64_t grain = std::max<int64_t>(1, kChunkMacs / (M * Products::depth(w.K) * kPanel));
+    const int64_t grain = std::max<int64_t>(1, kChunkMacs / std::max<int64_t>(1, M * Products::depth(w.K) * kPanel));
     if (!team || p1 - p0 < 2 * grain) return products.multiply(M, w, gelu, y, p0, p1);
     at::parallel_for(p0, p1, grain, [&](int64_t begin, int64_t end) { products.multiply(M, w, gelu, y, begin, end); });
   }
