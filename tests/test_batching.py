@@ -115,3 +115,24 @@ def test_two_streams_only_on_a_cpu_with_threads_to_share_and_batches_to_spare(tw
     assert cpu_streams(torch.device("cuda"), 100) == 1
     torch.set_num_threads(1)
     assert cpu_streams(cpu, 100) == 1
+
+
+def test_run_model_runs_the_model_in_eval_mode_whatever_mode_its_parts_were_left_in(tiny_config):
+    """`run_model` (predict's, evaluate's and the fine-tuning loop's dev evaluation's) switches a model in training
+    to eval, dropout off; a part of it put back in training after a run (the model's modules are listed once) is
+    found again."""
+    from bertforge.models import BertForSequenceClassification
+    from bertforge.tasks.runner import run_model
+
+    tiny_config.hidden_dropout_prob = tiny_config.attention_probs_dropout_prob = 0.5
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_config)
+    features = [{"input_ids": [2, 7, 9, 11, 3], "token_type_ids": [0] * 5}, {"input_ids": [2, 8, 3],
+                                                                              "token_type_ids": [0] * 3}]
+    with torch.no_grad():
+        expected = model.eval()(torch.tensor([features[0]["input_ids"]])).logits[0].numpy()
+    for part in (model, model.bert.encoder.layer[1], model.classifier):
+        part.train()
+        logits = run_model(model, features, pad_id=0)
+        assert not any(m.training for m in model.modules())
+        np.testing.assert_allclose(logits[0], expected, rtol=1e-5, atol=1e-6)
