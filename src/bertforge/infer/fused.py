@@ -198,8 +198,9 @@ class KernelSelfAttention(nn.Module):
     its query/key/value product as it is (a bf16 `PackedLinear`), then each sequence's scores, softmax and weighted
     values in one pass, in fp32 from the bf16 rows, the output back in bf16. On PyTorch's operators a bf16 model's
     attention scattered its heads out and back and ran batched products, a softmax and a mask apart: MiniLM-L6 over
-    Rotten Tomatoes test on a 2-core Zen 4 ran 1.15x faster this way (with the GELU inside the product), one text
-    1.6-1.8x sooner. Training, packed calls and other devices run the module it wraps."""
+    Rotten Tomatoes test on a 2-core Zen 4 ran 1.04-1.14x faster this way (with the GELU inside the product), one
+    text 1.3-2.0x sooner; IMDB reviews embedded at about 75 tokens 1.32x, 180 tokens 1.04x, 260 1.03x, whole (up to
+    512) 0.96-0.98x. Training, packed calls and other devices run the module it wraps."""
 
     def __init__(self, attention: BertSelfAttention):
         super().__init__()
