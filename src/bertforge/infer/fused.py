@@ -14,6 +14,7 @@ from torch import nn
 
 from bertforge import kernels
 from bertforge.encoder import BertEmbeddings, BertEncoder, BertLayer, BertSelfAttention
+from bertforge.training_attention import TrainingPacking
 
 
 class FusedEncoder(nn.Module):
@@ -214,7 +215,7 @@ class KernelSelfAttention(nn.Module):
             return getattr(self._modules["inner"], name)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None,
-                packing=None) -> torch.Tensor:
+                packing: TrainingPacking | None = None) -> torch.Tensor:
         """As `BertSelfAttention.forward`."""
         inner = self.inner
         if self.training or packing is not None or x.device.type != "cpu":
@@ -235,4 +236,3 @@ def kernel_attention(model: nn.Module, is_product: Callable[[nn.Module], bool]) 
     for layer in layers:
         layer.attention = KernelSelfAttention(layer.attention)
     return len(layers)
-
