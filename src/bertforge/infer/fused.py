@@ -169,20 +169,28 @@ def fuse_encoders(model: nn.Module, is_product: Callable[[nn.Module], bool]) -> 
     return fused
 
 
-class FusedEmbeddings(nn.Module):
+class _Wrapper(nn.Module):
+    """A module standing in for another (its submodule named `wrapped`), which answers for the attributes it lacks."""
+
+    wrapped = ""
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules[self.wrapped], name)
+
+
+class FusedEmbeddings(_Wrapper):
     """A `BertEmbeddings` (the same module, its tables and LayerNorm) run on the kernels' `embeddings` in eval mode:
     each row's three embeddings summed and normalized in one pass, where PyTorch's operators take five (two
     gathers, two adds, the LayerNorm), each over the whole batch. Training runs the module as it is."""
 
+    wrapped = "plain"  # word_embeddings & co. (the masked-LM decoder is tied to the word embeddings)
+
     def __init__(self, embeddings: BertEmbeddings):
         super().__init__()
         self.plain = embeddings
-
-    def __getattr__(self, name: str):  # word_embeddings & co. (the masked-LM decoder is tied to the word embeddings)
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["plain"], name)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         e = self.plain
@@ -194,7 +202,7 @@ class FusedEmbeddings(nn.Module):
                                               norm.weight, norm.bias, norm.eps)
 
 
-class KernelSelfAttention(nn.Module):
+class KernelSelfAttention(_Wrapper):
     """A `BertSelfAttention` in eval mode on the kernels' attention operator, for bf16 models (`transforms.prepare`):
     its query/key/value product as it is (a bf16 `PackedLinear`), then each sequence's scores, softmax and weighted
     values in one pass, in fp32 from the bf16 rows, the output back in bf16. On PyTorch's operators a bf16 model's
@@ -203,16 +211,12 @@ class KernelSelfAttention(nn.Module):
     text 1.3-2.0x sooner; IMDB reviews embedded at about 75 tokens 1.32x, 180 tokens 1.04x, 260 1.03x, whole (up to
     512) 0.96-0.98x. Training, packed calls and other devices run the module it wraps."""
 
+    wrapped = "inner"  # num_heads, qkv, dropout_p & co.
+
     def __init__(self, attention: BertSelfAttention):
         super().__init__()
         self.inner = attention
         self.train(attention.training)
-
-    def __getattr__(self, name: str):  # num_heads, qkv & co.
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["inner"], name)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None = None,
                 packing: TrainingPacking | None = None) -> torch.Tensor:

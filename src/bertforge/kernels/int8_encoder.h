@@ -51,36 +51,21 @@ struct Norm {
 constexpr int64_t kChunkMacs = 1 << 21;
 
 // One thread's working memory, sized once for the call's longest sequence and widest product, and its products.
-// `team`: the calling thread runs the sequences one after another and shares each product's panels out over every
-// thread (fewer sequences than threads, as for a text served alone); else each thread runs its own sequences.
+// `team`: the calling thread runs the sequences one after another and shares each one's products (by panels) and
+// attention (by groups of heads, as `attention_kernel` shares a lone text's) out over every thread (fewer sequences
+// than threads, as for a text served alone); else each thread runs its own sequences.
 template <typename Products>
 struct EncoderWork {
   Sequence seq;
   Products products;
   bool team = false;
   std::vector<float> qkv, queries, context, attended, normed, middle, normed_in, hidden, output, gathered, x[2];
-  std::vector<Sequence> groups;  // a team's attention: groups of whole heads, one a thread (`share_out`)
   EncoderWork(int64_t heads, int64_t T, int64_t H, int64_t I)
       : seq(heads, T, H / heads), products(T, std::max(H, I)), qkv(T * 3 * H), queries(T * 3 * H), context(T * H),
         attended(T * H), normed(T * H), middle(T * H), normed_in(T * H), hidden(T * I), output(T * H),
         gathered(T * H) {
     x[0].resize(T * H);
     x[1].resize(T * H);
-  }
-
-  // From now on a team's work over `threads` threads: products by panels, attention by groups of heads (each
-  // Sequence reading and writing its heads' columns alone, as attention_kernel shares a text's heads out).
-  void share_out(int64_t threads) {
-    team = true;
-    const int64_t N = seq.N, count = std::min(N, threads);
-    for (int64_t g = 0; g < count; ++g)
-      groups.emplace_back((g + 1) * N / count - g * N / count, seq.T, seq.D, N * seq.D);
-  }
-
-  // The next sequence's rows (`Sequence::fit`).
-  void fit(int64_t rows) {
-    seq.fit(rows);
-    for (Sequence& group : groups) group.fit(rows);
   }
 
   // One post-LN layer over the sequence in `in` (T rows of H), its answer at P rows (`positions`, or every row
@@ -121,21 +106,12 @@ struct EncoderWork {
                       const int64_t* positions, int64_t P) {
     Range unused;
     query_key_value(L.qkv, in, positions, P);
-    if (groups.empty() || seq.T * seq.T * seq.N * seq.D < kChunkMacs) {
+    if (team && seq.T * seq.T * seq.N * seq.D >= kChunkMacs) {
+      attention_kernel(qkv.data(), mask, positions, context.data(), 1, seq.T, P, seq.N, seq.D);
+    } else {
       seq.read(qkv.data(), mask);
       seq.transpose_keys();
       seq.answer_all(positions, P, context.data(), unused);
-    } else {
-      const int64_t G = static_cast<int64_t>(groups.size());
-      at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
-        Range part;
-        for (int64_t g = begin; g < end; ++g) {
-          const int64_t first = g * seq.N / G * seq.D;  // the group's first column
-          groups[g].read(qkv.data() + first, mask);
-          groups[g].transpose_keys();
-          groups[g].answer_all(positions, P, context.data() + first, part);
-        }
-      });
     }
     product(context.data(), P, L.out, false, attended.data());
     return positions == nullptr ? residual : gather(residual, positions, P);
@@ -148,7 +124,7 @@ struct EncoderWork {
     constexpr int64_t kPanel = Products::kPanel;
     const int64_t p0 = c0 / kPanel, p1 = (std::min(c1, w.N) + kPanel - 1) / kPanel;
     products.quantize(in, M, w.K);
-    const int64_t grain = std::max<int64_t>(1, kChunkMacs / std::max<int64_t>(1, M * Products::depth(w.K) * kPanel));
+    const int64_t grain = task_grain(M, Products::depth(w.K), kPanel, kChunkMacs);
     if (!team || p1 - p0 < 2 * grain) return products.multiply(M, w, gelu, y, p0, p1);
     at::parallel_for(p0, p1, grain, [&](int64_t begin, int64_t end) { products.multiply(M, w, gelu, y, begin, end); });
   }
@@ -216,7 +192,7 @@ void encode_sequence(EncoderWork<Products>& work, const Encoding& job, int64_t b
   float* answer = job.out + b * P * H;
   const int64_t* at = job.positions == nullptr ? nullptr : job.positions + b * P;
   const int64_t rows = real_rows(keys, at, T, P);
-  work.fit(rows);
+  work.seq.fit(rows);
   if (!job.final.has_value()) {
     for (int64_t l = 0; l <= last; ++l) {
       float* dst = l == last ? answer : work.x[l % 2].data();
@@ -241,7 +217,7 @@ void encode_sequence(EncoderWork<Products>& work, const Encoding& job, int64_t b
 }
 
 // Whether B sequences of T rows (H wide, feed-forward I) run one after another with each one's work shared out over
-// the threads (`EncoderWork::share_out`): where they are fewer than the threads and a sequence's widest product makes
+// the threads (`EncoderWork::team`): where they are fewer than the threads and a sequence's widest product makes
 // two chunks, not on AMX tiles (each thread's own state: there a thread runs its sequences alone).
 inline bool shares_out(int64_t B, int64_t T, int64_t H, int64_t I, bool tiles) {
   return B < at::get_num_threads() && T * H * I >= 2 * kChunkMacs && !tiles;
@@ -254,7 +230,7 @@ void encode(const Encoding& job, int64_t heads, int64_t B) {
   const int64_t T = job.T, H = job.H, I = job.layers.front().intermediate.N;
   if (shares_out(B, T, H, I, Products::uses_tiles())) {
     EncoderWork<Products> work(heads, T, H, I);
-    work.share_out(at::get_num_threads());
+    work.team = true;
     for (int64_t b = 0; b < B; ++b) encode_sequence(work, job, b);
     return;
   }
