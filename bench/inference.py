@@ -24,7 +24,7 @@ Sides, all on --device (default cpu; int8 and ONNX Runtime are CPU-only and run 
   more threads (`bertforge.batching`): two batches at a time, from two threads calling one session whose intra-op
   threads are half of torch's (ONNX Runtime's `run` may be called from several threads at once). Every ratio
   against ONNX Runtime is against the faster of its two setups for that precision;
-- with --fp32-onednn, where fp32's few-row products run on bertforge's kernels (CPUs without AVX-512), also
+- with --fp32-onednn, where fp32's few-row products run on bertforge's kernels (`PackedLinear`), also
   "ours fp32 on oneDNN", every product on oneDNN's;
 - with --one-stream, also ours fp32 / bf16 / int8 with one batch at a time (`predict(streams=1)`);
 - with --backend-onnx, also `Predictor(model, EngineOptions(backend="onnx"[, quantize="int8"]))`: bertforge's
@@ -208,7 +208,7 @@ def parse_args() -> argparse.Namespace:
                              "operator after another, as before it ran a sequence at a time")
     parser.add_argument("--fp32-onednn", action="store_true",
                         help="add our fp32 with every product on oneDNN where few-row ones run on bertforge's fp32 "
-                             "kernels (CPUs without AVX-512), to compare")
+                             "kernels, to compare")
     parser.add_argument("--fp32-operators", action="store_true",
                         help="add the side 'ours fp32 on operators': fp32 packed on PyTorch's operators, as before "
                              "its encoder ran on bertforge's kernels between the products")

@@ -1,6 +1,6 @@
-"""bertforge's fp32 products for CPUs without AVX-512 (kernels/fp32_panels.h: `f32_pack`, `f32_linear`) against
-PyTorch's Linear, and the few-row products an fp32 `PackedLinear` takes to them where the AVX2 build runs (on an
-AVX-512 CPU, tests/test_kernels.py's child process runs this file on the AVX2 build)."""
+"""bertforge's few-row fp32 products (kernels/fp32_panels.h: `f32_pack`, `f32_linear`) against PyTorch's Linear, and
+the products an fp32 `PackedLinear` takes to them: its few-row ones in the AVX2 build, small layers' in the AVX-512
+build (on an AVX-512 CPU, tests/test_kernels.py's child process runs this file on the AVX2 build too)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertforge import kernels
 from bertforge.infer import transforms
 from bertforge.infer.transforms import PANEL_MAX_ROWS, PackedLinear
 
@@ -60,16 +61,20 @@ def test_the_fp32_kernel_refuses_operands_it_does_not_take():
         torch.ops.bertforge.f32_linear(torch.randn(5, 0), torch.ops.bertforge.f32_pack(torch.randn(16, 0)), None, False)
 
 
+needs_onednn = pytest.mark.skipif(not transforms._has_onednn_ops(),
+                                  reason="this torch lacks the oneDNN operators PackedLinear calls")
+
+
 @needs_kernels
-@pytest.mark.skipif(not transforms._has_onednn_ops(), reason="this torch lacks the oneDNN operators PackedLinear calls")
-def test_packed_linears_take_few_rows_to_the_fp32_kernel_where_the_avx2_build_runs():
-    """Up to PANEL_MAX_ROWS rows on the kernel's product, more on oneDNN's, both the layer's to rounding, the GELU
-    where the layer applies it; no second copy of the weight where the kernel would not be used."""
-    if not transforms.fp32_panels():
-        pytest.skip("the AVX2 build runs this (on AVX-512 CPUs, tests/test_kernels.py's child process)")
+@needs_onednn
+def test_packed_linears_take_few_rows_to_the_fp32_kernel():
+    """Up to PANEL_MAX_ROWS rows of a small layer on the kernel's product, more on oneDNN's, both the layer's to
+    rounding, the GELU where the layer applies it; no second copy of the weight where the kernel would not be used."""
+    assert transforms.fp32_panels()
     torch.manual_seed(0)
     lin = nn.Linear(64, 48)
     packed = PackedLinear(lin, torch.float32)
+    assert packed.panel_rows == PANEL_MAX_ROWS
     few = [torch.randn(1, 27, 64), torch.randn(1, PANEL_MAX_ROWS, 64)]  # a snippet's tokens; the most the kernel takes
     many = [torch.randn(1, PANEL_MAX_ROWS + 1, 64), torch.randn(2, 100, 64)]
     for gelu in (False, True):
@@ -77,9 +82,7 @@ def test_packed_linears_take_few_rows_to_the_fp32_kernel_where_the_avx2_build_ru
         for x in few:
             assert torch.equal(packed(x), torch.ops.bertforge.f32_linear(x, packed.panels, packed.bias, gelu))
         for x in many:
-            onednn = torch.ops.mkldnn._linear_pointwise(x, packed.weight, packed.bias, packed.activation, [],
-                                                        "none" if gelu else "")
-            assert torch.equal(packed(x), onednn)
+            assert torch.equal(packed(x), on_onednn(packed, x))
         with torch.no_grad():
             for x in few + many:
                 assert torch.allclose(packed(x), F.gelu(lin(x)) if gelu else lin(x), atol=2e-5, rtol=0)
@@ -90,3 +93,49 @@ def test_packed_linears_take_few_rows_to_the_fp32_kernel_where_the_avx2_build_ru
     with transforms.on_onednn():
         assert PackedLinear(lin, torch.float32).panels is None
     assert transforms.fp32_panels()  # as it was after the comparison's side
+
+
+def on_onednn(packed: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+    gelu = packed.activation == "gelu"
+    return torch.ops.mkldnn._linear_pointwise(x, packed.weight, packed.bias, packed.activation, [],
+                                              "none" if gelu else "")
+
+
+@needs_kernels
+@needs_onednn
+def test_the_avx512_build_takes_only_small_products_to_the_fp32_kernel():
+    """In the AVX-512 build, where oneDNN's products are the faster from a few million multiply-adds on, a layer
+    takes as many rows to the kernel as stay within PANEL_AVX512_MAX_MACS, and a layer that could not take 8 keeps
+    no second copy of its weight; the AVX2 build takes any layer's few rows."""
+    torch.manual_seed(1)
+    medium, large = nn.Linear(256, 1024), nn.Linear(384, 1536)  # BERT-mini's feed-forward; MiniLM-L6's
+    if kernels.isa() == "avx2":
+        assert PackedLinear(medium, torch.float32).panel_rows == PackedLinear(large, torch.float32).panel_rows \
+            == PANEL_MAX_ROWS
+        return
+    rows = transforms.PANEL_AVX512_MAX_MACS // (256 * 1024)
+    assert rows == 8
+    packed = PackedLinear(medium, torch.float32)
+    assert packed.panel_rows == rows
+    inside, past = torch.randn(1, rows, 256), torch.randn(1, rows + 1, 256)
+    assert torch.equal(packed(inside), torch.ops.bertforge.f32_linear(inside, packed.panels, packed.bias, False))
+    assert torch.equal(packed(past), on_onednn(packed, past))
+    assert PackedLinear(large, torch.float32).panels is None
+
+
+@needs_onednn
+def test_narrow_layers_multiply_few_rows_on_pytorchs_product():
+    """A classifier's head (fewer than 16 outputs) over a text or a few: PyTorch's product on the layer's own weight
+    (oneDNN's fixed cost is most of such a product's time); over many rows oneDNN's; both the layer's to rounding."""
+    torch.manual_seed(2)
+    head = nn.Linear(128, 3)
+    packed = PackedLinear(head, torch.float32)
+    few, many = torch.randn(4, 128), torch.randn(transforms.NARROW_MAX_MACS // (128 * 3) + 1, 128)
+    assert torch.equal(packed(few), F.linear(few, head.weight, head.bias))
+    assert torch.equal(packed(many), on_onednn(packed, many))
+    with torch.no_grad():
+        assert torch.allclose(packed(many), head(many), atol=2e-5, rtol=0)
+    packed.activation = "gelu"
+    assert torch.equal(packed(few), F.gelu(F.linear(few, head.weight, head.bias)))
+    assert PackedLinear(nn.Linear(128, 16), torch.float32).narrow is None
+    assert PackedLinear(head.to(torch.bfloat16), torch.bfloat16).narrow is None

@@ -9,8 +9,10 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
   which counts most for a batch of random lengths, such as a group of the server's concurrent requests;
 - every Linear layer's weight laid out once for oneDNN's matrix kernels (`pack_linears`): the matrix products
   are most of the time on short texts, and torch's nn.Linear hands fp32 ones to MKL, which packs the weight
-  anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight); on
-  CPUs without AVX-512 a short text's few rows go to bertforge's own fp32 product instead (`PackedLinear`);
+  anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight); a short
+  text's few rows go to bertforge's own fp32 product instead on CPUs without AVX-512, and on AVX-512 ones where the
+  layer is small (BERT-tiny's, mini's), and a classifier's narrow head to PyTorch's (`PackedLinear`): oneDNN's
+  fixed cost of about 15 us a call is most of such a product's time;
 - a narrower number format where the CPU multiplies it natively: `EngineOptions(precision="bf16")` (the whole
   model in bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers, the rest fp32:
   with VNNI 8-bit weights on oneDNN, int32 sums; on AVX2 alone 7-bit weights and activations in 7 bits per row on
@@ -23,12 +25,11 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
 - two batches at a time, each on half the threads, where there are 2 or more threads and 4 or more batches
   (`bertforge.batching`): small products use a CPU's threads better side by side than split.
 
-The package by job: `engines` (Encoder, MaskFiller, Predictor), `transforms` (the model rewritten for the CPU:
-packed and int8 Linear layers), `fused` (the encoder on the kernels between its products), `packing` (the unpadded
-encoder), `checks` (the device and
-dtype an engine's options give on this machine). The options themselves, checked together, are one
-`bertforge.options.EngineOptions` (also importable from here). Reading the command line's input files is the CLI's
-(`bertforge.commands.inputs`).
+The package by job: `engines` (Encoder, MaskFiller, Predictor), `transforms` (the model rewritten for the CPU: int8
+Linear layers, and `packed_linear`'s fp32 and bf16 ones), `fused` (the encoder on the kernels between its products),
+`packing` (the unpadded encoder), `checks` (the device and dtype an engine's options give on this machine). The
+options themselves, checked together, are one `bertforge.options.EngineOptions` (also importable from here). Reading
+the command line's input files is the CLI's (`bertforge.commands.inputs`).
 """
 
 from bertforge.infer.engines import Encoder, MaskFiller, Predictor, predict_records

@@ -24,6 +24,15 @@ from bertforge.encoder import BertLayer, BertSelfAttention
 from bertforge.gelu import gelu
 from bertforge.infer.checks import inference_dtype
 from bertforge.infer.fused import fuse_encoders, kernel_attention
+from bertforge.infer.packed_linear import (  # noqa: F401  (the rules' names, where tests and benches read them)
+    NARROW_MAX_MACS,
+    PANEL_AVX512_MAX_MACS,
+    PANEL_MAX_ROWS,
+    PackedLinear,
+    fp32_on_onednn,
+    fp32_panels,
+    panel_rows,
+)
 from bertforge.infer.packing import pack_sequences, packed_rows
 from bertforge.linear import has_onednn_linear
 from bertforge.options import EngineOptions
@@ -33,52 +42,6 @@ from bertforge.options import EngineOptions
 def _has_onednn_ops() -> bool:
     """Has this torch the oneDNN operators `PackedLinear` and `Int8Linear` call (else plain nn.Linear)?"""
     return has_onednn_linear() and hasattr(torch.ops.onednn, "qlinear_pointwise")
-
-
-class PackedLinear(nn.Module):
-    """An nn.Linear for CPU inference: its weight reordered once, in fp32 or bf16, into the blocked layout of
-    oneDNN's matrix kernels, which then read it as it is on every call. The product is nn.Linear's in the
-    weight's dtype (fp32: the same to rounding, max |difference| ~1e-6 on unit-scale inputs).
-
-    On CPUs without AVX-512 (bertforge's kernels in their AVX2 build, `fp32_panels`), an fp32 layer keeps a second
-    copy of its weight, packed for the kernels' own fp32 product (fp32_panels.h), which takes inputs of at most
-    `PANEL_MAX_ROWS` rows (a short text or two): there oneDNN's AVX2 products ran at well under half their
-    full-batch speed, and MiniLM-L6 answered one Rotten Tomatoes snippet 1.21-1.47x sooner on the kernels' (a 2-core
-    Zen 1 EPYC; docs/benchmarks.md). oneDNN keeps the larger products, which it ran 1.05-1.12x faster there."""
-
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        # a oneDNN tensor (layout torch._mkldnn), not a Parameter: state_dict and .to() do not apply to it
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype))
-        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-        self.dtype = dtype
-        self.activation = "none"  # "gelu": the exact GELU applied as the product is written (`_fuse_gelu`)
-        few = dtype == torch.float32 and self.out_features % 16 == 0 and fp32_panels()
-        self.panels = torch.ops.bertforge.f32_pack(linear.weight.detach().float()) if few else None
-
-    def forward(self, x: torch.Tensor, bounds: torch.Tensor | None = None) -> torch.Tensor:
-        """bounds: unused (`fused.FusedEncoder` hands it to every product)."""
-        if self.panels is not None and x.numel() <= PANEL_MAX_ROWS * self.in_features:
-            return torch.ops.bertforge.f32_linear(x, self.panels, self.bias, self.activation == "gelu")
-        if self.activation == "gelu":
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], "none")
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-
-
-# The most rows an fp32 `PackedLinear` multiplies on the kernels' fp32 products where it has them (`fp32_panels`).
-# MiniLM-L6's four products on a 2-core Zen 1 EPYC, against oneDNN's, side by side: 27 rows 1.22-1.25x, 54 rows
-# 1.10-1.12x, 128 rows 0.89x, 256 0.92x, 1,728 rows 0.89-0.95x.
-PANEL_MAX_ROWS = 64
-
-FP32_PANELS = True  # False: fp32 `PackedLinear`s made from now on multiply on oneDNN alone (`on_onednn`)
-
-
-def fp32_panels() -> bool:
-    """Do fp32 `PackedLinear`s take their few-row products to bertforge's fp32 kernels (fp32_panels.h)? Where the
-    kernels load in their AVX2 build (CPUs without AVX-512, where oneDNN runs AVX2 code), unless `FP32_PANELS` is
-    off."""
-    return FP32_PANELS and kernels.available() and kernels.isa() == "avx2"
 
 
 class Int8Linear(nn.Module):
@@ -196,12 +159,13 @@ def on_onednn():
     """Linear layers (and models) made inside run their products on oneDNN even where bertforge's kernels would:
     8-bit `Int8Linear`s without the VNNI kernels, fp32 `PackedLinear`s without the fp32 kernel's few-row products. The
     other side of a side-by-side run."""
-    global VNNI_PRODUCTS, FP32_PANELS
-    saved, VNNI_PRODUCTS, FP32_PANELS = (VNNI_PRODUCTS, FP32_PANELS), False, False
+    global VNNI_PRODUCTS
+    saved, VNNI_PRODUCTS = VNNI_PRODUCTS, False
     try:
-        yield
+        with fp32_on_onednn():
+            yield
     finally:
-        VNNI_PRODUCTS, FP32_PANELS = saved
+        VNNI_PRODUCTS = saved
 
 
 # The most rows (tokens) an `Int8Linear` with 7-bit weights multiplies on fbgemm's kernels rather than oneDNN's. On a

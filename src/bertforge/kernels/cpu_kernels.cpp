@@ -112,7 +112,7 @@ at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor* residual, cons
   out = at::empty_like(a);
   if (sum != nullptr) *sum = residual == nullptr ? a : at::empty_like(a);
   const int64_t rows = H == 0 ? 0 : a.numel() / H;
-  const int64_t grain = 16;
+  const int64_t grain = std::max<int64_t>(16, 8192 / std::max<int64_t>(H, 1));  // rows a task: >= 8K values
   std::vector<Range> ranges((rows + grain - 1) / grain);
   const float *ap = a.data_ptr<float>(), *rp = residual == nullptr ? nullptr : r.data_ptr<float>(),
               *wp = w.data_ptr<float>(), *cp = c.data_ptr<float>();

@@ -1,5 +1,5 @@
-// fp32 products for CPUs without AVX-512 (bertforge/kernels/cpu_kernels.cpp registers f32_pack and f32_linear; both
-// builds carry them, `transforms.PackedLinear` sends them few rows where the AVX2 build is the one loaded): y = x W^T
+// Few-row fp32 products (bertforge/kernels/cpu_kernels.cpp registers f32_pack and f32_linear; both builds carry them,
+// `transforms.PackedLinear` sends them few rows, in the AVX-512 build only small layers' few rows): y = x W^T
 // + b, the exact GELU applied as a tile is written where asked, over a weight packed once into panels of 16 columns.
 // Tiles of up to 6 rows x 16 columns in 12 accumulators (one 256-bit FMA a cycle on a Zen 1 core: 12 a k-step,
 // against 2 panel loads and 6 broadcasts), a short last tile computing only its rows, K taken 256 at a time so that a
@@ -97,7 +97,7 @@ inline at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const at
   at::Tensor y = at::empty({M, N}, x.options());
   const float *xs = x.data_ptr<float>(), *ws = panels.data_ptr<float>(), *bs = bias.data_ptr<float>();
   float* ys = y.data_ptr<float>();
-  at::parallel_for(0, blocks * P, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, blocks * P, task_grain(mc, K, NR), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / P, p = t % P;
       block(xs, K, ws + p * K * NR, bs + p * NR, ys + p * NR, N, b * mc, std::min(M, (b + 1) * mc), gelu);

@@ -70,13 +70,6 @@ inline void quantize_each_row(const float* x, int64_t M, int64_t K, float top, f
   });
 }
 
-// The fewest (row block, panel) tasks of a per-row int8 product a thread takes for `macs` multiply-adds a chunk (by
-// default 256K, so a product of a row or a few, a classifier's pooler and head over one text, runs on the calling
-// thread, not waking others).
-inline int64_t task_grain(int64_t block_rows, int64_t Kp, int64_t columns, int64_t macs = int64_t{1} << 18) {
-  return std::max<int64_t>(1, macs / std::max<int64_t>(1, block_rows * Kp * columns));
-}
-
 // Where a per-row int8 product's int32 sums go (vnni and u7 alike): y[i, n] = act((sum - xzero[i] colsum[n]) xscale[i]
 // wscale[n] + bias[n]), act the exact GELU where `gelu`.
 struct Epilogue {

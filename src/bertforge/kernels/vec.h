@@ -358,4 +358,11 @@ struct Range {
   float max() const { return reduce_max(hi); }
 };
 
+// The fewest (row block, panel) tasks of a product a thread takes for `macs` multiply-adds a chunk (by default 256K,
+// so a product of a row or a few, a classifier's pooler and head over one text, runs on the calling thread, not waking
+// others).
+inline int64_t task_grain(int64_t block_rows, int64_t depth, int64_t columns, int64_t macs = int64_t{1} << 18) {
+  return std::max<int64_t>(1, macs / std::max<int64_t>(1, block_rows * depth * columns));
+}
+
 }  // namespace bertforge
