@@ -25,7 +25,7 @@ from bertforge.infer.transforms import prepare
 from bertforge.model_files import load_model
 from bertforge.options import DEFAULT_WINDOWS, EngineOptions
 from bertforge.ort import load_ort_model
-from bertforge.tasks.runner import TaskModel, load_encoder, load_task, load_task_model, run_model
+from bertforge.tasks.runner import TaskModel, load_encoder, load_task, load_task_model, model_modules, run_model
 from bertforge.tokenizer import Tokenizer
 
 
@@ -56,8 +56,12 @@ def _padded_batch(rows: list[list[int]], pad_id: int, device: torch.device) -> t
 
 
 def _device_of(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
+    """The device of the model's first parameter, over its modules listed once (`model.parameters()` walks them
+    anew: 11 us of a BERT-tiny's 0.4 ms answer to one text)."""
+    for module in model_modules(model):
+        for p in module._parameters.values():
+            if p is not None:
+                return p.device
     return torch.device("cpu")  # a fully quantized model has no nn.Parameter left outside packed weights
 
 
