@@ -39,7 +39,7 @@ from measure import spread  # noqa: E402
 
 from bertforge import cpu  # noqa: E402
 from bertforge.files import cache_dir  # noqa: E402
-from bertforge.infer.transforms import Int8Linear, PackedLinear  # noqa: E402
+from bertforge.infer.transforms import Int8Linear, PackedLinear, on_onednn  # noqa: E402
 
 PEAK_SOURCE = r"""
 #include <immintrin.h>
@@ -149,9 +149,11 @@ def product_rates(shapes: list[tuple[int, int]], rows: int, rounds: int) -> dict
     torch.manual_seed(0)
     linears = [nn.Linear(k, n) for k, n in shapes]
     inputs = [torch.randn(rows, k) for k, _ in shapes]
+    with on_onednn():  # oneDNN's product at every size (PackedLinear takes few rows to bertforge's kernel)
+        packed = [PackedLinear(lin, torch.float32) for lin in linears]
     sides = {
         "fp32 MKL (F.linear)": [_plain(lin) for lin in linears],
-        "fp32 oneDNN packed": [PackedLinear(lin, torch.float32) for lin in linears],
+        "fp32 oneDNN packed": packed,
         "int8 (Int8Linear)": [Int8Linear(lin, cpu.int8_weight_bits() or 8) for lin in linears],
     }
     macs = sum(rows * k * n for k, n in shapes) / 1e9
