@@ -15,7 +15,7 @@ bench says so and is meant for AVX2-only CPUs (issue 67's AVX2 goals).
 Products: y = x W^T + b at the encoder's four Linear shapes (query/key/value H -> 3H, attention output H -> H,
 feed-forward H -> I and I -> H) for each --rows (a batch's tokens: 1,920 is 64 snippets of 30; 32 one text), the
 rate summed over the four, in multiply-adds a second: fp32 on MKL (`F.linear`, what torch and `transformers` run)
-and on oneDNN with the weight packed once (`bertforge.infer.transforms.PackedLinear`, bertforge's fp32 inference),
+and on oneDNN with the weight packed once (`bertforge.infer.packed_linear.PackedLinear`, bertforge's fp32 inference),
 and int8 (`Int8Linear`, bertforge's int8 inference: oneDNN, or fbgemm for few rows on CPUs without VNNI; its fp32
 input's quantizing included). A product's figure is the median of --rounds rounds (min-max beside it), the sides
 alternating within a round; a peak's is its best round (a busy machine only lowers it), and each share is of that.

@@ -1,6 +1,6 @@
 """Encoders run on bertforge's CPU kernels between their products (`FusedEncoder`): int8 ones (`quantize_int8`) and
 fp32 ones (`prepare`'s packed fp32 path). The products are the layers' own (`transforms.Int8Linear`,
-`transforms.PackedLinear`, the GELU inside the feed-forward's first); the attention and the residual add +
+`packed_linear.PackedLinear`, the GELU inside the feed-forward's first); the attention and the residual add +
 LayerNorm between them are the kernels'. For fp32 on a 2-core Xeon with AMX (bench/inference.py --fp32-operators):
 a file of Rotten Tomatoes snippets 1.10x (fine-tuned MiniLM-L6) and 1.21x (BERT-tiny) faster than on PyTorch's
 operators, one text 1.22x and 1.17x sooner, the logits within 4e-7."""

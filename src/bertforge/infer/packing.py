@@ -42,7 +42,7 @@ class Packing:
 def packed_rows(tokens: int) -> int:
     """The rows a packed batch of `tokens` real tokens runs at: `tokens` rounded up to a multiple of a thirty-second
     of the power of two below it (at least 8), so at most 3.1% more (or 7 rows). Why: the products
-    (`infer.transforms.PackedLinear`, oneDNN) build and cache a primitive for every input shape, and each holds
+    (`infer.packed_linear.PackedLinear`, oneDNN) build and cache a primitive for every input shape, and each holds
     memory (0.6 MB for MiniLM's 384 x 1536 product, 1.6 MB for BERT-base's 768 x 3072; 1,024 of them cached). A
     server's groups bring a new token count nearly every time: MiniLM fp32 over 150 groups of 32-290 texts grew from
     750 MB to 1.95 GB resident, still rising. Rounded, at most 192 row counts cover every batch up to 8,192 tokens:
