@@ -39,7 +39,8 @@ from measure import spread  # noqa: E402
 
 from bertforge import cpu  # noqa: E402
 from bertforge.files import cache_dir  # noqa: E402
-from bertforge.infer.transforms import Int8Linear, PackedLinear, on_onednn  # noqa: E402
+from bertforge.infer.packed_linear import PackedLinear  # noqa: E402
+from bertforge.infer.transforms import Int8Linear, on_onednn  # noqa: E402
 
 PEAK_SOURCE = r"""
 #include <immintrin.h>

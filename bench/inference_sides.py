@@ -13,7 +13,7 @@ import torch
 
 from bertforge.batching import length_batches, run_batches
 from bertforge.errors import BertforgeError
-from bertforge.infer import EngineOptions, FusedEncoder, Predictor, transforms
+from bertforge.infer import EngineOptions, FusedEncoder, Predictor, packed_linear, transforms
 from bertforge.ort import session
 from bertforge.tasks.runner import MODEL_INPUTS
 
@@ -137,7 +137,7 @@ def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu
             encoder.sequence_weights = None
         if by_sequence:
             sides["ours int8, by operator"] = OursSide(predictor, labels, args.batch_size)
-    if args.fp32_onednn and transforms.fp32_panels():
+    if args.fp32_onednn and packed_linear.fp32_panels():
         with transforms.on_onednn():
             predictor = Predictor(model_dir, EngineOptions(device=args.device))
         sides["ours fp32 on oneDNN"] = OursSide(predictor, labels, args.batch_size)

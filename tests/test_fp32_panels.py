@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge import kernels
-from bertforge.infer import transforms
-from bertforge.infer.transforms import PANEL_MAX_ROWS, PackedLinear
+from bertforge.infer import packed_linear, transforms
+from bertforge.infer.packed_linear import NARROW_MAX_MACS, PANEL_AVX512_MAX_MACS, PANEL_MAX_ROWS, PackedLinear
 
 needs_kernels = pytest.mark.usefixtures("int8_kernels")
 
@@ -70,7 +70,7 @@ needs_onednn = pytest.mark.skipif(not transforms._has_onednn_ops(),
 def test_packed_linears_take_few_rows_to_the_fp32_kernel():
     """Up to PANEL_MAX_ROWS rows of a small layer on the kernel's product, more on oneDNN's, both the layer's to
     rounding, the GELU where the layer applies it; no second copy of the weight where the kernel would not be used."""
-    assert transforms.fp32_panels()
+    assert packed_linear.fp32_panels()
     torch.manual_seed(0)
     lin = nn.Linear(64, 48)
     packed = PackedLinear(lin, torch.float32)
@@ -92,7 +92,7 @@ def test_packed_linears_take_few_rows_to_the_fp32_kernel():
     assert PackedLinear(nn.Linear(64, 2), torch.float32).panels is None  # not a multiple of 16 columns
     with transforms.on_onednn():
         assert PackedLinear(lin, torch.float32).panels is None
-    assert transforms.fp32_panels()  # as it was after the comparison's side
+    assert packed_linear.fp32_panels()  # as it was after the comparison's side
 
 
 def on_onednn(packed: PackedLinear, x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +113,7 @@ def test_the_avx512_build_takes_only_small_products_to_the_fp32_kernel():
         assert PackedLinear(medium, torch.float32).panel_rows == PackedLinear(large, torch.float32).panel_rows \
             == PANEL_MAX_ROWS
         return
-    rows = transforms.PANEL_AVX512_MAX_MACS // (256 * 1024)
+    rows = PANEL_AVX512_MAX_MACS // (256 * 1024)
     assert rows == 8
     packed = PackedLinear(medium, torch.float32)
     assert packed.panel_rows == rows
@@ -130,7 +130,7 @@ def test_narrow_layers_multiply_few_rows_on_pytorchs_product():
     torch.manual_seed(2)
     head = nn.Linear(128, 3)
     packed = PackedLinear(head, torch.float32)
-    few, many = torch.randn(4, 128), torch.randn(transforms.NARROW_MAX_MACS // (128 * 3) + 1, 128)
+    few, many = torch.randn(4, 128), torch.randn(NARROW_MAX_MACS // (128 * 3) + 1, 128)
     assert torch.equal(packed(few), F.linear(few, head.weight, head.bias))
     assert torch.equal(packed(many), on_onednn(packed, many))
     with torch.no_grad():

@@ -34,13 +34,8 @@ the command line's input files is the CLI's (`bertforge.commands.inputs`).
 
 from bertforge.infer.engines import Encoder, MaskFiller, Predictor, predict_records
 from bertforge.infer.fused import FusedEncoder
-from bertforge.infer.transforms import (
-    INT8_BF16_ATTENTION_MAX_T,
-    Int8Linear,
-    PackedLinear,
-    pack_linears,
-    quantize_int8,
-)
+from bertforge.infer.packed_linear import PackedLinear
+from bertforge.infer.transforms import INT8_BF16_ATTENTION_MAX_T, Int8Linear, pack_linears, quantize_int8
 from bertforge.options import EngineOptions
 
 __all__ = ["INT8_BF16_ATTENTION_MAX_T", "Encoder", "EngineOptions", "FusedEncoder", "Int8Linear", "MaskFiller",

@@ -24,15 +24,7 @@ from bertforge.encoder import BertLayer, BertSelfAttention
 from bertforge.gelu import gelu
 from bertforge.infer.checks import inference_dtype
 from bertforge.infer.fused import fuse_encoders, kernel_attention
-from bertforge.infer.packed_linear import (  # noqa: F401  (the rules' names, where tests and benches read them)
-    NARROW_MAX_MACS,
-    PANEL_AVX512_MAX_MACS,
-    PANEL_MAX_ROWS,
-    PackedLinear,
-    fp32_on_onednn,
-    fp32_panels,
-    panel_rows,
-)
+from bertforge.infer.packed_linear import PackedLinear, fp32_on_onednn
 from bertforge.infer.packing import pack_sequences, packed_rows
 from bertforge.linear import has_onednn_linear
 from bertforge.options import EngineOptions

@@ -1,5 +1,5 @@
 // Few-row fp32 products (bertforge/kernels/cpu_kernels.cpp registers f32_pack and f32_linear; both builds carry them,
-// `transforms.PackedLinear` sends them few rows, in the AVX-512 build only small layers' few rows): y = x W^T
+// `packed_linear.PackedLinear` sends them few rows, in the AVX-512 build only small layers' few rows): y = x W^T
 // + b, the exact GELU applied as a tile is written where asked, over a weight packed once into panels of 16 columns.
 // Tiles of up to 6 rows x 16 columns in 12 accumulators (one 256-bit FMA a cycle on a Zen 1 core: 12 a k-step,
 // against 2 panel loads and 6 broadcasts), a short last tile computing only its rows, K taken 256 at a time so that a

@@ -70,7 +70,7 @@ def per_feature_outputs(model: nn.Module, features: Sequence[dict], pad_id: int,
     """`run_model`'s outputs as one item per feature: a logits array, or a (start, end) pair for QA."""
     if any(m.training for m in model_modules(model)):  # eval() sets an attribute on every module: 0.4 ms on MiniLM
         model.eval()
-    device = device or next(model.parameters()).device
+    device = device or model_device(model)
     lengths = np.array([feature_length(f) for f in features])
     results: list[Any] = [None] * len(features)
 
@@ -106,6 +106,17 @@ def model_modules(model: nn.Module) -> tuple[nn.Module, ...]:
     if listed is None:
         listed = _MODULES[model] = tuple(model.modules())
     return listed
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter, over `model_modules` (`model.parameters()` walks the modules anew:
+    11 us of a BERT-tiny's 0.4 ms answer to one text); the CPU for a model with none (a fully quantized one keeps its
+    weights outside nn.Parameters)."""
+    for module in model_modules(model):
+        for p in module._parameters.values():
+            if p is not None:
+                return p.device
+    return torch.device("cpu")
 
 
 def assemble_outputs(results: list[Any]) -> Any:
