@@ -62,3 +62,27 @@ def row_codes(x: torch.Tensor, bits: int = 7) -> tuple[torch.Tensor, torch.Tenso
     scale[scale == 0] = 1.0
     zero = torch.round(-lo / scale)
     return (torch.round(x / scale) + zero).clamp(0, top), scale, zero
+
+
+def padded_batch(T: int = 23, B: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids (vocabulary 200) and a mask of keys then padding, sequences of T, 3, 11, T - 1, 7, 1, T and 2."""
+    torch.manual_seed(1)
+    ids = torch.randint(5, 200, (B, T))
+    mask = torch.ones(B, T, dtype=torch.long)
+    for row, length in enumerate([T, 3, 11, T - 1, 7, 1, T, 2][:B]):
+        mask[row, length:] = 0
+    return ids, mask
+
+
+def at_threads(counts, outputs) -> dict:
+    """{n: outputs()} with torch on n threads for each n of counts (no gradients), its threads restored after."""
+    threads = torch.get_num_threads()
+    got = {}
+    try:
+        for n in counts:
+            torch.set_num_threads(n)
+            with torch.no_grad():
+                got[n] = outputs()
+    finally:
+        torch.set_num_threads(threads)
+    return got

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from infer_support import padded_batch
 
 import bertforge.cpu
 import bertforge.infer.fused
@@ -38,15 +39,6 @@ def classifier(hidden: int = 64, heads: int = 2, **overrides) -> BertForSequence
     return model
 
 
-def batch(T: int = 23, B: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
-    torch.manual_seed(1)
-    ids = torch.randint(5, 200, (B, T))
-    mask = torch.ones(B, T, dtype=torch.long)
-    for row, length in enumerate([T, 3, 11, T - 1, 7, 1, T, 2][:B]):
-        mask[row, length:] = 0
-    return ids, mask
-
-
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_a_sequence_at_a_time_gives_the_operators_results_bit_for_bit(monkeypatch, pre_ln):
     """Post-LN and pre-LN, every position (the encoder's output, padding included) and [CLS] alone (the classifier's
@@ -59,7 +51,7 @@ def test_a_sequence_at_a_time_gives_the_operators_results_bit_for_bit(monkeypatc
     model = quantize_int8(classifier(pre_layer_norm=pre_ln))
     encoder = model.bert.encoder
     assert isinstance(encoder, FusedEncoder) and encoder.sequence_weights is not None
-    ids, mask = batch()
+    ids, mask = padded_batch()
     threads = torch.get_num_threads()
     with torch.no_grad():
         got = []
@@ -103,7 +95,7 @@ def test_fewer_sequences_than_threads_share_their_work_out_with_the_same_bits(mo
     try:
         for pre_ln in (False, True):
             model = quantize_int8(classifier(hidden=256, heads=4, max_position_embeddings=160, pre_layer_norm=pre_ln))
-            ids, mask = batch(T=100, B=3)
+            ids, mask = padded_batch(T=100, B=3)
             holed = mask.clone()
             holed[:, 1] = 0
             got = {}
@@ -142,7 +134,7 @@ def test_which_batches_run_a_sequence_at_a_time(monkeypatch):
         with torch.no_grad():
             for T, B, by_operator in ((129, 1, tiles), (128, 1, False), (129, 2, False), (160, 1, tiles)):
                 calls.clear()
-                model(*batch(T, B))
+                model(*padded_batch(T, B))
                 assert bool(calls) == by_operator, (T, B)
     finally:
         torch.set_num_threads(threads)

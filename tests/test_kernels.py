@@ -19,7 +19,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
-from infer_support import activation_codes
+from infer_support import activation_codes, at_threads
 
 import bertforge.cpu
 import bertforge.infer.fused
@@ -123,6 +123,7 @@ def test_the_kernels_run_on_torchs_threads_with_the_same_results():
 # dropout's masks from the kernel against torch's operators, the transpose, training's attention and clipping's norm,
 # fp32's few-row products
 ENGINE_TESTS = (Path(__file__).with_name("test_fp32_panels.py").as_posix(),
+                Path(__file__).with_name("test_fp32_encoder.py").as_posix(),
                 Path(__file__).with_name("test_infer_int8.py").as_posix() + "::test_int8_stays_close_to_fp32",
                 Path(__file__).with_name("test_dropout.py").as_posix()
                 + "::test_the_kernel_gives_the_torch_masks_bit_for_bit",
@@ -420,16 +421,11 @@ def test_a_7_bit_lone_sequence_shares_its_work_out_with_the_same_bits(monkeypatc
                                      max_position_embeddings=128, pre_layer_norm=True))
     assert model.bert.encoder.sequence_u7
     ids = torch.randint(5, 200, (1, 100), generator=torch.Generator().manual_seed(2))
-    threads = torch.get_num_threads()
-    got = {}
-    try:
-        for n in (1, 2, 4):
-            torch.set_num_threads(n)
-            assert torch.ops.bertforge.int8_encoder_shares(1, 100, 256, 520, True) == (n > 1)
-            with torch.no_grad():
-                got[n] = model(ids).logits, model.bert(ids).sequence_output
-    finally:
-        torch.set_num_threads(threads)
+
+    def outputs():
+        assert torch.ops.bertforge.int8_encoder_shares(1, 100, 256, 520, True) == (torch.get_num_threads() > 1)
+        return model(ids).logits, model.bert(ids).sequence_output
+    got = at_threads((1, 2, 4), outputs)
     for n in (2, 4):
         for a, b in zip(got[n], got[1], strict=True):
             assert torch.equal(a, b), n

@@ -27,7 +27,8 @@ class FusedEncoder(nn.Module):
 
     Int8 layers on the VNNI or u7 kernels can instead run a sequence at a time (`by_sequence`; the kernels'
     int8_encoder.h): every layer of one sequence before the next sequence, its activations kept in the core's caches,
-    the same results bit for bit."""
+    the same results bit for bit; fp32 layers too, on the kernels' fp32 products (`by_sequence_fp32`; fp32_encoder.h),
+    the same bits as those products run operator by operator."""
 
     def __init__(self, encoder: BertEncoder, max_positions: int):
         super().__init__()
@@ -36,6 +37,7 @@ class FusedEncoder(nn.Module):
         self.sequence_weights: list[torch.Tensor] | None = None  # by_sequence's operands
         self.sequence_eps: list[float] = []
         self.sequence_u7 = False  # by_sequence's products: the u7 kernels' (7-bit) rather than the VNNI kernels'
+        self.sequence_fp32 = False  # by_sequence's products: the kernels' fp32 ones (`by_sequence_fp32`)
         self.sequence_short_t = 0  # batches of sequences this short run a sequence at a time however few they are
 
     def by_sequence(self) -> None:
@@ -64,6 +66,22 @@ class FusedEncoder(nn.Module):
             add(self.final_norm)
         self.sequence_weights, self.sequence_eps = weights, eps
 
+    def by_sequence_fp32(self) -> None:
+        """Run on the kernels' f32_encoder from now on (fp32 `packed_linear.PackedLinear` layers): `by_sequence`'s
+        loop over the kernels' few-row fp32 products (fp32_panels.h), each layer's weights packed for them once."""
+        weights, eps = [], []
+        for layer in self.layer:  # a layer's 12: its four products' panels and bias, then its LayerNorms' 2 each
+            for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
+                weights += [product.kernel_panels(), _bias(product)]
+            for norm in (layer.attention_norm, layer.output_norm):
+                weights += [norm.weight.detach().float().contiguous(), norm.bias.detach().float().contiguous()]
+                eps.append(norm.eps)
+        if self.final_norm is not None:
+            weights += [self.final_norm.weight.detach().contiguous(), self.final_norm.bias.detach().contiguous()]
+            eps.append(self.final_norm.eps)
+        self.sequence_weights, self.sequence_eps, self.sequence_fp32 = weights, eps, True
+        self.sequence_short_t = self.max_positions
+
     @property
     def layer(self) -> nn.ModuleList:
         return self.plain.layer
@@ -81,6 +99,10 @@ class FusedEncoder(nn.Module):
         keys = None if mask is None else mask[:, 0, 0, :]
         if self.sequence_weights is not None and (x.shape[1] <= self.sequence_short_t
                                                   or x.shape[0] >= torch.get_num_threads()):
+            if self.sequence_fp32:
+                return torch.ops.bertforge.f32_encoder(x, keys, positions, self.sequence_weights,
+                                                       self.layer[0].attention.num_heads, self.sequence_eps,
+                                                       self.final_norm is not None)
             return torch.ops.bertforge.int8_encoder(x, keys, positions, self.sequence_weights,
                                                     self.layer[0].attention.num_heads, self.sequence_eps,
                                                     self.final_norm is not None, self.sequence_u7)
@@ -112,6 +134,13 @@ class FusedEncoder(nn.Module):
             norm = self.final_norm if i == last else self.layer[i + 1].attention_norm
             x, normed, bounds = ops.residual_layer_norm(out, x, norm.weight, norm.bias, norm.eps)
         return normed
+
+
+def _bias(product: nn.Module) -> torch.Tensor:
+    """A product's bias as the kernels read it: fp32, contiguous, zeros where it has none."""
+    if product.bias is None:
+        return torch.zeros(product.out_features)
+    return product.bias.detach().float().contiguous()
 
 
 def _fused_layer(layer: BertLayer, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None,

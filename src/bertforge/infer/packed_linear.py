@@ -41,6 +41,13 @@ class PackedLinear(nn.Module):
         narrow = dtype == torch.float32 and self.out_features < 16
         self.narrow = linear.weight.detach().clone() if narrow else None
 
+    def kernel_panels(self) -> torch.Tensor:
+        """The weight packed for the kernels' fp32 product (fp32 layers, out_features a multiple of 16): the copy
+        this layer keeps for its few-row products, else one packed now from its oneDNN weight."""
+        if self.panels is not None:
+            return self.panels
+        return torch.ops.bertforge.f32_pack(self.weight.to_dense().float())
+
     def forward(self, x: torch.Tensor, bounds: torch.Tensor | None = None) -> torch.Tensor:
         """bounds: unused (`fused.FusedEncoder` hands it to every product)."""
         if self.panels is not None and x.numel() <= self.panel_rows * self.in_features:

@@ -22,7 +22,8 @@
 //   gelu           the exact GELU and its gradient, one pass each (gelu.h);
 //   attention_train (and its backward) attention with dropout, from and to the products' layouts, padded or packed
 //                  (attention_train.h; the ops in attention_train_ops.h).
-// fp32 inference products for CPUs without AVX-512: f32_linear over weights f32_pack made (fp32_panels.h).
+// fp32 inference's few-row products: f32_linear over weights f32_pack made (fp32_panels.h); f32_encoder
+// (fp32_encoder.h) runs a whole encoder of them a sequence at a time, as int8_encoder does.
 // The int8 products themselves: u7_linear (int8_u7.h, CPUs without int8 dot products) and vnni_linear (int8_vnni.h,
 // AVX-512 VNNI without AMX), each quantizing its activations per row; int8_encoder (int8_encoder.h) runs a whole
 // encoder of either's products a sequence at a time (int8_encoder_shares: whether it shares a lone sequence's work out
@@ -44,7 +45,7 @@
 #include "attention_train.h"
 #include "attention_train_ops.h"
 #include "dropout.h"
-#include "fp32_panels.h"
+#include "fp32_encoder.h"
 #include "gelu.h"
 #include "grad_norm.h"
 #include "int8_u7.h"
@@ -288,27 +289,6 @@ at::Tensor u7_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
       .view(o.shape);
 }
 
-// A weight (N, K) fp32, N a multiple of 16, packed for f32_linear: panels of 16 columns (fp32_panels.h).
-at::Tensor f32_pack(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "weight must be an fp32 (out, in) matrix");
-  TORCH_CHECK(weight.size(0) % bertforge::f32::NR == 0, "the weight's rows (out features) must be a multiple of 16");
-  return bertforge::f32::pack(weight.contiguous());
-}
-
-// x (..., K) fp32 times the packed weight plus bias (zeros where none): (..., N), the exact GELU applied where `gelu`.
-at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias, bool gelu) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) > 0, "x must be fp32 (..., in)");
-  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == at::kFloat && panels.size(2) == bertforge::f32::NR &&
-                  panels.size(1) == x.size(-1) && panels.is_contiguous(),
-              "panels must be f32_pack's, of the weight x is multiplied by");
-  const int64_t N = panels.size(0) * bertforge::f32::NR;
-  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::zeros({N}, at::kFloat);
-  TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == N, "bias must be fp32 with a value a column");
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  return bertforge::f32::linear(x.contiguous(), panels, b, gelu).view(shape);
-}
-
 // g (M, N) fp32 transposed to (N, M), and its column sums (N): a Linear layer's dy^T and bias gradient (transpose.h).
 std::tuple<at::Tensor, at::Tensor> transpose_sum(const at::Tensor& g) {
   TORCH_CHECK(g.dim() == 2 && g.scalar_type() == at::kFloat, "g must be an fp32 (rows, columns) matrix");
@@ -373,6 +353,8 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("amx_tiles() -> bool", &bertforge::amx::usable);
   m.def("int8_encoder(Tensor x, Tensor? mask, Tensor? positions, Tensor[] weights, int heads, float[] eps, "
         "bool pre_ln, bool u7=False) -> Tensor");
+  m.def("f32_encoder(Tensor x, Tensor? mask, Tensor? positions, Tensor[] weights, int heads, float[] eps, bool pre_ln)"
+        " -> Tensor");
   m.def("int8_encoder_shares(int B, int T, int H, int I, bool u7=False) -> bool",
         &bertforge::encoder::int8_encoder_shares);
 }
@@ -385,8 +367,9 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("value_range", value_range);
   m.impl("quantize_u8", quantize_u8);
   m.impl("apply_keep_mask", apply_keep_mask);
-  m.impl("f32_pack", f32_pack);
-  m.impl("f32_linear", f32_linear);
+  m.impl("f32_pack", bertforge::f32::checked_pack);
+  m.impl("f32_linear", bertforge::f32::checked_linear);
+  m.impl("f32_encoder", bertforge::encoder::f32_encoder);
   m.impl("u7_pack", u7_pack);
   m.impl("u7_linear", u7_linear);
   m.impl("vnni_pack", bertforge::vnni::checked_pack);

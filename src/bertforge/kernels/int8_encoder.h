@@ -45,11 +45,6 @@ struct Norm {
   float eps;
 };
 
-// A chunk of a shared-out product's panels (`EncoderWork::team`) holds at least this many multiply-adds, and its
-// attention is shared out from this many (T x T x H): BERT-tiny's products at 27 rows (1.3-1.8M each) took twice as
-// long split in two with chunks of a quarter of this as on one thread (a 2-core Zen 4); MiniLM-L6's ran alike.
-constexpr int64_t kChunkMacs = 1 << 21;
-
 // One thread's working memory, sized once for the call's longest sequence and widest product, and its products.
 // `team`: the calling thread runs the sequences one after another and shares each one's products (by panels) and
 // attention (by groups of heads, as `attention_kernel` shares a lone text's) out over every thread (fewer sequences
@@ -106,7 +101,7 @@ struct EncoderWork {
                       const int64_t* positions, int64_t P) {
     Range unused;
     query_key_value(L.qkv, in, positions, P);
-    if (team && seq.T * seq.T * seq.N * seq.D >= kChunkMacs) {
+    if (team && seq.T * seq.T * seq.N * seq.D >= Products::kChunk) {
       attention_kernel(qkv.data(), mask, positions, context.data(), 1, seq.T, P, seq.N, seq.D);
     } else {
       seq.read(qkv.data(), mask);
@@ -124,7 +119,7 @@ struct EncoderWork {
     constexpr int64_t kPanel = Products::kPanel;
     const int64_t p0 = c0 / kPanel, p1 = (std::min(c1, w.N) + kPanel - 1) / kPanel;
     products.quantize(in, M, w.K);
-    const int64_t grain = task_grain(M, Products::depth(w.K), kPanel, kChunkMacs);
+    const int64_t grain = task_grain(M, Products::depth(w.K), kPanel, Products::kChunk);
     if (!team || p1 - p0 < 2 * grain) return products.multiply(M, w, gelu, y, p0, p1);
     at::parallel_for(p0, p1, grain, [&](int64_t begin, int64_t end) { products.multiply(M, w, gelu, y, begin, end); });
   }
@@ -219,8 +214,8 @@ void encode_sequence(EncoderWork<Products>& work, const Encoding& job, int64_t b
 // Whether B sequences of T rows (H wide, feed-forward I) run one after another with each one's work shared out over
 // the threads (`EncoderWork::team`): where they are fewer than the threads and a sequence's widest product makes
 // two chunks, not on AMX tiles (each thread's own state: there a thread runs its sequences alone).
-inline bool shares_out(int64_t B, int64_t T, int64_t H, int64_t I, bool tiles) {
-  return B < at::get_num_threads() && T * H * I >= 2 * kChunkMacs && !tiles;
+inline bool shares_out(int64_t B, int64_t T, int64_t H, int64_t I, bool tiles, int64_t chunk = kChunkMacs) {
+  return B < at::get_num_threads() && T * H * I >= 2 * chunk && !tiles;
 }
 
 // Every sequence through every layer, the last answering at positions when given: a sequence a task, or one after
@@ -228,7 +223,7 @@ inline bool shares_out(int64_t B, int64_t T, int64_t H, int64_t I, bool tiles) {
 template <typename Products>
 void encode(const Encoding& job, int64_t heads, int64_t B) {
   const int64_t T = job.T, H = job.H, I = job.layers.front().intermediate.N;
-  if (shares_out(B, T, H, I, Products::uses_tiles())) {
+  if (shares_out(B, T, H, I, Products::uses_tiles(), Products::kChunk)) {
     EncoderWork<Products> work(heads, T, H, I);
     work.team = true;
     for (int64_t b = 0; b < B; ++b) encode_sequence(work, job, b);
@@ -245,6 +240,60 @@ void encode(const Encoding& job, int64_t heads, int64_t B) {
 }
 
 
+// An encoder operator's operands: x's checks and the layers read from its weights, `per` tensors a layer (its four
+// products', each read by `product(at, K, N)` from its first tensor's index, then LN1's and LN2's weight and bias)
+// and, pre-LN, the final LayerNorm's weight and bias after the last layer; eps two a layer (and the final one's).
+struct Stack {
+  at::Tensor x;
+  Queries queries;
+  std::vector<Layer> layers;
+  std::optional<Norm> final;
+
+  template <typename ReadProduct>
+  Stack(const at::Tensor& input, const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& positions,
+        at::TensorList weights, size_t per, int64_t heads, at::ArrayRef<double> eps, bool pre_ln, ReadProduct product)
+      : x(checked(input, heads)), queries(mask, positions, x.size(0), x.size(1)) {
+    const int64_t H = x.size(2);
+    const size_t extra = pre_ln ? 2 : 0, count = weights.size() / per, each = (per - 4) / 4;
+    TORCH_CHECK(count > 0 && weights.size() == per * count + extra && eps.size() == 2 * count + extra / 2,
+                "weights must be ", per, " tensors a layer (and the final LayerNorm's two, pre-LN), eps two a layer "
+                "(and one)");
+    TORCH_CHECK(queries.P <= x.size(1), "positions must be (B, P), P at most T");
+    auto vector = [&](size_t at) {
+      TORCH_CHECK(weights[at].scalar_type() == at::kFloat && weights[at].is_contiguous() && weights[at].numel() == H,
+                  "a LayerNorm's weight and bias must be fp32 of the hidden size");
+      return weights[at].data_ptr<float>();
+    };
+    for (size_t l = 0; l < count; ++l) {
+      const size_t at = l * per, norms = at + 4 * each;
+      const Product qkv = product(at, H, 3 * H), out = product(at + each, H, H);
+      const Product intermediate = product(at + 2 * each, H, -1);  // -1: its outputs, from the weights
+      layers.push_back(Layer{qkv, out, intermediate, product(at + 3 * each, intermediate.N, H), vector(norms),
+                             vector(norms + 1), vector(norms + 2), vector(norms + 3),
+                             static_cast<float>(eps[2 * l]), static_cast<float>(eps[2 * l + 1])});
+    }
+    if (pre_ln) final = Norm{vector(per * count), vector(per * count + 1), static_cast<float>(eps[2 * count])};
+  }
+
+  // every sequence through every layer on `Products` (`encode`): (B, P, H)
+  template <typename Products>
+  at::Tensor run(int64_t heads) const {
+    const int64_t B = x.size(0), T = x.size(1), H = x.size(2), P = queries.P;
+    at::Tensor out = at::empty({B, P, H}, x.options());
+    const Encoding job{x.data_ptr<float>(), queries.mask_data(), queries.positions_data(), layers, final, T, P, H,
+                       out.data_ptr<float>()};
+    encode<Products>(job, heads, B);
+    return out;
+  }
+
+ private:
+  static at::Tensor checked(const at::Tensor& x, int64_t heads) {
+    TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat, "x must be fp32 (B, T, H)");
+    TORCH_CHECK(heads > 0 && x.size(2) % (heads * kMultiple) == 0, "H must be heads x a multiple of 16");
+    return x.contiguous();
+  }
+};
+
 // The operator: x (B, T, H) fp32; mask (B, T) (True: a key to attend) or None; positions (B, P) or None (the last
 // layer's answers at every position); weights, 20 a layer: for each of qkv, attention output, intermediate (GELU
 // inside) and output its vnni_pack panels (u7_pack's where `u7`), column sums, weight scales and bias, then LN1's and
@@ -256,19 +305,10 @@ inline at::Tensor int8_encoder(const at::Tensor& x, const std::optional<at::Tens
                                at::ArrayRef<double> eps, bool pre_ln, bool u7) {
   TORCH_CHECK(u7 || vnni::kBuilt, "int8_encoder: this build of bertforge's kernels has no AVX-512 VNNI (the CPU "
                                   "lacks avx512_vnni); its products run on the u7 kernels");
-  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat, "x must be fp32 (B, T, H)");
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2);
-  TORCH_CHECK(heads > 0 && H % (heads * kMultiple) == 0, "H must be heads x a multiple of 16");
-  const size_t extra = pre_ln ? 2 : 0, count = weights.size() / 20;
-  TORCH_CHECK(count > 0 && weights.size() == 20 * count + extra && eps.size() == 2 * count + extra / 2,
-              "weights must be 20 tensors a layer (and the final LayerNorm's two, pre-LN), eps two a layer (and one)");
-  const at::Tensor a = x.contiguous();
-  const Queries queries(mask, positions, B, T);
-  const int64_t P = queries.P;
-  TORCH_CHECK(P <= T, "positions must be (B, P), P at most T");
-  const int64_t I = weights[10].numel();  // the intermediate product's weight scales: one an output
+  // a product's panels, column sums, weight scales (one an output: N where it is given as -1) and bias
   auto product = [&](size_t at, int64_t K, int64_t N) {
     const at::Tensor &panels = weights[at], &sums = weights[at + 1], &wscale = weights[at + 2], &bias = weights[at + 3];
+    N = N < 0 ? wscale.numel() : N;
     const int64_t NR = u7 ? u7::NR : vnni::NR, depth = u7 ? 8 : 4;
     const int64_t Kp = (K + depth - 1) / depth * depth, count = (N + NR - 1) / NR;
     TORCH_CHECK(panels.scalar_type() == at::kChar && panels.is_contiguous() && panels.numel() == count * Kp * NR &&
@@ -281,32 +321,11 @@ inline at::Tensor int8_encoder(const at::Tensor& x, const std::optional<at::Tens
     return Product{panels.data_ptr<int8_t>(), sums.data_ptr<int32_t>(), wscale.data_ptr<float>(),
                    bias.data_ptr<float>(), K, N};
   };
-  auto vector = [&](size_t at) {
-    TORCH_CHECK(weights[at].scalar_type() == at::kFloat && weights[at].is_contiguous() && weights[at].numel() == H,
-                "a LayerNorm's weight and bias must be fp32 of the hidden size");
-    return weights[at].data_ptr<float>();
-  };
-  std::vector<Layer> layers;
-  for (size_t l = 0; l < count; ++l) {
-    const size_t at = l * 20;
-    layers.push_back(Layer{product(at, H, 3 * H), product(at + 4, H, H), product(at + 8, H, I),
-                           product(at + 12, I, H), vector(at + 16), vector(at + 17), vector(at + 18),
-                           vector(at + 19), static_cast<float>(eps[2 * l]), static_cast<float>(eps[2 * l + 1])});
-  }
-  std::optional<Norm> final;
-  if (pre_ln) final = Norm{vector(20 * count), vector(20 * count + 1), static_cast<float>(eps[2 * count])};
-  at::Tensor out = at::empty({B, P, H}, a.options());
-  const Encoding job{a.data_ptr<float>(), queries.mask_data(), queries.positions_data(), layers, final, T, P, H,
-                     out.data_ptr<float>()};
-  const auto run = [&](auto kind) { encode<typename decltype(kind)::type>(job, heads, B); };
+  const Stack stack(x, mask, positions, weights, 20, heads, eps, pre_ln, product);
 #if BERTFORGE_VNNI
-  if (!u7) {
-    run(Kind<VnniProducts>{});
-    return out;
-  }
+  if (!u7) return stack.run<VnniProducts>(heads);
 #endif
-  run(Kind<U7Products>{});
-  return out;
+  return stack.run<U7Products>(heads);
 }
 
 // Whether the operator shares B sequences' work out over the threads (`shares_out`), on the u7 or the VNNI products.

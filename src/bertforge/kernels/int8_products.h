@@ -16,16 +16,23 @@
 
 namespace bertforge::encoder {
 
+// A chunk of a shared-out product's panels (`EncoderWork::team`) holds at least this many multiply-adds, and its
+// attention is shared out from this many (T x T x H): BERT-tiny's products at 27 rows (1.3-1.8M each) took twice as
+// long split in two with chunks of a quarter of this as on one thread (a 2-core Zen 4); MiniLM-L6's ran alike.
+constexpr int64_t kChunkMacs = 1 << 21;
+
 // A column range's end past every product's last column: the whole product.
 constexpr int64_t kWhole = INT64_MAX;
 
-// One int8 product's weights, as vnni_pack or u7_pack made them (panels of columns over K rounded up).
+// One int8 product's weights, as vnni_pack or u7_pack made them (panels of columns over K rounded up); or an fp32
+// one's (`f32`: f32_pack's panels, the int8 fields null; fp32_encoder.h).
 struct Product {
   const int8_t* panels;
   const int32_t* sums;
   const float* wscale;
   const float* bias;
   int64_t K, N;
+  const float* f32 = nullptr;
 };
 
 // A sequence's rows quantized for a product by `Quantize` (vnni's or u7's quantize_rows): u8 codes, K rounded up to
@@ -55,7 +62,7 @@ struct RowCodes {
 // depths), as vnni_linear computes them: every output element by the same int32 sums and epilogue.
 #if BERTFORGE_VNNI
 struct VnniProducts : RowCodes<4, vnni::quantize_rows> {
-  static constexpr int64_t kPanel = vnni::NR;
+  static constexpr int64_t kPanel = vnni::NR, kChunk = kChunkMacs;
   static bool uses_tiles() { return amx::usable(); }
   bool on_tiles = uses_tiles();
   // codes for rows up to a whole AMX tile's, which reads them
@@ -78,7 +85,7 @@ struct VnniProducts : RowCodes<4, vnni::quantize_rows> {
 // A sequence's products on the u7 kernels (7-bit activations per row, CPUs without int8 dot products), as
 // u7_linear computes them.
 struct U7Products : RowCodes<8, u7::quantize_rows> {
-  static constexpr int64_t kPanel = u7::NR;
+  static constexpr int64_t kPanel = u7::NR, kChunk = kChunkMacs;
   static constexpr bool on_tiles = false;
   static bool uses_tiles() { return false; }
   U7Products(int64_t T, int64_t width) : RowCodes(T, T, width) {}
@@ -89,11 +96,6 @@ struct U7Products : RowCodes<8, u7::quantize_rows> {
     const Epilogue o = epilogue(w, gelu, y);
     for (int64_t p = p0; p < p1; ++p) u7::block(codes.data(), Kp, w.panels + p * Kp * kPanel, 0, M, p * kPanel, o);
   }
-};
-
-template <typename T>
-struct Kind {  // which products an encoder runs on, as a value
-  using type = T;
 };
 
 }  // namespace bertforge::encoder
