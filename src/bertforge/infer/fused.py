@@ -47,40 +47,35 @@ class FusedEncoder(nn.Module):
         sequence would run alone, where the products split it over the threads). Every layer's products must be
         `transforms.Int8Linear`s on the VNNI kernels (8-bit weights) or all on the u7 kernels (7-bit, CPUs without
         int8 dot products)."""
+        self.sequence_u7 = self.layer[0].attention.qkv.vnni is None
+        tiles = not self.sequence_u7 and torch.ops.bertforge.amx_tiles()
+        self.sequence_short_t = AMX_SHORT_T if tiles else self.max_positions
+        # a product's 4: its panels and column sums (u7's or VNNI's), weight scales and bias
+        self._sequence_operands(lambda p: [*(p.u7 if self.sequence_u7 else p.vnni), p.weight_scale, _bias(p)])
+
+    def by_sequence_fp32(self) -> None:
+        """Run on the kernels' f32_encoder from now on (fp32 `packed_linear.PackedLinear` layers): `by_sequence`'s
+        loop over the kernels' few-row fp32 products (fp32_panels.h), each layer's weights packed for them once."""
+        self.sequence_fp32, self.sequence_short_t = True, self.max_positions
+        self._sequence_operands(lambda p: [p.kernel_panels(), _bias(p)])  # a product's 2: its panels and bias
+
+    def _sequence_operands(self, operands: Callable[[nn.Module], list[torch.Tensor]]) -> None:
+        """The encoder operator's weights and eps: for each layer its four products' `operands`, then its two
+        LayerNorms' weight and bias; pre-LN, the final LayerNorm's after the last layer."""
         weights, eps = [], []
 
         def add(norm: nn.LayerNorm) -> None:
             weights.extend(t.detach().float().contiguous() for t in (norm.weight, norm.bias))
             eps.append(norm.eps)
 
-        self.sequence_u7 = self.layer[0].attention.qkv.vnni is None
-        tiles = not self.sequence_u7 and torch.ops.bertforge.amx_tiles()
-        self.sequence_short_t = AMX_SHORT_T if tiles else self.max_positions
-        for layer in self.layer:  # a layer's 20: its four products' 4, then its two LayerNorms' 2
+        for layer in self.layer:
             for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
-                bias = product.bias if product.bias is not None else torch.zeros(product.out_features)
-                weights += [*(product.u7 if self.sequence_u7 else product.vnni), product.weight_scale, bias]
+                weights += operands(product)
             add(layer.attention_norm)
             add(layer.output_norm)
         if self.final_norm is not None:
             add(self.final_norm)
         self.sequence_weights, self.sequence_eps = weights, eps
-
-    def by_sequence_fp32(self) -> None:
-        """Run on the kernels' f32_encoder from now on (fp32 `packed_linear.PackedLinear` layers): `by_sequence`'s
-        loop over the kernels' few-row fp32 products (fp32_panels.h), each layer's weights packed for them once."""
-        weights, eps = [], []
-        for layer in self.layer:  # a layer's 12: its four products' panels and bias, then its LayerNorms' 2 each
-            for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
-                weights += [product.kernel_panels(), _bias(product)]
-            for norm in (layer.attention_norm, layer.output_norm):
-                weights += [norm.weight.detach().float().contiguous(), norm.bias.detach().float().contiguous()]
-                eps.append(norm.eps)
-        if self.final_norm is not None:
-            weights += [self.final_norm.weight.detach().contiguous(), self.final_norm.bias.detach().contiguous()]
-            eps.append(self.final_norm.eps)
-        self.sequence_weights, self.sequence_eps, self.sequence_fp32 = weights, eps, True
-        self.sequence_short_t = self.max_positions
 
     @property
     def layer(self) -> nn.ModuleList:
