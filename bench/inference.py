@@ -24,8 +24,9 @@ Sides, all on --device (default cpu; int8 and ONNX Runtime are CPU-only and run 
   more threads (`bertforge.batching`): two batches at a time, from two threads calling one session whose intra-op
   threads are half of torch's (ONNX Runtime's `run` may be called from several threads at once). Every ratio
   against ONNX Runtime is against the faster of its two setups for that precision;
-- with --fp32-onednn, where fp32's few-row products run on bertforge's kernels (`PackedLinear`), also
-  "ours fp32 on oneDNN", every product on oneDNN's;
+- with --fp32-onednn, where fp32's few-row products run on bertforge's kernels, also "ours fp32 on oneDNN"; with
+  --int8-operators / --fp32-by-operator, where the int8 / fp32 encoder runs a sequence at a time, also "ours int8 /
+  fp32, by operator" (the encoder over the batch, one operator after another);
 - with --one-stream, also ours fp32 / bf16 / int8 with one batch at a time (`predict(streams=1)`);
 - with --backend-onnx, also `Predictor(model, EngineOptions(backend="onnx"[, quantize="int8"]))`: bertforge's
   tokenizing, batching and decoding around ONNX Runtime (`bertforge predict --backend onnx`), the graph exported
@@ -204,8 +205,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--int8-onednn", action="store_true",
                         help="add our int8 on oneDNN's products where it runs bertforge's VNNI kernels (to compare)")
     parser.add_argument("--int8-operators", action="store_true",
-                        help="add the side 'ours int8, by operator': the int8 encoder over the batch, one "
-                             "operator after another, as before it ran a sequence at a time")
+                        help="add 'ours int8, by operator': the int8 encoder over the batch, operator by operator")
+    parser.add_argument("--fp32-by-operator", action="store_true",
+                        help="add 'ours fp32, by operator' where the fp32 encoder runs a sequence at a time")
     parser.add_argument("--fp32-onednn", action="store_true",
                         help="add our fp32 with every product on oneDNN where few-row ones run on bertforge's fp32 "
                              "kernels, to compare")

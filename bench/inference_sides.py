@@ -114,6 +114,16 @@ def ort_forward(path: Path, threads: int):
     return forward
 
 
+def by_operator(predictor: Predictor) -> Predictor | None:
+    """The predictor with its encoders that run a sequence at a time (`FusedEncoder.by_sequence`) run over the batch
+    one operator after another instead; None where none runs a sequence at a time."""
+    by_sequence = [m for m in predictor.task_model.model.modules() if isinstance(m, FusedEncoder)
+                   and m.sequence_weights is not None]
+    for encoder in by_sequence:
+        encoder.sequence_weights = None
+    return predictor if by_sequence else None
+
+
 def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu: bool) -> tuple[dict, list[str]]:
     """(our sides by name, the reasons of those this device or CPU cannot run)."""
     labels = ours.task.labels
@@ -129,14 +139,12 @@ def our_sides(args: argparse.Namespace, model_dir: Path, ours: Predictor, on_cpu
         with transforms.on_onednn():
             predictor = Predictor(model_dir, EngineOptions(device=args.device, quantize="int8"))
         sides["ours int8 on oneDNN"] = OursSide(predictor, labels, args.batch_size)
-    if args.int8_operators and "ours int8" in sides:
-        predictor = Predictor(model_dir, EngineOptions(device=args.device, quantize="int8"))
-        by_sequence = [m for m in predictor.task_model.model.modules() if isinstance(m, FusedEncoder)
-                       and m.sequence_weights is not None]
-        for encoder in by_sequence:
-            encoder.sequence_weights = None
-        if by_sequence:
-            sides["ours int8, by operator"] = OursSide(predictor, labels, args.batch_size)
+    for name, asked, options in (("int8", args.int8_operators, {"quantize": "int8"}),
+                                 ("fp32", args.fp32_by_operator, {})):
+        if asked and f"ours {name}" in sides:
+            predictor = by_operator(Predictor(model_dir, EngineOptions(device=args.device, **options)))
+            if predictor is not None:
+                sides[f"ours {name}, by operator"] = OursSide(predictor, labels, args.batch_size)
     if args.fp32_onednn and packed_linear.fp32_panels():
         with transforms.on_onednn():
             predictor = Predictor(model_dir, EngineOptions(device=args.device))
