@@ -35,9 +35,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
 
 
-def _torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Two processes under torchrun; a hang fails the test after `timeout` seconds instead of blocking it."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+def _torchrun(*args: str, logs: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Two processes under torchrun, its agent's logs in `logs` (not a directory of its own in /tmp, which it leaves
+    behind); a hang fails the test after `timeout` seconds instead of blocking it."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--log-dir",
+           str(logs), *args]
     try:
         return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -59,7 +61,7 @@ def test_the_readme_command_completes_and_its_resume_is_bitwise_equal_to_an_unin
             "--warmup-steps", "2", "--eval-every", "3", "--eval-batches", "2", "--save-every", "3", "--log-every",
             "1", "--no-progress"]
     full = tmp_path / "full"
-    run = _torchrun("-m", "bertforge", *args, "--out", str(full))
+    run = _torchrun("-m", "bertforge", *args, "--out", str(full), logs=tmp_path / "torchrun")
     assert run.returncode == 0, run.stderr[-3000:]
     assert {"config.json", "model.safetensors", "vocab.txt"} <= {p.name for p in full.iterdir()}
     assert sorted(p.name for p in (full / "checkpoints").iterdir()) == ["step-3", "step-6"]
