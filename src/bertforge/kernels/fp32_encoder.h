@@ -3,8 +3,8 @@
 // fp32 products on the few-row kernel of fp32_panels.h (`F32Products`). Each piece is an operator's own (f32_linear's
 // tiles, attention's Sequence, add_layer_norm's rows), so the results are those of the operators run one after
 // another on the same products, bit for bit; what goes is the work between them: a dispatch, an allocation and a
-// pass over the batch's memory for each of a layer's seven operators, and the padding of every sequence shorter than
-// its batch's longest. Also the checked f32_pack and f32_linear operators, for one product.
+// pass over the batch's memory for each of a layer's seven operators, and, where only some positions are answered (a
+// classifier's [CLS]), the padding after each sequence's keys. Also the checked f32_pack and f32_linear operators.
 #pragma once
 
 #include <ATen/ATen.h>
