@@ -69,13 +69,18 @@ class FusedEncoder(nn.Module):
             eps.append(norm.eps)
 
         for layer in self.layer:
-            for product in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output):
+            for product in _layer_products(layer):
                 weights += operands(product)
             add(layer.attention_norm)
             add(layer.output_norm)
         if self.final_norm is not None:
             add(self.final_norm)
         self.sequence_weights, self.sequence_eps = weights, eps
+
+    @property
+    def products(self) -> list[nn.Module]:
+        """Every layer's four products, layer by layer: query/key/value, attention output, intermediate, output."""
+        return [p for layer in self.layer for p in _layer_products(layer)]
 
     @property
     def layer(self) -> nn.ModuleList:
@@ -129,6 +134,10 @@ class FusedEncoder(nn.Module):
             norm = self.final_norm if i == last else self.layer[i + 1].attention_norm
             x, normed, bounds = ops.residual_layer_norm(out, x, norm.weight, norm.bias, norm.eps)
         return normed
+
+
+def _layer_products(layer: BertLayer) -> tuple[nn.Module, ...]:
+    return layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output
 
 
 def _bias(product: nn.Module) -> torch.Tensor:

@@ -256,8 +256,7 @@ def _fuse_int8_encoders(model: nn.Module) -> None:
     MiniLM, but at 0.1-0.5 points of its Rotten Tomatoes dev accuracy in four measurements (fp32: +0.0 to +0.2;
     bench/int8_kernels.py)."""
     for encoder in fuse_encoders(model, lambda product: isinstance(product, Int8Linear)):
-        products = [p for layer in encoder.layer
-                    for p in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output)]
+        products = encoder.products
         for layer in encoder.layer:
             layer.attention.qkv.bf16_max_positions = 0
         for product in products:
@@ -274,8 +273,7 @@ def _fuse_fp32_encoders(model: nn.Module) -> None:
     if not FUSE_FP32:
         return
     for encoder in fuse_encoders(model, _fp32_packed):
-        products = [p for layer in encoder.layer
-                    for p in (layer.attention.qkv, layer.attention_out, layer.intermediate, layer.output)]
+        products = encoder.products
         if (fp32_panels() and products[0].in_features <= FP32_SEQUENCE_MAX_HIDDEN
                 and all(p.out_features % 16 == 0 for p in products)):
             encoder.by_sequence_fp32()
