@@ -44,7 +44,6 @@ from bertforge.demo.distill import (
     STUDENT_ALPHA,
     STUDENT_EPOCHS,
     STUDENT_LR,
-    TRANSFER_TEXTS,
     RunSettings,
     reused_run_changes,
     seed_stats,
@@ -58,7 +57,7 @@ from bertforge.distill.run import distill
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import finetune
 from bertforge.finetune.sweep import TEST_PREDICTIONS, trained_and_scored
-from bertforge.options import TRANSFER_SELECTIONS, DistillOptions, EngineOptions, FinetuneOptions
+from bertforge.options import TRANSFER_SELECTIONS, DemoOptions, DistillOptions, EngineOptions, FinetuneOptions
 from bertforge.tasks import TextExample, get_task
 from bertforge.tasks.runner import evaluate_examples, load_task_model
 from bertforge.timing import items_per_second
@@ -84,7 +83,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--epochs", type=float, default=STUDENT_EPOCHS, help="the distilled sides' epochs")
     p.add_argument("--temperature", type=float, default=DistillOptions.temperature)
     p.add_argument("--alpha", type=float, default=STUDENT_ALPHA)
-    p.add_argument("--max-transfer-texts", type=int, default=TRANSFER_TEXTS)
+    p.add_argument("--max-transfer-texts", type=int, default=DemoOptions.transfer_texts)
     p.add_argument("--transfer-words", type=int, default=None, help="words per transfer snippet (default: the "
                                                                      "task's median)")
     p.add_argument("--transfer-select", choices=TRANSFER_SELECTIONS, default=DistillOptions.transfer_select,

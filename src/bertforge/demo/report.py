@@ -134,6 +134,10 @@ def deploy_verdict(s: dict) -> list[str]:
                      f"CPU): the distilled {model} did not beat {beaten} here.")
     else:
         lines.append(f"Deploy bag of words ({bow:.1f}): no BERT here beats it on this task.")
+    if "transfer_texts" in d["student"]:  # summaries before --transfer-texts have none
+        lines.append(f"The distilled {model} learned from up to {d['student']['transfer_texts']:,} snippets of the "
+                     f"corpus (--transfer-texts): where the corpus holds more, more kept paying in our runs, at the "
+                     f"student's training time (docs/distillation.md).")
     return lines
 
 
