@@ -370,6 +370,6 @@ class DemoOptions:
     transfer_texts: int = option(
         40_000, help="snippets of the corpus the teacher labels for the distilled model, those most like the task's "
                      "(40,000 fit the demo's time; in our runs more kept paying, at the student's training time: the "
-                     "whole corpus, --transfer-texts 400000, about a point more for 8 times as long)", bound=EXAMPLES)
+                     "whole corpus, --transfer-texts 400000, about a point more for 6 times as long)", bound=EXAMPLES)
     seed: int = seed_option(12345)
     progress: bool = same_as(LoopOptions, "progress")
