@@ -50,7 +50,7 @@ from bertforge.demo.distill import (
     test_texts,
     texts_per_second,
 )
-from bertforge.demo.run import finetune_plan
+from bertforge.demo.run import demo_precision, finetune_plan
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.foreign import foreign_outputs, is_foreign, load_foreign, run_foreign
 from bertforge.distill.run import distill
@@ -83,6 +83,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--epochs", type=float, default=STUDENT_EPOCHS, help="the distilled sides' epochs")
     p.add_argument("--temperature", type=float, default=DistillOptions.temperature)
     p.add_argument("--alpha", type=float, default=STUDENT_ALPHA)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="the distilled sides' training (default: the demo's, bf16 where the CPU has bf16 instructions)")
     p.add_argument("--max-transfer-texts", type=int, default=DemoOptions.transfer_texts)
     p.add_argument("--transfer-words", type=int, default=None, help="words per transfer snippet (default: the "
                                                                      "task's median)")
@@ -114,7 +116,7 @@ def _config(args: argparse.Namespace, side: str, k: int, task_dir: Path, transfe
         return finetune, FinetuneConfig(task="csv", data_dir=str(task_dir), init=args.student, out_dir=str(out),
                                         options=FinetuneOptions(lr=lr, epochs=epochs, seed=args.seed + k))
     options = FinetuneOptions(lr=args.lr, epochs=args.epochs, batch_size=32, seed=args.seed + k,
-                              from_scratch=side == "distilled-random")
+                              from_scratch=side == "distilled-random", precision=args.precision or demo_precision())
     return distill, DistillConfig(
         teacher=args.teacher, student=args.student, task="csv", data_dir=str(task_dir), out_dir=str(out),
         transfer=() if side == "distilled-task-only" else tuple(transfer), options=options,

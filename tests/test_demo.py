@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from simulated_clock import simulated_clock
 
+from bertforge import cpu
 from bertforge.demo import distill as demo_distill
 from bertforge.demo import imdb as demo_imdb
 from bertforge.demo import run as demo_module
@@ -167,6 +168,10 @@ def _check_distilled(summary: dict, text: str, out) -> None:
     assert run["test"] == scores["test"]["accuracy"] == d["student"]["test_mean"] and run["seed"] == 12345
     record = json.loads((out / "distill" / "seed0" / "run_config.json").read_text())
     assert record["command"] == "distill" and (out / "distill" / "seed0" / "task.json").is_file()
+    # the student trains as the demo pretrains: bf16 where the CPU has bf16 instructions, else training's default
+    student_precision = "bf16" if cpu.has_native_bf16() else "auto"
+    assert record["options"]["precision"] == d["student"]["precision"] == student_precision
+    assert json.loads((out / "teacher" / "run_config.json").read_text())["options"]["precision"] == "auto"
     assert len(list((out / "teacher-outputs").iterdir())) == 1  # labelled once, the task's and the corpus's texts
     assert all(0 < d["texts_per_s"][k] < float("inf") for k in ("teacher", "student")) and d["speed_texts"] > 50
     assert "== 6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-tiny (1 seeds" in text

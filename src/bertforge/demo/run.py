@@ -270,7 +270,7 @@ def _distilled(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path, corpus:
     _say(f"6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-{o.model} ({o.distill_seeds} "
          "seeds; --no-distill skips this stage)")
     teacher_init = demo_data.fetch_teacher_model(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
-    return distill_stage(o, out, task_dir, pre_dir, corpus, teacher_init)
+    return distill_stage(o, out, task_dir, pre_dir, corpus, teacher_init, student_precision=demo_precision())
 
 
 def _template(o: DemoOptions, task_dir: Path, pre_dir: Path, epochs: float) -> FinetuneConfig:
