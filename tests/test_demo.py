@@ -356,15 +356,16 @@ def test_the_last_line_serves_the_model_the_summary_says_to_deploy(tmp_path):
 
 def test_a_finished_distillation_is_read_back_only_under_the_settings_it_ran_with(tmp_path):
     """`check_reused_run` over a finished run's record: the same settings pass, another transfer selection or
-    temperature is refused in one line naming both values, and a run recorded before --transfer-select existed
-    counts as the uniform sample it drew."""
+    temperature or precision is refused in one line naming both values, and a run recorded before --transfer-select
+    existed counts as the uniform sample it drew."""
     from bertforge.distill.config import DistillConfig
     from bertforge.options import DistillOptions, FinetuneOptions
 
-    def want(**distill):
+    def want(precision="auto", **distill):
         return demo_distill.RunSettings(DistillConfig(
             teacher="t", student="s", task="csv", data_dir="d", out_dir=str(tmp_path),
-            options=FinetuneOptions(lr=5e-4, epochs=3.0, seed=7), distill=DistillOptions(**distill)))
+            options=FinetuneOptions(lr=5e-4, epochs=3.0, seed=7, precision=precision),
+            distill=DistillOptions(**distill)))
 
     recorded = dataclasses.asdict(FinetuneOptions(lr=5e-4, epochs=3.0, seed=7)) | dataclasses.asdict(DistillOptions())
     del recorded["transfer_select"]  # an older bertforge's record
@@ -372,7 +373,8 @@ def test_a_finished_distillation_is_read_back_only_under_the_settings_it_ran_wit
     (tmp_path / "scores.json").write_text(json.dumps({"dev": {}, "test": None, "seconds": 1.0}))
     demo_distill.check_reused_run(tmp_path, want(transfer_select="random"), "distillation", tmp_path)
     for change, named in (({"transfer_select": "task-like"}, "transfer selection random, not task-like"),
-                          ({"transfer_select": "random", "temperature": 4.0}, "temperature 2, not 4")):
+                          ({"transfer_select": "random", "temperature": 4.0}, "temperature 2, not 4"),
+                          ({"transfer_select": "random", "precision": "bf16"}, "precision auto, not bf16")):
         with pytest.raises(BertforgeError, match=re.escape(f"{tmp_path} holds another distillation ({named}): pass "
                                                            f"another --out, or remove {tmp_path} to run it again")):
             demo_distill.check_reused_run(tmp_path, want(**change), "distillation", tmp_path)

@@ -45,7 +45,7 @@ STUDENT_LR, STUDENT_EPOCHS, STUDENT_ALPHA = 5e-4, 3.0, 0.0
 
 
 def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list[str], teacher_init: Path, *,
-                  student_precision: str = "auto") -> dict[str, Any]:
+                  student_precision: str) -> dict[str, Any]:
     """Fine-tune the teacher, distil it into `student` (`o.distill_seeds` runs, trained in `student_precision`), and
     measure each model's speed. `o` is the demo's options (`DemoOptions`); returns the summary's "distill" section."""
     teacher_dir = out / "teacher"
@@ -94,7 +94,7 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
 RUN_SETTINGS = {"lr": "lr", "epochs": "epochs", "seed": "seed", "max_train_examples": "training examples",
                 "from_scratch": "from random weights", "max_transfer_texts": "transfer texts", "alpha": "alpha",
                 "temperature": "temperature", "transfer_words": "words per snippet",
-                "transfer_select": "transfer selection"}
+                "transfer_select": "transfer selection", "precision": "precision"}
 # What a run recorded before bertforge had these options did, as the options would record it.
 RECORDED_BEFORE = {"transfer_select": "random"}
 
