@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from forked import Forked, kill_at
 from infer_support import VOCAB, WORDS, save
+from safetensors.torch import load_file, save_file
 from simulated_clock import simulated_clock
 
 from bertforge import BertConfig
@@ -324,6 +325,67 @@ def test_a_repeated_run_does_not_run_the_teacher(distilled, tmp_path, monkeypatc
     assert distill(config)["teacher"]["cached"]
 
 
+def test_several_teachers_outputs_are_averaged_in_the_first_ones_label_order():
+    def outputs(key: str, arrays: list) -> teacher_mod.TeacherOutputs:
+        return teacher_mod.TeacherOutputs([np.asarray(a, np.float32) for a in arrays], key, {}, cached=True)
+
+    a = outputs("a", [[1.0, 2.0], [3.0, -1.0]])
+    b = outputs("b", [[0.0, 4.0], [5.0, 7.0]])  # labels in the other order: (pos, neg) where a has (neg, pos)
+    mean = teacher_mod.mean_outputs([a, b], [None, [1, 0]])
+    np.testing.assert_array_equal(np.stack(mean.outputs), [[2.5, 1.0], [5.0, 2.0]])
+    assert mean.manifest == {"members": ["a", "b"]} and mean.key not in ("a", "b") and mean.cached
+    assert teacher_mod.mean_outputs([a], [None]) is a
+    # tagging: per word; a word one teacher has no output for (NaN) takes the other's, one neither has stays NaN
+    words_a = outputs("a", [[[1.0, 1.0], [np.nan, np.nan], [np.nan, np.nan]]])
+    words_b = outputs("b", [[[3.0, 5.0], [2.0, 4.0], [np.nan, np.nan]]])
+    tagged = teacher_mod.mean_outputs([words_a, words_b], [None, None])
+    np.testing.assert_array_equal(tagged.outputs[0], [[2.0, 3.0], [2.0, 4.0], [np.nan, np.nan]])
+    with pytest.raises(BertforgeError, match="other shapes"):
+        teacher_mod.mean_outputs([a, outputs("c", [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])], [None, None])
+
+
+def _labels_swapped(teacher: Path, out: Path) -> Path:
+    """The same teacher with its two labels in the other order: its classifier's rows and its label lists swapped."""
+    shutil.copytree(teacher, out)
+    weights = load_file(out / "model.safetensors")
+    for name in ("classifier.weight", "classifier.bias"):
+        weights[name] = weights[name].flip(0).contiguous()
+    save_file(weights, out / "model.safetensors")
+    for name in ("task.json", "config.json"):
+        spec = json.loads((out / name).read_text())
+        if "labels" in spec:
+            spec["labels"] = spec["labels"][::-1]
+        if "id2label" in spec:
+            spec["id2label"] = {"0": spec["id2label"]["1"], "1": spec["id2label"]["0"]}
+            spec["label2id"] = {label: int(i) for i, label in spec["id2label"].items()}
+        (out / name).write_text(json.dumps(spec))
+    return out
+
+
+def test_a_student_of_several_teachers_learns_their_mean_each_cached_on_its_own(setup, tmp_path, monkeypatch, capsys):
+    swapped = _labels_swapped(setup["teacher"], tmp_path / "swapped")
+    examples = [TextExample(id=str(i), text=_review(random.Random(i), i % 2 == 1)) for i in range(8)]
+    options, cache = DistillOptions(teacher_engine="fp32"), tmp_path / "cache"
+    mine, theirs = (teacher_outputs(t, examples, options, cache=cache, progress=False)
+                    for t in (setup["teacher"], swapped))
+    np.testing.assert_allclose(np.stack(theirs.outputs)[:, ::-1], np.stack(mine.outputs), atol=1e-5)
+    calls = _counting(monkeypatch)
+    argv = ["distill", "--teacher", setup["teacher"], swapped, "--student", setup["student"], "--data", setup["data"],
+            "--cache-dir", tmp_path / "cache", "--transfer-corpus", setup["corpus"], "--alpha", "0", *ARGS[:-3],
+            "--no-progress"]
+    assert main([*map(str, argv), "--out", str(tmp_path / "out")]) == 0
+    assert "the mean of 2 teachers'" in capsys.readouterr().out and len(calls) == 2
+    recorded = json.loads((tmp_path / "out" / "run_config.json").read_text())["teacher"]
+    assert recorded["dir"] == str(setup["teacher"])
+    assert [m["dir"] for m in recorded["members"]] == [str(setup["teacher"]), str(swapped)]
+    keys = [m["outputs"] for m in recorded["members"]]
+    assert all((cache / k).is_dir() for k in keys) and recorded["outputs"] not in keys  # the mean is not cached
+    assert load_task_model(tmp_path / "out").model.config.labels == ["neg", "pos"]  # the first teacher's order
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["metrics"]["accuracy"] >= 90.0
+    assert main([*map(str, argv), "--out", str(tmp_path / "again"), "--epochs", "0.25"]) == 0
+    assert len(calls) == 2 and "from the cache" in capsys.readouterr().out  # neither teacher ran again
+
+
 @pytest.mark.slow  # two distillations
 def test_students_of_other_seeds_learn_from_the_same_sample_of_the_transfer_set(distilled, tmp_path, monkeypatch):
     calls = _counting(monkeypatch)
@@ -400,4 +462,10 @@ def test_bad_input_is_one_error_line_and_nothing_is_written(setup, tmp_path, cap
     assert "neither a model directory" in _one_error(capsys, ["--teacher", setup["teacher"], *task, *base[2:],
                                                               "--student", "huge"])
     assert "--temperature" in _one_error(capsys, ["--teacher", setup["teacher"], *task, *base, "--temperature", "0"])
+    assert "given twice" in _one_error(capsys, ["--teacher", setup["teacher"], setup["teacher"], *task, *base])
+    renamed = shutil.copytree(setup["teacher"], tmp_path / "renamed")
+    spec = json.loads((renamed / "task.json").read_text())
+    (renamed / "task.json").write_text(json.dumps({**spec, "labels": ["bad", "good"]}))
+    assert "give teachers fine-tuned on the same labels" in _one_error(
+        capsys, ["--teacher", setup["teacher"], renamed, *task, *base])
     assert not out.exists() and not (tmp_path / "out.partial").exists() and not (tmp_path / "cache").exists()

@@ -5,6 +5,7 @@
         --transfer-corpus reviews/ --max-transfer-texts 40000 --temperature 2 --epochs 3
     bertforge distill --teacher runs/sst2 --student mini --task sst2 --data glue/SST-2 --out runs/mini-sst2
     bertforge distill --teacher my-roberta-sst2/ --student runs/tiny --task sst2 --data glue/SST-2 --out runs/tiny-sst2
+    bertforge distill --teacher runs/rt-seed0 runs/rt-seed1 runs/rt-seed2 --student runs/tiny ...   # their mean
 
 The teacher is a fine-tuned model directory of the task (`bertforge finetune`'s --out), or a transformers sequence
 classifier of any architecture (RoBERTa, MPNet, DeBERTa, ...; save_pretrained's directory, safetensors weights,
@@ -15,7 +16,8 @@ size over the teacher's tokenizer. The teacher labels the task's training
 examples, and the snippets of --transfer-corpus (unlabelled text in any form `prepare` reads; single-text tasks
 only), once, on its fastest engine; its outputs are cached (--cache-dir), so a repeated or resumed run does not run
 it again. The student learns T^2 KL at --temperature plus --alpha times the task's loss where an example has a
-label. Its learning rate defaults to 5e-4, for small students (tiny, mini); give a larger one a lower --lr (1e-4).
+label. With several teachers of the same labels it learns the mean of their outputs, each teacher's cached on its
+own. Its learning rate defaults to 5e-4, for small students (tiny, mini); give a larger one a lower --lr (1e-4).
 
 The output is an ordinary fine-tuned model directory: `bertforge predict`, `evaluate`, `serve` and `export` take
 it. An interrupted run continues from its last checkpoint with the same command and --resume, and under torchrun:
@@ -38,9 +40,10 @@ from bertforge.options import DistillOptions, FinetuneOptions, option, same_as
 class DistillArgs:
     """`bertforge distill`'s arguments: these, then the options of FinetuneOptions and DistillOptions."""
 
-    teacher: str = option(help="the teacher: a fine-tuned model directory of the task (from `bertforge finetune`), "
-                               "or a transformers sequence classifier of any architecture whose id2label names the "
-                               "task's labels")
+    teacher: list[str] = option(help="the teacher: a fine-tuned model directory of the task (from `bertforge "
+                                     "finetune`), or a transformers sequence classifier of any architecture whose "
+                                     "id2label names the task's labels; several (of the same labels): the student "
+                                     "learns the mean of their outputs")
     student: str = option(help="the student: a pretrained model directory with its tokenizer, or a preset (tiny, "
                                "mini, ...): random weights of that size over the teacher's tokenizer")
     task: str = same_as(FinetuneArgs, "task")
@@ -61,10 +64,10 @@ class DistillArgs:
 
 def distill_config(args: DistillArgs) -> DistillConfig:
     """The run the command line asks for: its flags mapped to a DistillConfig, nothing more."""
-    return DistillConfig(teacher=args.teacher, student=args.student, task=args.task, data_dir=args.data,
-                         out_dir=args.out, task_options=task_options(args), transfer=tuple(args.transfer_corpus),
-                         options=options_from(FinetuneOptions, args), distill=options_from(DistillOptions, args),
-                         cache_dir=args.cache_dir, resume=args.resume)
+    return DistillConfig(teacher=args.teacher[0], more_teachers=tuple(args.teacher[1:]), student=args.student,
+                         task=args.task, data_dir=args.data, out_dir=args.out, task_options=task_options(args),
+                         transfer=tuple(args.transfer_corpus), options=options_from(FinetuneOptions, args),
+                         distill=options_from(DistillOptions, args), cache_dir=args.cache_dir, resume=args.resume)
 
 
 def run_distill(args: DistillArgs) -> int:
@@ -81,7 +84,8 @@ def run_distill(args: DistillArgs) -> int:
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports, as only it writes
         return 0
     teacher = result["teacher"]
-    print(f"teacher outputs {teacher['outputs']} ({'from the cache' if teacher['cached'] else 'computed'}; "
+    mean = f"the mean of {len(args.teacher)} teachers', " if len(args.teacher) > 1 else ""
+    print(f"teacher outputs {teacher['outputs']} ({mean}{'from the cache' if teacher['cached'] else 'computed'}; "
           f"{teacher['transfer_texts']} transfer texts)")
     print(f"best dev (step {result['best_step']}): " + ", ".join(
         f"{k} {v:.2f}" for k, v in result["metrics"].items() if isinstance(v, (int, float))))

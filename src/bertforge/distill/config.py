@@ -46,12 +46,15 @@ class DistillConfig:
     distill: DistillOptions = field(default_factory=DistillOptions)  # temperature, alpha, transfer set, teacher engine
     cache_dir: str | None = None  # the teacher outputs' cache (default: ~/.cache/bertforge/teacher-outputs)
     resume: bool = False  # continue from the newest checkpoint in `<out_dir>.partial/`
+    more_teachers: tuple[str, ...] = ()  # fine-tuned models of the same task and labels as `teacher`: the student
+    #                                      learns the mean of all the teachers' outputs (an ensemble in one model)
 
     def __post_init__(self) -> None:
         as_strings(self, _NAMES)
-        if isinstance(self.transfer, str | Path):
-            object.__setattr__(self, "transfer", (self.transfer,))
-        object.__setattr__(self, "transfer", tuple(str(t) for t in self.transfer))
+        for name in ("transfer", "more_teachers"):
+            value = getattr(self, name)
+            value = (value,) if isinstance(value, str | Path) else value
+            object.__setattr__(self, name, tuple(str(t) for t in value))
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", str(self.cache_dir))
         if not isinstance(self.options, FinetuneOptions):
@@ -62,12 +65,22 @@ class DistillConfig:
             raise BertforgeError(f"DistillConfig.task_options {self.task_options!r}: give a dict of option names "
                                  "to values, e.g. {'text_column': 'review'}")
         self._check_numbers()
-        if Path(self.out_dir).resolve() == Path(self.teacher).resolve():
-            raise BertforgeError(f"--out {self.out_dir} is the teacher's directory, which the student would replace: "
-                                 "give a new directory")
+        seen: set[Path] = set()
+        for teacher in self.teachers:
+            if Path(self.out_dir).resolve() == Path(teacher).resolve():
+                raise BertforgeError(f"--out {self.out_dir} is the teacher {teacher}'s directory, which the student "
+                                     "would replace: give a new directory")
+            if Path(teacher).resolve() in seen:
+                raise BertforgeError(f"--teacher {teacher} is given twice: give each teacher once")
+            seen.add(Path(teacher).resolve())
         if self.options.from_scratch and self.options.reinit_layers:
             raise BertforgeError(f"--reinit-layers {self.options.reinit_layers} re-initialises pretrained layers and "
                                  "--from-scratch starts from random weights: drop one of them")
+
+    @property
+    def teachers(self) -> tuple[str, ...]:
+        """`teacher` and `more_teachers`, in that order."""
+        return (self.teacher, *self.more_teachers)
 
     def _check_numbers(self) -> None:
         t, a = self.distill.temperature, self.distill.alpha

@@ -10,11 +10,15 @@ metric. The output is an ordinary fine-tuned model directory (task.json, config.
 tokenizer), which `predict`, `evaluate`, `serve` and `export` load as they load any; its run_config.json records
 the distillation's settings and the teacher outputs' cache key.
 
-Checked before anything is written, each in one line: the teacher is a fine-tuned directory of the same task (or a
-transformers sequence classifier of another architecture whose id2label names the task's labels: foreign.py) and
-its labels cover the training data's; question answering is refused (the two tokenizers cut answer spans
-differently); a transfer corpus only for single-text classification and regression; the student is a model
-directory or a preset.
+With several teachers (`more_teachers`, `--teacher A B ...`) the student learns the mean of their outputs, each
+teacher's cached on its own (`teacher.mean_outputs`): an ensemble distilled into one model, as Hinton et al. (2015)
+first did.
+
+Checked before anything is written, each in one line: each teacher is a fine-tuned directory of the same task (or a
+transformers sequence classifier of another architecture whose id2label names the task's labels: foreign.py), its
+labels cover the training data's and are every other teacher's; question answering is refused (the two tokenizers
+cut answer spans differently); a transfer corpus only for single-text classification and regression; the student is
+a model directory or a preset.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from bertforge.config import PRESETS, BertConfig
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.foreign import foreign_task, is_foreign
 from bertforge.distill.objective import DistillObjective, distill_batch, with_targets
-from bertforge.distill.teacher import TeacherOutputs, teacher_outputs
+from bertforge.distill.teacher import TeacherOutputs, mean_outputs, teacher_outputs
 from bertforge.distill.transfer import median_words, most_like, transfer_texts
 from bertforge.errors import BertforgeError
 from bertforge.finetune.config import FinetuneConfig
@@ -82,9 +86,9 @@ def _is_preset(student: str) -> bool:
     return student in PRESETS and not Path(student).exists()
 
 
-def _teacher_task(config: DistillConfig, task: Any) -> Any:
+def _teacher_task(config: DistillConfig, teacher_dir: str, task: Any) -> Any:
     """The teacher's task (task.json), refused unless it is a fine-tuned model of `task`."""
-    teacher = Path(config.teacher)
+    teacher = Path(teacher_dir)
     if not teacher.is_dir():
         raise BertforgeError(f"--teacher {teacher} is not a directory: give a fine-tuned model directory (the --out "
                              "of `bertforge finetune`)")
@@ -105,16 +109,26 @@ def _teacher_task(config: DistillConfig, task: Any) -> Any:
     return teacher_task
 
 
-def _check_labels(task: Any, teacher_task: Any, data_dir: str) -> None:
-    """The student learns the teacher's label set, in its order: the training data may not have another label."""
+def _check_labels(task: Any, teacher_tasks: list, config: DistillConfig) -> list[list[int] | None]:
+    """The student learns the first teacher's label set, in its order: the training data may not have another label,
+    nor another teacher another set. Returns, per teacher, where its outputs hold each of those labels (None: in
+    that order, or a task without labels)."""
     if task.kind not in ("classification", "token_classification"):
-        return
-    theirs, ours = list(teacher_task.labels or []), list(task.labels or [])
+        return [None] * len(teacher_tasks)
+    theirs, ours = list(teacher_tasks[0].labels or []), list(task.labels or [])
     unknown = [label for label in ours if label not in theirs]
     if unknown:
         raise BertforgeError(f"the teacher's labels ({', '.join(theirs)}) lack {', '.join(unknown)} of the training "
-                             f"data in {data_dir}: give a teacher fine-tuned on this data's labels")
+                             f"data in {config.data_dir}: give a teacher fine-tuned on this data's labels")
     task.labels = theirs
+    orders: list[list[int] | None] = []
+    for teacher, teacher_task in zip(config.teachers, teacher_tasks, strict=True):
+        labels = list(teacher_task.labels or [])
+        if sorted(labels) != sorted(theirs):
+            raise BertforgeError(f"--teacher {teacher}'s labels ({', '.join(labels)}) are not {config.teacher}'s "
+                                 f"({', '.join(theirs)}): give teachers fine-tuned on the same labels")
+        orders.append(None if labels == theirs else [labels.index(label) for label in theirs])
+    return orders
 
 
 # The transfer set's sample does not follow the student's --seed: students of several seeds learn from the same
@@ -145,12 +159,15 @@ def _transfer(config: DistillConfig, task: Any, train: list) -> list[TextExample
             for i, t in enumerate(texts)]
 
 
-def _teacher(config: DistillConfig, examples: list, teacher_task: Any, d: distributed.Dist) -> TeacherOutputs:
-    """The teacher's outputs: the main process computes them (or finds them cached), the others then read them
-    from the cache."""
+def _teacher(config: DistillConfig, examples: list, teacher_tasks: list, orders: list,
+             d: distributed.Dist) -> TeacherOutputs:
+    """The teachers' outputs (their mean, with several): the main process computes them (or finds them cached), the
+    others then read them from the cache."""
     def label() -> TeacherOutputs:
-        return teacher_outputs(config.teacher, examples, config.distill, task=teacher_task,
-                               device=config.options.device, cache=config.cache_dir, progress=config.options.progress)
+        return mean_outputs([teacher_outputs(teacher, examples, config.distill, task=teacher_task,
+                                             device=config.options.device, cache=config.cache_dir,
+                                             progress=config.options.progress)
+                             for teacher, teacher_task in zip(config.teachers, teacher_tasks, strict=True)], orders)
 
     outputs = distributed.main_decides(label, d, "the teacher's outputs were refused (see the main process's error)")
     distributed.barrier(d)
@@ -166,9 +183,9 @@ def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
         raise BertforgeError(f"distill: question answering ({task.name}) is not supported yet: the teacher's and the "
                              "student's tokenizers cut answer spans differently; fine-tune the student with "
                              "`bertforge finetune`")
-    teacher_task = _teacher_task(config, task)
+    teacher_tasks = [_teacher_task(config, teacher, task) for teacher in config.teachers]
     train = task.read_train(config.data_dir, o.max_train_examples)
-    _check_labels(task, teacher_task, config.data_dir)
+    orders = _check_labels(task, teacher_tasks, config)
     dev = task.read(config.data_dir, "dev")
     transfer = _transfer(config, task, train)
     preset = _is_preset(config.student)
@@ -179,7 +196,7 @@ def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
     labels = task.labels if task.kind in ("classification", "token_classification") else None
     label_map = task.label_map() if labels else None
     examples = [*train, *transfer]
-    outputs = _teacher(config, examples, teacher_task, d)
+    outputs = _teacher(config, examples, teacher_tasks, orders, d)
     features = with_targets(task.features(examples, tokenizer, max_length, label_map), outputs.outputs, task.kind)
     dev_features = task.features(dev, tokenizer, max_length, label_map, windows=o.windows)
     task.references(dev)  # a dev split without gold answers fails now, not after the first epoch
@@ -187,7 +204,11 @@ def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
                  task_spec(task, config.task_options, max_length))
     model = (lambda: _preset_student(config.student, task, labels, tokenizer.vocab_size, o.seed)) if preset else None
     recorded = {"options": {**dataclasses.asdict(o), **dataclasses.asdict(config.distill)},
-                "teacher": {"dir": config.teacher, "outputs": outputs.key}, "student": config.student,
+                "teacher": {"dir": config.teacher, "outputs": outputs.key,
+                            **({"members": [{"dir": t, "outputs": k} for t, k in zip(
+                                config.teachers, outputs.manifest["members"], strict=True)]}
+                               if config.more_teachers else {})},
+                "student": config.student,
                 "transfer": {"corpus": list(config.transfer), "texts": len(transfer)}}
     training = Training(DistillObjective(task.kind, config.distill.temperature, config.distill.alpha),
                         collate=distill_batch, model=model, run_config=recorded, command="distill")

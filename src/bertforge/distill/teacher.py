@@ -135,6 +135,36 @@ def teacher_outputs(teacher: str | Path, examples: Sequence[Any], options: Disti
     return TeacherOutputs(outputs, key, manifest, cached=False)
 
 
+def mean_outputs(members: Sequence[TeacherOutputs], orders: Sequence[Sequence[int] | None]) -> TeacherOutputs:
+    """Several teachers' outputs as one teacher's: per example (per word for tagging) the mean of theirs, each
+    teacher's labels first put in the first one's order (`orders[i]`: where teacher i holds each label; None: as
+    they are). A word some teacher has no output for (NaN) takes the others' mean. One teacher is returned as it is;
+    several get a key of their keys, and the manifest {"members": their keys}."""
+    if len(members) == 1 and orders[0] is None:
+        return members[0]
+    rows = []
+    for member, order in zip(members, orders, strict=True):
+        stacked = np.concatenate([o.reshape(-1, o.shape[-1]) if o.ndim == 2 else o.reshape(1, -1)
+                                  for o in member.outputs]) if member.outputs else np.zeros((0, 0), np.float32)
+        rows.append(stacked if order is None else stacked[:, list(order)])
+    if len({r.shape for r in rows}) != 1:
+        raise BertforgeError(f"the teachers' outputs have other shapes ({', '.join(str(r.shape) for r in rows)}): "
+                             "give teachers of the same task and labels")
+    stacked = np.stack(rows)
+    every = ~np.isnan(stacked)
+    total = np.where(every, stacked, 0.0).sum(axis=0)
+    counts = every.sum(axis=0).astype(np.float32)
+    mean = np.divide(total, counts, out=np.full(total.shape, np.nan, np.float32), where=counts > 0).astype(np.float32)
+    first, outputs, at = members[0].outputs, [], 0
+    for o in first:
+        n = len(o) if o.ndim == 2 else 1
+        outputs.append(mean[at:at + n] if o.ndim == 2 else mean[at])
+        at += n
+    keys = [m.key for m in members]
+    return TeacherOutputs(outputs, hashlib.sha256(" ".join(keys).encode()).hexdigest()[:32], {"members": keys},
+                          cached=all(m.cached for m in members))
+
+
 def run_teacher(teacher: Path, examples: Sequence[Any], engine: EngineOptions, batch_size: int,
                 progress: bool) -> list[np.ndarray]:
     """The teacher's outputs per example (see `TeacherOutputs`), run on `engine` in chunks with a progress bar."""
