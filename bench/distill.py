@@ -69,6 +69,8 @@ SIDES = ("distilled", "distilled-random", "distilled-task-only", "finetuned")
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--teacher", default="runs/demo/teacher", help="a fine-tuned teacher (the demo's by default)")
+    p.add_argument("--more-teachers", nargs="*", default=[], help="more fine-tuned teachers of the task: the "
+                   "distilled sides learn the mean of all the teachers' outputs (scores and agreement: --teacher's)")
     p.add_argument("--student", default="runs/demo/pretrain", help="the pretrained student (the demo's tiny)")
     p.add_argument("--task", choices=("rt", "imdb"), default="rt", help="the demo's task to use (without --task-dir)")
     p.add_argument("--task-dir", default=None, help="a csv task (text,label) instead of the demo's")
@@ -118,7 +120,8 @@ def _config(args: argparse.Namespace, side: str, k: int, task_dir: Path, transfe
     options = FinetuneOptions(lr=args.lr, epochs=args.epochs, batch_size=32, seed=args.seed + k,
                               from_scratch=side == "distilled-random", precision=args.precision or demo_precision())
     return distill, DistillConfig(
-        teacher=args.teacher, student=args.student, task="csv", data_dir=str(task_dir), out_dir=str(out),
+        teacher=args.teacher, more_teachers=tuple(args.more_teachers), student=args.student, task="csv",
+        data_dir=str(task_dir), out_dir=str(out),
         transfer=() if side == "distilled-task-only" else tuple(transfer), options=options,
         distill=DistillOptions(temperature=args.temperature, alpha=args.alpha,
                                max_transfer_texts=args.max_transfer_texts, transfer_words=args.transfer_words,
@@ -154,7 +157,9 @@ def _check_reused(side: str, config) -> None:
     same = {"student": (recorded.get("init"), config.init) if side == "finetuned" else
             (recorded.get("student"), config.student)}
     if side != "finetuned":
-        same |= {"teacher": ((recorded.get("teacher") or {}).get("dir"), config.teacher),
+        teachers = [m["dir"] for m in (recorded.get("teacher") or {}).get("members", [])] or [
+            (recorded.get("teacher") or {}).get("dir")]
+        same |= {"teacher": (teachers, list(config.teachers)),
                  "transfer text": ((recorded.get("transfer") or {}).get("corpus") or [], list(config.transfer))}
     differs = reused_run_changes(out, config.options if side == "finetuned" else RunSettings(config)) + [
         f"{name} {have}, not {now}" for name, (have, now) in same.items() if _paths(have) != _paths(now)]
