@@ -157,9 +157,9 @@ def _check_reused(side: str, config) -> None:
     same = {"student": (recorded.get("init"), config.init) if side == "finetuned" else
             (recorded.get("student"), config.student)}
     if side != "finetuned":
-        teachers = [m["dir"] for m in (recorded.get("teacher") or {}).get("members", [])] or [
-            (recorded.get("teacher") or {}).get("dir")]
-        same |= {"teacher": (teachers, list(config.teachers)),
+        teacher = recorded.get("teacher") or {}
+        same |= {"teacher": ([m["dir"] for m in teacher.get("members", [])] or [teacher.get("dir")],
+                             list(config.teachers)),
                  "transfer text": ((recorded.get("transfer") or {}).get("corpus") or [], list(config.transfer))}
     differs = reused_run_changes(out, config.options if side == "finetuned" else RunSettings(config)) + [
         f"{name} {have}, not {now}" for name, (have, now) in same.items() if _paths(have) != _paths(now)]

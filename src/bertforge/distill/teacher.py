@@ -142,26 +142,22 @@ def mean_outputs(members: Sequence[TeacherOutputs], orders: Sequence[Sequence[in
     several get a key of their keys, and the manifest {"members": their keys}."""
     if len(members) == 1 and orders[0] is None:
         return members[0]
-    rows = []
-    for member, order in zip(members, orders, strict=True):
-        stacked = np.concatenate([o.reshape(-1, o.shape[-1]) if o.ndim == 2 else o.reshape(1, -1)
-                                  for o in member.outputs]) if member.outputs else np.zeros((0, 0), np.float32)
-        rows.append(stacked if order is None else stacked[:, list(order)])
-    if len({r.shape for r in rows}) != 1:
+    flat = [_flat(m.outputs) for m in members]
+    rows = [logits if order is None else logits[:, list(order)]
+            for (logits, _), order in zip(flat, orders, strict=True)]
+    offsets = flat[0][1]
+    if len({r.shape for r in rows}) != 1 or any(not np.array_equal(o, offsets) for _, o in flat):
         raise BertforgeError(f"the teachers' outputs have other shapes ({', '.join(str(r.shape) for r in rows)}): "
                              "give teachers of the same task and labels")
     stacked = np.stack(rows)
     every = ~np.isnan(stacked)
     total = np.where(every, stacked, 0.0).sum(axis=0)
     counts = every.sum(axis=0).astype(np.float32)
-    mean = np.divide(total, counts, out=np.full(total.shape, np.nan, np.float32), where=counts > 0).astype(np.float32)
-    first, outputs, at = members[0].outputs, [], 0
-    for o in first:
-        n = len(o) if o.ndim == 2 else 1
-        outputs.append(mean[at:at + n] if o.ndim == 2 else mean[at])
-        at += n
+    mean = np.divide(total, counts, out=np.full(total.shape, np.nan, np.float32), where=counts > 0)
+    first = members[0].outputs
     keys = [m.key for m in members]
-    return TeacherOutputs(outputs, hashlib.sha256(" ".join(keys).encode()).hexdigest()[:32], {"members": keys},
+    return TeacherOutputs(_split(mean, offsets, per_word=bool(first) and first[0].ndim == 2),
+                          hashlib.sha256(" ".join(keys).encode()).hexdigest()[:32], {"members": keys},
                           cached=all(m.cached for m in members))
 
 
@@ -197,16 +193,30 @@ def run_teacher(teacher: Path, examples: Sequence[Any], engine: EngineOptions, b
     return words
 
 
-def write_entry(entry: Path, manifest: dict, outputs: Sequence[np.ndarray]) -> None:
-    """The cache entry of `outputs`, written whole."""
+def _flat(outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Every example's rows in one (R, L) float32 array (an example's output one row, a tagged sentence's a row a
+    word), and where example i's rows start: offsets[i] (n + 1 of them). `_split` undoes it."""
     rows = [o.reshape(-1, o.shape[-1]) if o.ndim == 2 else o.reshape(1, -1) for o in outputs]
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
     width = rows[0].shape[1] if rows else 0
     logits = np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, width), np.float32)
+    return logits, offsets
+
+
+def _split(logits: np.ndarray, offsets: np.ndarray, per_word: bool) -> list[np.ndarray]:
+    """Each example's outputs from `_flat`'s rows: its rows (tagging), else its one row."""
+    if per_word:
+        return [logits[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+    return list(logits)
+
+
+def write_entry(entry: Path, manifest: dict, outputs: Sequence[np.ndarray]) -> None:
+    """The cache entry of `outputs`, written whole."""
+    logits, offsets = _flat(outputs)
     with atomic_dir(entry) as tmp:
         np.save(tmp / LOGITS, logits)
         np.save(tmp / OFFSETS, offsets)
-        write_json(tmp / MANIFEST, {**manifest, "rows": int(len(logits)), "width": int(width),
+        write_json(tmp / MANIFEST, {**manifest, "rows": int(len(logits)), "width": int(logits.shape[1]),
                                     "per_word": bool(outputs) and outputs[0].ndim == 2})
 
 
@@ -228,8 +238,6 @@ def read_entry(entry: Path, manifest: dict) -> list[np.ndarray] | None:
             and offsets[-1] == len(logits) and bool(np.all(np.diff(offsets) >= 0))
             and not np.isinf(logits).any()):
         return None
-    if stored.get("per_word"):
-        return [logits[offsets[i]:offsets[i + 1]] for i in range(n)]
-    if not (np.all(np.diff(offsets) == 1) and np.isfinite(logits).all()):
+    if not stored.get("per_word") and not (np.all(np.diff(offsets) == 1) and np.isfinite(logits).all()):
         return None
-    return list(logits)
+    return _split(logits, offsets, per_word=bool(stored.get("per_word")))
