@@ -66,7 +66,7 @@ import numpy as np
 import pair_task
 import torch
 from measure import pin_device, ratio, spread, sync
-from train_flops import matmul_share
+from train_flops import matmul_share, step_rate
 
 # Imported from where they live today (src/ is being restructured; follow them if they move).
 from bertforge.dropout import load_kernels
@@ -357,6 +357,8 @@ def compare(workload: Workload, args: argparse.Namespace, kept: bool) -> None:
     print(f"both sides: the same length-grouped batches, each padded to its longest ({100 * share:.1f}% of "
           f"positions are padding; bertforge's layers but the last skip it); {unit} the two tokenizers cut to "
           f"different lengths: {differ}{cut_note}", flush=True)
+    shares = args.device == "cpu" and args.precision == "fp32"
+    earlier = step_rate(workload.init, lengths) if shares else None
     results: dict[str, list[dict]] = {"bertforge": [], "transformers": []}
     sides = [("bertforge", run_ours), ("transformers", run_reference)]
     for seed in range(42, 42 + args.seeds):
@@ -367,8 +369,8 @@ def compare(workload: Workload, args: argparse.Namespace, kept: bool) -> None:
             print(f"  seed {seed} {side:12s} dev {r['dev']:6.2f}  test {r['test']:6.2f}  "
                   f"{r['epoch_s']:7.1f} s/epoch{note}", flush=True)
     report(results)
-    if args.device == "cpu" and args.precision == "fp32":
-        matmul_share(workload.init, lengths, results)
+    if shares:
+        matmul_share(workload.init, lengths, results, earlier)
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ nothing: they are the overhead the share shows.
 The matmul rate is measured, not quoted: a training Linear's three products (y = x W^T, dx = dy W, dW = dy^T x) at
 the encoder's four shapes with a batch's rows, on MKL (`torch.mm`) and on oneDNN (`torch.ops.mkldnn._linear_pointwise`,
 what `bertforge.linear` calls on AMD CPUs with AVX-512) into preallocated outputs, the faster library's rate: what the
-step's own products can reach on this CPU, at its own shapes (the best of five rounds, as a peak is read).
+step's own products can reach on this CPU, at its own shapes (the best of five rounds, as a peak is read;
+bench/finetune.py reads it before and after its runs and takes the higher).
 """
 
 from __future__ import annotations
@@ -82,22 +83,36 @@ def product_rate(hidden: int, intermediate: int, rows: int, rounds: int = 5) -> 
     return max(rates[best]), best
 
 
-def matmul_share(init: Path, batches: list[list[int]], results: dict[str, list[dict]]) -> None:
+def step_rate(init: Path, batches: list[list[int]]) -> tuple[float, str]:
+    """`product_rate` at the shapes of the model in `init` and the median padded batch of `batches`."""
+    config = json.loads((init / "config.json").read_text())
+    rows = int(statistics.median(len(b) * max(b) for b in batches))
+    return product_rate(config["hidden_size"], config["intermediate_size"], rows)
+
+
+def matmul_share(init: Path, batches: list[list[int]], results: dict[str, list[dict]],
+                 earlier: tuple[float, str] | None = None) -> None:
     """Prints each side's model FLOPs a second over the rate this CPU's products reach at the step's shapes
-    (`product_rate`): `batches` an epoch's sequence lengths, batch by batch; `results` {side: [{"epoch_s": ...},
-    ...]}, `init` the model directory both sides start from."""
+    (`step_rate`, read now and, where given, `earlier`, before the runs: the higher of the two, as a peak is read;
+    a VM's speed moves between minutes, and one reading taken in a slow minute put BERT-base's step at 132%):
+    `batches` an epoch's sequence lengths, batch by batch; `results` {side: [{"epoch_s": ...}, ...]}, `init` the model
+    directory both sides start from."""
     config = json.loads((init / "config.json").read_text())
     H, inner = config["hidden_size"], config["intermediate_size"]
     rows = int(statistics.median(len(b) * max(b) for b in batches))
-    rate, library = product_rate(H, inner, rows)
+    rate, library = max(step_rate(init, batches), earlier or (0.0, ""))
     flops = {padded: classifier_flops(H, inner, config["num_hidden_layers"], 2, batches, padded)
              for padded in (False, True)}
+    percent = {padded: {side: 100 * work / statistics.median(r["epoch_s"] for r in rs) / 1e9 / rate
+                        for side, rs in results.items()} for padded, work in flops.items()}
 
-    def shares(work: float) -> str:
-        return ", ".join(f"{side} {100 * work / statistics.median(r['epoch_s'] for r in rs) / 1e9 / rate:.0f}%"
-                         for side, rs in results.items())
+    def shares(padded: bool) -> str:
+        return ", ".join(f"{side} {value:.0f}%" for side, value in percent[padded].items())
 
-    print(f"share of the matmul rate: {shares(flops[False])} (an epoch's real tokens' {flops[False] / 1e12:.2f} model "
+    print(f"share of the matmul rate: {shares(False)} (an epoch's real tokens' {flops[False] / 1e12:.2f} model "
           f"TFLOP at the median s/epoch, over {rate:.0f} GFLOP/s, the training products at the step's shapes, {rows} "
           f"rows, on {library}; goal >= 75%); counting the padded batches' {flops[True] / 1e12:.2f} TFLOP: "
-          f"{shares(flops[True])}")
+          f"{shares(True)}")
+    if max(percent[False].values()) > 100:
+        print("the matmul rate read low: a side ran its products faster than the rate measured before and after the "
+              "runs (this machine's speed moved); rerun on a quieter machine before reading the shares")
