@@ -10,9 +10,9 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
 - every Linear layer's weight laid out once for oneDNN's matrix kernels (`pack_linears`): the matrix products
   are most of the time on short texts, and torch's nn.Linear hands fp32 ones to MKL, which packs the weight
   anew on every call (on the AMD EPYC we measure on, 1.2-1.4x slower than oneDNN on the packed weight); a short
-  text's few rows go to bertforge's own fp32 product instead on CPUs without AVX-512, and on AVX-512 ones where the
-  layer is small (BERT-tiny's, mini's), and a classifier's narrow head to PyTorch's (`PackedLinear`): oneDNN's
-  fixed cost of about 15 us a call is most of such a product's time;
+  text's few rows go to bertforge's own fp32 product instead, and a classifier's narrow head to PyTorch's
+  (`PackedLinear`): at a few rows oneDNN's products run well under their full speed, and its fixed cost of about
+  15 us a call is most of a small product's time;
 - a narrower number format where the CPU multiplies it natively: `EngineOptions(precision="bf16")` (the whole
   model in bfloat16, on CPUs with AVX512-BF16 or AMX) or `quantize="int8"` (int8 Linear layers, the rest fp32:
   with VNNI 8-bit weights on oneDNN, int32 sums; on AVX2 alone 7-bit weights and activations in 7 bits per row on

@@ -20,13 +20,11 @@ class PackedLinear(nn.Module):
     weight's dtype (fp32: the same to rounding, max |difference| ~1e-6 on unit-scale inputs).
 
     Where bertforge's kernels load (`fp32_panels`), an fp32 layer keeps a second copy of its weight, packed for the
-    kernels' own fp32 product (fp32_panels.h), which takes its inputs of at most `panel_rows` rows, oneDNN the rest.
-    In the kernels' AVX2 build (CPUs without AVX-512) that is any layer's products of up to `PANEL_MAX_ROWS` rows (a
-    short text or two): there oneDNN's AVX2 products ran at well under half their full-batch speed, and MiniLM-L6
-    answered one Rotten Tomatoes snippet 1.21-1.47x sooner on the kernels' (a 2-core Zen 1 EPYC; docs/benchmarks.md),
-    while oneDNN ran the larger products 1.05-1.12x faster. In the AVX-512 build it is the products of small layers
-    (BERT-tiny's and mini's) on short texts, of at most `PANEL_AVX512_MAX_MACS` multiply-adds, where oneDNN's fixed
-    cost of about 15 us a call is most of its time."""
+    kernels' own fp32 product (fp32_panels.h), which takes its inputs of at most `PANEL_MAX_ROWS` rows (a short text
+    or two), oneDNN the rest. There oneDNN's products run at well under their full-batch speed: on a 2-core Zen 1 EPYC
+    (AVX2) MiniLM-L6 answered one Rotten Tomatoes snippet 1.21-1.47x sooner on the kernels', and on a 2-core Xeon
+    (AVX-512, the kernels' 14 x 32 tiles) its products of 27 rows ran 1.18-1.39x oneDNN's, BERT-base's 1.08-1.29x
+    (docs/benchmarks.md), while oneDNN ran the larger products up to 1.2x faster."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
@@ -62,15 +60,9 @@ class PackedLinear(nn.Module):
 
 # The most rows an fp32 `PackedLinear` multiplies on the kernels' fp32 products where it has them (`fp32_panels`).
 # MiniLM-L6's four products on a 2-core Zen 1 EPYC, against oneDNN's, side by side: 27 rows 1.22-1.25x, 54 rows
-# 1.10-1.12x, 128 rows 0.89x, 256 0.92x, 1,728 rows 0.89-0.95x.
+# 1.10-1.12x, 128 rows 0.89x, 256 0.92x, 1,728 rows 0.89-0.95x; on a 2-core Xeon (AVX-512) MiniLM-L6's and BERT-base's
+# at 64 rows 0.92-1.12x, at 128 0.81-1.10x.
 PANEL_MAX_ROWS = 64
-
-# In the kernels' AVX-512 build, the most multiply-adds (rows x in x out) an fp32 `PackedLinear` takes to the kernels'
-# fp32 product. On a 2-core Zen 4 EPYC the kernel's time against oneDNN's packed product, side by side: 128 x 128
-# weights 2.1-3.6x faster from 1 to 64 rows; 128 x 512 and 256 x 256 1.4-1.7x at 27 rows (1.8M multiply-adds), even at
-# about 4M; 384 x 384 1.2x at 27 rows (4M); 384 x 1,536 1.0-1.1x from 4 rows (2.4M) on. A core with two 512-bit FMA
-# units (a Xeon) gives oneDNN twice this kernel's 256-bit rate, hence a limit below Zen 4's break-even.
-PANEL_AVX512_MAX_MACS = 1 << 21
 
 # The most multiply-adds an fp32 `PackedLinear` narrower than 16 outputs (a classifier's head) takes to PyTorch's
 # product on its own copy of the weight rather than oneDNN's: oneDNN's fixed ~15 us a call is most of such a product's
@@ -100,11 +92,5 @@ def fp32_panels() -> bool:
 
 def panel_rows(in_features: int, out_features: int) -> int:
     """The most rows an fp32 `PackedLinear` of this shape multiplies on the kernels' fp32 product (0: none, and no
-    second copy of its weight): `PANEL_MAX_ROWS` in the AVX2 build; in the AVX-512 build as many as stay within
-    `PANEL_AVX512_MAX_MACS`, none for a layer that could not take 8 rows (MiniLM-L6's feed-forward: 3)."""
-    if out_features % 16 or not fp32_panels():
-        return 0
-    if kernels.isa() == "avx2":
-        return PANEL_MAX_ROWS
-    rows = min(PANEL_MAX_ROWS, PANEL_AVX512_MAX_MACS // max(1, in_features * out_features))
-    return rows if rows >= 8 else 0
+    second copy of its weight): `PANEL_MAX_ROWS` where its columns are whole panels of 16."""
+    return PANEL_MAX_ROWS if out_features % 16 == 0 and fp32_panels() else 0

@@ -51,7 +51,7 @@ namespace bertforge::encoder {
 constexpr int64_t kF32ChunkMacs = 1 << 19;
 
 // A sequence's fp32 products for `EncoderWork`: nothing to quantize (the rows are read as they are), then any range
-// of a weight's panels, as f32_linear computes them (`f32::block`: the same tiles and k-blocks, so the same bits).
+// of a weight's panels, as f32_linear computes them (`f32::panel_range`: the same tiles and k-blocks, so the same bits).
 struct F32Products {
   static constexpr int64_t kPanel = f32::NR, kChunk = kF32ChunkMacs;
   static constexpr bool on_tiles = false;
@@ -65,8 +65,7 @@ struct F32Products {
 
   // y's columns of panels p0 .. p1 of the M rows' product: reads this object only, so threads may each take panels
   void multiply(int64_t M, const Product& w, bool gelu, float* y, int64_t p0, int64_t p1) const {
-    for (int64_t p = p0; p < p1; ++p)
-      f32::block(rows, w.K, w.f32 + p * w.K * kPanel, w.bias + p * kPanel, y + p * kPanel, w.N, 0, M, gelu);
+    f32::panel_range(rows, w.K, w.f32, w.bias, y, w.N, 0, M, p0, p1, gelu);
   }
 };
 

@@ -1,11 +1,13 @@
 // Few-row fp32 products (bertforge/kernels/cpu_kernels.cpp registers f32_pack and f32_linear; both builds carry them,
-// `packed_linear.PackedLinear` sends them few rows, in the AVX-512 build only small layers' few rows): y = x W^T
-// + b, the exact GELU applied as a tile is written where asked, over a weight packed once into panels of 16 columns.
-// Tiles of up to 6 rows x 16 columns in 12 accumulators (one 256-bit FMA a cycle on a Zen 1 core: 12 a k-step,
-// against 2 panel loads and 6 broadcasts), a short last tile computing only its rows, K taken 256 at a time so that a
-// panel's block and a tile's rows stay in L1. On a 2-core Zen 1 EPYC, MiniLM-L6's four products of 27 rows (one
-// snippet) ran 1.22-1.25x oneDNN's packed fp32 products (torch's `_linear_pointwise`), of 54 rows 1.10-1.12x; from
-// 128 rows on oneDNN's were 1.05-1.12x faster.
+// `packed_linear.PackedLinear` sends them any layer's products of a few rows): y = x W^T + b, the exact GELU applied as
+// a tile is written where asked, over a weight packed once into panels of 16 columns. The AVX2 build's tiles are up to
+// 6 rows x 16 columns in 12 accumulators (one 256-bit FMA a cycle on a Zen 1 core: 12 a k-step, against 2 panel loads
+// and 6 broadcasts), a short last tile computing only its rows; the AVX-512 build's up to 14 rows x 32 columns
+// (`wide_tile`). K is taken 256 at a time so that a panel's block and a tile's rows stay in L1. On a 2-core Zen 1 EPYC,
+// MiniLM-L6's four products of 27 rows (one snippet) ran 1.22-1.25x oneDNN's packed fp32 products (torch's
+// `_linear_pointwise`), of 54 rows 1.10-1.12x; from 128 rows on oneDNN's were 1.05-1.12x faster. On a 2-core Xeon
+// with two 512-bit FMA units the wide tiles ran MiniLM-L6's and BERT-base's products of 1-27 rows 1.1-2.8x oneDNN's,
+// of 64 rows 0.92-1.12x (docs/benchmarks.md).
 //
 //   panels[p][k][j] = W[16 p + j, k];   y[i, n] = b[n] + sum_k x[i, k] W[n, k]   (k in order, one FMA each)
 #pragma once
@@ -15,7 +17,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <utility>
 
 #include "vec.h"
 
@@ -87,20 +91,97 @@ inline void block(const float* x, int64_t K, const float* panel, const float* bi
   }
 }
 
-// x (M, K) contiguous fp32 times the panels' N columns plus bias (N): (M, N). Tasks are (row block, panel) pairs,
-// row blocks outermost, shared out over torch's threads: one text's few rows split by panels, a batch by blocks.
+#ifdef __AVX512F__
+// The AVX-512 build's tiles: up to kWideRows rows x two panels (32 columns) in 2 x 14 zmm accumulators, a k-step's
+// two panel loads and up to 14 broadcasts feeding up to 28 FMAs (a Xeon core issues two 512-bit FMAs a cycle). Each
+// output is the same sum as `tile`'s (from the bias, k in order, one FMA each), so the same bits.
+constexpr int kWideRows = 14;
+
+template <int ROWS, int PANELS>
+inline void wide_tile(const float* x, int64_t K, int64_t kc, const float* panel, const float* bias, float* y,
+                      int64_t N, bool first, bool gelu) {
+  __m512 c[ROWS][PANELS];
+#pragma GCC unroll 14
+  for (int i = 0; i < ROWS; ++i)
+    for (int j = 0; j < PANELS; ++j) c[i][j] = _mm512_loadu_ps(first ? bias + j * NR : y + i * N + j * NR);
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 w[PANELS];
+    for (int j = 0; j < PANELS; ++j) w[j] = _mm512_loadu_ps(panel + j * K * NR + k * NR);
+#pragma GCC unroll 14
+    for (int i = 0; i < ROWS; ++i) {
+      const __m512 a = _mm512_set1_ps(x[i * K + k]);
+      for (int j = 0; j < PANELS; ++j) c[i][j] = _mm512_fmadd_ps(a, w[j], c[i][j]);
+    }
+  }
+#pragma GCC unroll 14
+  for (int i = 0; i < ROWS; ++i)
+    for (int j = 0; j < PANELS; ++j) _mm512_storeu_ps(y + i * N + j * NR, c[i][j]);
+  if (gelu)
+    for (int i = 0; i < ROWS; ++i) gelu_in_place(y + i * N, PANELS * NR);
+}
+
+using WideTile = void (*)(const float*, int64_t, int64_t, const float*, const float*, float*, int64_t, bool, bool);
+
+template <int PANELS, int... R>
+constexpr std::array<WideTile, sizeof...(R)> wide_tiles(std::integer_sequence<int, R...>) {
+  return {&wide_tile<R + 1, PANELS>...};
+}
+
+// `block` for one or two panels (`count`) in the wide tiles, the rows in tiles of even sizes (27: 14, 13)
+inline void wide_block(const float* x, int64_t K, const float* panel, int64_t count, const float* bias, float* y,
+                       int64_t N, int64_t r0, int64_t r1, bool gelu) {
+  static constexpr auto one = wide_tiles<1>(std::make_integer_sequence<int, kWideRows>{});
+  static constexpr auto two = wide_tiles<2>(std::make_integer_sequence<int, kWideRows>{});
+  const auto& tiles = count == 2 ? two : one;
+  const int64_t tiles_down = (r1 - r0 + kWideRows - 1) / kWideRows;
+  const int64_t rows = (r1 - r0 + tiles_down - 1) / std::max<int64_t>(tiles_down, 1);
+  const int64_t blocks = (K + kDepth - 1) / kDepth, depth = (K + blocks - 1) / blocks;
+  for (int64_t k0 = 0; k0 < K; k0 += depth) {
+    const int64_t kc = std::min(depth, K - k0);
+    const bool first = k0 == 0, act = gelu && k0 + kc == K;
+    for (int64_t r = r0; r < r1; r += rows)
+      tiles[std::min(rows, r1 - r) - 1](x + r * K + k0, K, kc, panel + k0 * NR, bias, y + r * N, N, first, act);
+  }
+}
+constexpr int64_t kPanelsATask = 2;
+// The fewest rows of a row block: a few texts' rows in one block, whatever K, so that each weight is read once (a
+// 768 x 3072 weight's 27 rows in three blocks ran 0.63x oneDNN's packed product on a 2-core Xeon; in one, 1.08x)
+constexpr int64_t kLeastBlockRows = 64;
+#else
+constexpr int64_t kPanelsATask = 1;
+constexpr int64_t kLeastBlockRows = MR;
+#endif
+
+// rows [r0, r1) of x times panels p0 .. p1 of `panels` (each K x NR) into y's columns NR p0 .. NR p1: the AVX-512
+// build's wide tiles two panels at a time, else `block` a panel at a time (the same bits either way)
+inline void panel_range(const float* x, int64_t K, const float* panels, const float* bias, float* y, int64_t N,
+                        int64_t r0, int64_t r1, int64_t p0, int64_t p1, bool gelu) {
+  for (int64_t p = p0; p < p1; p += kPanelsATask) {
+#ifdef __AVX512F__
+    wide_block(x, K, panels + p * K * NR, std::min<int64_t>(2, p1 - p), bias + p * NR, y + p * NR, N, r0, r1, gelu);
+#else
+    block(x, K, panels + p * K * NR, bias + p * NR, y + p * NR, N, r0, r1, gelu);
+#endif
+  }
+}
+
+// x (M, K) contiguous fp32 times the panels' N columns plus bias (N): (M, N). Tasks are (row block, kPanelsATask
+// panels) pairs, row blocks outermost, shared out over torch's threads: one text's few rows split by panels, a batch
+// by blocks.
 inline at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias, bool gelu) {
   const int64_t K = x.size(-1), M = x.numel() / K, P = panels.size(0), N = P * NR;
   // the fewest row blocks within the budget, of even sizes (so that two blocks give two threads even work)
-  const int64_t most = std::max(MR, kBlockFloats / std::max<int64_t>(K, 1) / MR * MR), blocks = (M + most - 1) / most;
+  const int64_t most = std::max(kLeastBlockRows, kBlockFloats / std::max<int64_t>(K, 1) / MR * MR);
+  const int64_t blocks = (M + most - 1) / most;
   const int64_t mc = ((M + blocks - 1) / std::max<int64_t>(blocks, 1) + MR - 1) / MR * MR;
+  const int64_t groups = (P + kPanelsATask - 1) / kPanelsATask;
   at::Tensor y = at::empty({M, N}, x.options());
   const float *xs = x.data_ptr<float>(), *ws = panels.data_ptr<float>(), *bs = bias.data_ptr<float>();
   float* ys = y.data_ptr<float>();
-  at::parallel_for(0, blocks * P, task_grain(mc, K, NR), [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, blocks * groups, task_grain(mc, K, kPanelsATask * NR), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / P, p = t % P;
-      block(xs, K, ws + p * K * NR, bs + p * NR, ys + p * NR, N, b * mc, std::min(M, (b + 1) * mc), gelu);
+      const int64_t b = t / groups, p = t % groups * kPanelsATask;
+      panel_range(xs, K, ws, bs, ys, N, b * mc, std::min(M, (b + 1) * mc), p, std::min(P, p + kPanelsATask), gelu);
     }
   });
   return y;
