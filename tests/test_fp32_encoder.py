@@ -1,7 +1,7 @@
 """An fp32 encoder a sequence at a time (the kernels' f32_encoder, `FusedEncoder.by_sequence_fp32`): the same bits as
 its layers run operator by operator on the kernels' fp32 products, the model's outputs to fp32 rounding, and chosen
-only for narrow encoders (on an AVX-512 CPU, tests/test_kernels.py's child process runs this file on the AVX2 build
-too)."""
+for every batch of narrow encoders, a lone text of wider ones (on an AVX-512 CPU, tests/test_kernels.py's child
+process runs this file on the AVX2 build too)."""
 
 from __future__ import annotations
 
@@ -95,13 +95,31 @@ def test_a_lone_sequence_shares_its_work_out_with_the_same_bits():
 
 
 @needs_kernels
-def test_only_narrow_encoders_with_whole_panels_run_a_sequence_at_a_time():
-    """Up to FP32_SEQUENCE_MAX_HIDDEN wide, every product's outputs a multiple of 16 (the kernel's panels), and not
-    while fp32 products are held on oneDNN (`on_onednn`, a side-by-side run's other side)."""
-    widest = transforms.FP32_SEQUENCE_MAX_HIDDEN
-    assert fast(classifier(hidden=widest, heads=4, intermediate=4 * widest)).bert.encoder.sequence_fp32
-    wide = fast(classifier(hidden=widest + 64, heads=4, intermediate=4 * widest))
-    assert isinstance(wide.bert.encoder, FusedEncoder) and not wide.bert.encoder.sequence_fp32
+def test_narrow_encoders_run_every_batch_a_sequence_at_a_time_wider_ones_a_lone_text():
+    """Up to FP32_SEQUENCE_MAX_HIDDEN wide every batch; wider, only batches of fewer sequences than threads of at most
+    PANEL_MAX_ROWS tokens (a text served alone), with the bits of the same layers operator by operator; every
+    product's outputs a multiple of 16 (the kernel's panels), and not while fp32 products are held on oneDNN
+    (`on_onednn`, a side-by-side run's other side)."""
+    widest, rows = transforms.FP32_SEQUENCE_MAX_HIDDEN, packed_linear.PANEL_MAX_ROWS
+    narrow = fast(classifier(hidden=widest, heads=4, intermediate=4 * widest)).bert.encoder
+    wide_model = fast(classifier(hidden=widest + 64, heads=4, intermediate=4 * widest))
+    wide = wide_model.bert.encoder
+    assert isinstance(wide, FusedEncoder) and narrow.sequence_fp32 and wide.sequence_fp32
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert all(narrow._by_sequence(n, t) for n in (1, 2, 64) for t in (1, rows, rows + 1, 128))
+        assert wide._by_sequence(1, 1) and wide._by_sequence(1, rows)
+        assert not any(wide._by_sequence(n, t) for n, t in ((1, rows + 1), (2, 5), (64, rows)))
+        ids = torch.randint(5, 200, (1, 40), generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            got = wide_model(ids).logits, wide_model.bert(ids).sequence_output
+            wide.sequence_weights = None
+            expected = wide_model(ids).logits, wide_model.bert(ids).sequence_output
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
     assert not fast(classifier(intermediate=136)).bert.encoder.sequence_fp32  # 136: not whole panels of 16
     with packed_linear.fp32_on_onednn():
         assert not fast(classifier()).bert.encoder.sequence_fp32

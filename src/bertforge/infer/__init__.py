@@ -21,8 +21,9 @@ Speed on CPU comes from six choices, each measured by bench/inference.py (the ke
 - for int8 and fp32 on an AVX-512 or AVX2 CPU, bertforge's own kernels between the products (`bertforge.kernels`,
   built on first use): each layer's attention in one pass per sequence, each residual add + LayerNorm in one pass
   per row, and (int8) the activation ranges handed to the next product (`fused.FusedEncoder`); narrow int8
-  encoders (up to 512 wide) and fp32 ones (BERT-tiny's 128) a sequence at a time, each sequence's layers one after
-  another in the core's caches, a lone text's work shared out over the threads; in bf16 the attention
+  encoders (up to 512 wide) and fp32 ones (BERT-tiny's 128; wider ones a text served alone) a sequence at a time,
+  each sequence's layers one after another in the core's caches, a lone text's work shared out over the threads; in
+  bf16 the attention
   (`fused.KernelSelfAttention`);
 - two batches at a time, each on half the threads, where there are 2 or more threads and 4 or more batches
   (`bertforge.batching`): small products use a CPU's threads better side by side than split.

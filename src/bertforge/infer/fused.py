@@ -14,6 +14,7 @@ from torch import nn
 
 from bertforge import kernels
 from bertforge.encoder import BertEmbeddings, BertEncoder, BertLayer, BertSelfAttention
+from bertforge.infer.packed_linear import PANEL_MAX_ROWS
 from bertforge.training_attention import TrainingPacking
 
 
@@ -39,6 +40,8 @@ class FusedEncoder(nn.Module):
         self.sequence_u7 = False  # by_sequence's products: the u7 kernels' (7-bit) rather than the VNNI kernels'
         self.sequence_fp32 = False  # by_sequence's products: the kernels' fp32 ones (`by_sequence_fp32`)
         self.sequence_short_t = 0  # batches of sequences this short run a sequence at a time however few they are
+        self.sequence_batches = True  # batches of as many sequences as threads or more run a sequence at a time
+        self.sequence_lone_t = 0  # batches of fewer sequences than threads run a sequence at a time while this short
 
     def by_sequence(self) -> None:
         """Run on the kernels' int8_encoder from now on. With fewer sequences than threads (a text served alone) the
@@ -53,10 +56,15 @@ class FusedEncoder(nn.Module):
         # a product's 4: its panels and column sums (u7's or VNNI's), weight scales and bias
         self._sequence_operands(lambda p: [*(p.u7 if self.sequence_u7 else p.vnni), p.weight_scale, _bias(p)])
 
-    def by_sequence_fp32(self) -> None:
+    def by_sequence_fp32(self, lone_only: bool = False) -> None:
         """Run on the kernels' f32_encoder from now on (fp32 `packed_linear.PackedLinear` layers): `by_sequence`'s
-        loop over the kernels' few-row fp32 products (fp32_panels.h), each layer's weights packed for them once."""
-        self.sequence_fp32, self.sequence_short_t = True, self.max_positions
+        loop over the kernels' few-row fp32 products (fp32_panels.h), each layer's weights packed for them once.
+        `lone_only`: only batches of fewer sequences than threads (a text served alone) of at most
+        `packed_linear.PANEL_MAX_ROWS` tokens, the products the layers take to the same kernel operator by operator
+        (for encoders whose layers' weights do not stay in a core's L2: their batches run faster by operator)."""
+        self.sequence_fp32, self.sequence_short_t = True, 0 if lone_only else self.max_positions
+        self.sequence_batches = not lone_only
+        self.sequence_lone_t = PANEL_MAX_ROWS if lone_only else 0
         self._sequence_operands(lambda p: [p.kernel_panels(), _bias(p)])  # a product's 2: its panels and bias
 
     def _sequence_operands(self, operands: Callable[[nn.Module], list[torch.Tensor]]) -> None:
@@ -97,8 +105,7 @@ class FusedEncoder(nn.Module):
         if x.shape[1] > self.max_positions:
             return self.plain(x, mask, positions)
         keys = None if mask is None else mask[:, 0, 0, :]
-        if self.sequence_weights is not None and (x.shape[1] <= self.sequence_short_t
-                                                  or x.shape[0] >= torch.get_num_threads()):
+        if self._by_sequence(*x.shape[:2]):
             if self.sequence_fp32:
                 return torch.ops.bertforge.f32_encoder(x, keys, positions, self.sequence_weights,
                                                        self.layer[0].attention.num_heads, self.sequence_eps,
@@ -113,6 +120,14 @@ class FusedEncoder(nn.Module):
         for i, layer in enumerate(self.layer):
             x, bounds = _fused_layer(layer, x, keys, positions if i == last else None, bounds)
         return x
+
+    def _by_sequence(self, sequences: int, length: int) -> bool:
+        """Does a batch of `sequences` sequences of `length` positions run a sequence at a time?"""
+        if self.sequence_weights is None:
+            return False
+        few = sequences < torch.get_num_threads()
+        return (not few and self.sequence_batches) or length <= self.sequence_short_t \
+            or (few and length <= self.sequence_lone_t)
 
     def _pre_ln(self, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None) -> torch.Tensor:
         """Pre-LN layers, x = x + Attn(LN(x)); x = x + FFN(LN(x)), then the final LayerNorm: each LayerNorm fused

@@ -268,24 +268,26 @@ def _fuse_int8_encoders(model: nn.Module) -> None:
 
 def _fuse_fp32_encoders(model: nn.Module) -> None:
     """Every BertEncoder of fp32 `PackedLinear` layers with the feed-forward GELU inside the product run on the
-    kernels between its products (`fused.FusedEncoder`); up to `FP32_SEQUENCE_MAX_HIDDEN` wide, where the kernels'
-    fp32 products run (`packed_linear.fp32_panels`), a sequence at a time (`FusedEncoder.by_sequence_fp32`)."""
+    kernels between its products (`fused.FusedEncoder`); where the kernels' fp32 products run
+    (`packed_linear.fp32_panels`), a sequence at a time (`FusedEncoder.by_sequence_fp32`): every batch up to
+    `FP32_SEQUENCE_MAX_HIDDEN` wide, a text served alone if wider."""
     if not FUSE_FP32:
         return
     for encoder in fuse_encoders(model, _fp32_packed):
         products = encoder.products
-        if (fp32_panels() and products[0].in_features <= FP32_SEQUENCE_MAX_HIDDEN
-                and all(p.out_features % 16 == 0 for p in products)):
-            encoder.by_sequence_fp32()
+        if fp32_panels() and all(p.out_features % 16 == 0 for p in products):
+            encoder.by_sequence_fp32(lone_only=products[0].in_features > FP32_SEQUENCE_MAX_HIDDEN)
 
 
-# The widest fp32 encoder (its hidden size) run a sequence at a time (`fused.FusedEncoder.by_sequence_fp32`). Each
-# sequence reads every layer's weights, four times int8's bytes: BERT-tiny's layer (0.8 MB) stays in a core's L2,
-# mini's (3.1 MB) and MiniLM-L6's (7 MB) do not. Encoders alone on a 2-core Zen 4, against the same layers operator by
-# operator (oneDNN's products over the batch, the kernels' for a few rows), in one process, two runs: 64 texts of 27-30
-# tokens, BERT-tiny 1.08-1.32x, mini (256 wide) 0.88-1.01x, MiniLM-L6 0.72x; one text of 27 tokens 1.25-1.39x,
-# 1.04-1.33x, 0.98-1.03x, of 64 tokens 1.21-1.28x, 0.88-0.98x, 0.99-1.00x. The AVX2 build (oneDNN held to AVX2 too):
-# 64 texts 1.17-1.20x, 1.06-1.09x, 0.82-0.83x; one text 1.17-1.24x, 1.05-1.08x, 1.07x.
+# The widest fp32 encoder (its hidden size) that runs every batch a sequence at a time (wider ones only a text served
+# alone: `fused.FusedEncoder.by_sequence_fp32`). Each sequence reads every layer's weights, four times int8's bytes:
+# BERT-tiny's layer (0.8 MB) stays in a core's L2, mini's (3.1 MB) and MiniLM-L6's (7 MB) do not. Encoders alone on a
+# 2-core Zen 4, against the same layers operator by operator (oneDNN's products over the batch, the kernels' for a few
+# rows), in one process, two runs: 64 texts of 27-30 tokens, BERT-tiny 1.08-1.32x, mini (256 wide) 0.88-1.01x,
+# MiniLM-L6 0.72x; one text of 27 tokens 1.25-1.39x, 1.04-1.33x, 0.98-1.03x, of 64 tokens 1.21-1.28x, 0.88-0.98x,
+# 0.99-1.00x. The AVX2 build (oneDNN held to AVX2 too): 64 texts 1.17-1.20x, 1.06-1.09x, 0.82-0.83x; one text
+# 1.17-1.24x, 1.05-1.08x, 1.07x. On a 2-core Xeon (AVX-512, the kernels' products for any layer's few rows) one
+# MiniLM-L6 text of 27 tokens, end to end in three runs: 1.04x, 1.07x, 1.10x sooner, the same bits.
 FP32_SEQUENCE_MAX_HIDDEN = 128
 
 
