@@ -67,11 +67,18 @@ inline void tile(const float* x, int64_t K, int64_t kc, const float* panel, cons
     for (int i = 0; i < ROWS; ++i) gelu_in_place(y + i * N, NR);
 }
 
+// The k-blocks' depth: K in the fewest blocks of at most kDepth, of even sizes. Both builds' tiles take the same blocks,
+// so each output is stored and reloaded at the same points of its sum: the same bits.
+inline int64_t k_depth(int64_t K) {
+  const int64_t blocks = (K + kDepth - 1) / kDepth;
+  return (K + blocks - 1) / std::max<int64_t>(blocks, 1);
+}
+
 // rows [r0, r1) of x times panel p (its K rows from `panel`) into y, a k-block at a time: a block of the panel
 // (kc x 16 floats) and a tile's rows of x stay in the core's 32 KB L1 while the block's tiles pass
 inline void block(const float* x, int64_t K, const float* panel, const float* bias, float* y, int64_t N, int64_t r0,
                   int64_t r1, bool gelu) {
-  const int64_t blocks = (K + kDepth - 1) / kDepth, depth = (K + blocks - 1) / blocks;
+  const int64_t depth = k_depth(K);
   for (int64_t k0 = 0; k0 < K; k0 += depth) {
     const int64_t kc = std::min(depth, K - k0);
     const bool first = k0 == 0, act = gelu && k0 + kc == K;
@@ -135,7 +142,7 @@ inline void wide_block(const float* x, int64_t K, const float* panel, int64_t co
   const auto& tiles = count == 2 ? two : one;
   const int64_t tiles_down = (r1 - r0 + kWideRows - 1) / kWideRows;
   const int64_t rows = (r1 - r0 + tiles_down - 1) / std::max<int64_t>(tiles_down, 1);
-  const int64_t blocks = (K + kDepth - 1) / kDepth, depth = (K + blocks - 1) / blocks;
+  const int64_t depth = k_depth(K);
   for (int64_t k0 = 0; k0 < K; k0 += depth) {
     const int64_t kc = std::min(depth, K - k0);
     const bool first = k0 == 0, act = gelu && k0 + kc == K;
