@@ -40,8 +40,9 @@ class FusedEncoder(nn.Module):
         self.sequence_u7 = False  # by_sequence's products: the u7 kernels' (7-bit) rather than the VNNI kernels'
         self.sequence_fp32 = False  # by_sequence's products: the kernels' fp32 ones (`by_sequence_fp32`)
         self.sequence_short_t = 0  # batches of sequences this short run a sequence at a time however few they are
-        self.sequence_batches = True  # batches of as many sequences as threads or more run a sequence at a time
-        self.sequence_lone_t = 0  # batches of fewer sequences than threads run a sequence at a time while this short
+        # > 0: only batches of fewer sequences than threads run a sequence at a time, and only while this short (0:
+        # batches of as many sequences as threads or more always do)
+        self.sequence_lone_t = 0
 
     def by_sequence(self) -> None:
         """Run on the kernels' int8_encoder from now on. With fewer sequences than threads (a text served alone) the
@@ -63,7 +64,6 @@ class FusedEncoder(nn.Module):
         `packed_linear.PANEL_MAX_ROWS` tokens, the products the layers take to the same kernel operator by operator
         (for encoders whose layers' weights do not stay in a core's L2: their batches run faster by operator)."""
         self.sequence_fp32, self.sequence_short_t = True, 0 if lone_only else self.max_positions
-        self.sequence_batches = not lone_only
         self.sequence_lone_t = PANEL_MAX_ROWS if lone_only else 0
         self._sequence_operands(lambda p: [p.kernel_panels(), _bias(p)])  # a product's 2: its panels and bias
 
@@ -126,8 +126,9 @@ class FusedEncoder(nn.Module):
         if self.sequence_weights is None:
             return False
         few = sequences < torch.get_num_threads()
-        return (not few and self.sequence_batches) or length <= self.sequence_short_t \
-            or (few and length <= self.sequence_lone_t)
+        if self.sequence_lone_t:
+            return few and length <= self.sequence_lone_t
+        return not few or length <= self.sequence_short_t
 
     def _pre_ln(self, x: torch.Tensor, keys: torch.Tensor | None, positions: torch.Tensor | None) -> torch.Tensor:
         """Pre-LN layers, x = x + Attn(LN(x)); x = x + FFN(LN(x)), then the final LayerNorm: each LayerNorm fused
