@@ -34,7 +34,7 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
         self.dtype = dtype
         self.activation = "none"  # "gelu": the exact GELU applied as the product is written (`_fuse_gelu`)
-        self.panel_rows = panel_rows(self.in_features, self.out_features) if dtype == torch.float32 else 0
+        self.panel_rows = panel_rows(self.out_features) if dtype == torch.float32 else 0
         self.panels = torch.ops.bertforge.f32_pack(linear.weight.detach().float()) if self.panel_rows else None
         narrow = dtype == torch.float32 and self.out_features < 16
         self.narrow = linear.weight.detach().clone() if narrow else None
@@ -90,7 +90,7 @@ def fp32_panels() -> bool:
     return FP32_PANELS and kernels.available()
 
 
-def panel_rows(in_features: int, out_features: int) -> int:
+def panel_rows(out_features: int) -> int:
     """The most rows an fp32 `PackedLinear` of this shape multiplies on the kernels' fp32 product (0: none, and no
     second copy of its weight): `PANEL_MAX_ROWS` where its columns are whole panels of 16."""
     return PANEL_MAX_ROWS if out_features % 16 == 0 and fp32_panels() else 0
