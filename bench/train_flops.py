@@ -83,10 +83,15 @@ def product_rate(hidden: int, intermediate: int, rows: int, rounds: int = 5) -> 
     return max(rates[best]), best
 
 
+def _step_shapes(init: Path, batches: list[list[int]]) -> tuple[dict, int]:
+    """The config of the model in `init`, and the rows of the median padded batch of `batches`."""
+    config = json.loads((init / "config.json").read_text())
+    return config, int(statistics.median(len(b) * max(b) for b in batches))
+
+
 def step_rate(init: Path, batches: list[list[int]]) -> tuple[float, str]:
     """`product_rate` at the shapes of the model in `init` and the median padded batch of `batches`."""
-    config = json.loads((init / "config.json").read_text())
-    rows = int(statistics.median(len(b) * max(b) for b in batches))
+    config, rows = _step_shapes(init, batches)
     return product_rate(config["hidden_size"], config["intermediate_size"], rows)
 
 
@@ -97,10 +102,9 @@ def matmul_share(init: Path, batches: list[list[int]], results: dict[str, list[d
     a VM's speed moves between minutes, and one reading taken in a slow minute put BERT-base's step at 132%):
     `batches` an epoch's sequence lengths, batch by batch; `results` {side: [{"epoch_s": ...}, ...]}, `init` the model
     directory both sides start from."""
-    config = json.loads((init / "config.json").read_text())
+    config, rows = _step_shapes(init, batches)
     H, inner = config["hidden_size"], config["intermediate_size"]
-    rows = int(statistics.median(len(b) * max(b) for b in batches))
-    rate, library = max(step_rate(init, batches), earlier or (0.0, ""))
+    rate, library = max(product_rate(H, inner, rows), earlier or (0.0, ""))
     flops = {padded: classifier_flops(H, inner, config["num_hidden_layers"], 2, batches, padded)
              for padded in (False, True)}
     percent = {padded: {side: 100 * work / statistics.median(r["epoch_s"] for r in rs) / 1e9 / rate
