@@ -140,16 +140,16 @@ def test_the_gradients_norm_is_the_norm_of_every_element_taken_together():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = torch.ops.bertforge.grad_norm(tensors)
+        one = torch.ops.bertforge.grad_norm(tensors, [None] * len(tensors))
         torch.set_num_threads(2)
-        two = torch.ops.bertforge.grad_norm(tensors)
+        two = torch.ops.bertforge.grad_norm(tensors, [None] * len(tensors))
     finally:
         torch.set_num_threads(before)
     assert one == two
     assert abs(one - exact) <= 1e-6 * exact
-    assert torch.ops.bertforge.grad_norm([]) == 0.0
+    assert torch.ops.bertforge.grad_norm([], []) == 0.0
     with pytest.raises(RuntimeError, match="contiguous fp32 CPU tensors"):
-        torch.ops.bertforge.grad_norm([torch.randn(4, 3).t()])
+        torch.ops.bertforge.grad_norm([torch.randn(4, 3).t()], [None])
 
 
 @needs_kernels
@@ -178,7 +178,7 @@ def test_a_clipped_step_falls_back_to_torchs_clipping_bit_for_bit(monkeypatch, w
     if why == "no kernels":
         monkeypatch.setattr(kernels, "available", lambda: False)
     if why == "not finite":
-        monkeypatch.setattr(torch.ops.bertforge, "grad_norm", lambda grads: float("inf"), raising=False)
+        monkeypatch.setattr(torch.ops.bertforge, "grad_norm", lambda grads, rows: float("inf"), raising=False)
         monkeypatch.setattr(kernels, "available", lambda: True)
     calls = []
     real = torch.nn.utils.clip_grad_norm_

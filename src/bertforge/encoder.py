@@ -247,6 +247,7 @@ class BertPreTrainedModel(nn.Module):
     """Weight init, `from_pretrained` and `save_pretrained` for every model class."""
 
     config: BertConfig
+    looks_up_words = False  # True for task models: nothing but the lookups reads their word embedding
 
     def init_weights(self) -> None:
         self.apply(self._init_module)
@@ -259,6 +260,11 @@ class BertPreTrainedModel(nn.Module):
                 module.p = p
             elif isinstance(module, BertSelfAttention):
                 module.dropout_p = p
+
+    def looked_up_embeddings(self) -> list[nn.Embedding]:
+        """The embeddings that training reads only by looking rows up (bertforge.train.rows): a task model's word
+        embedding; none where a head reads the whole matrix (pretraining's masked-LM decoder, tied to it)."""
+        return [self.bert.embeddings.word_embeddings] if self.looks_up_words else []
 
     def compile_encoder(self) -> None:
         """torch.compile the encoder layers in place (where the time goes), with dynamic batch, length and

@@ -264,6 +264,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
     """Pooled [CLS] -> dropout -> linear. num_labels == 1 makes it a regression (mean squared error)."""
 
     hf_architecture = "BertForSequenceClassification"
+    looks_up_words = True
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -290,6 +291,7 @@ class BertForTokenClassification(BertPreTrainedModel):
     """Every token's final state -> dropout -> linear: one label per token (NER tagging)."""
 
     hf_architecture = "BertForTokenClassification"
+    looks_up_words = True
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -313,6 +315,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
     """Extractive QA: a start and an end logit for every token."""
 
     hf_architecture = "BertForQuestionAnswering"
+    looks_up_words = True
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -341,6 +344,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
     """Each (context, choice) pair scored by pooled [CLS] -> linear -> one logit; softmax over choices."""
 
     hf_architecture = "BertForMultipleChoice"
+    looks_up_words = True
 
     def __init__(self, config: BertConfig):
         super().__init__()

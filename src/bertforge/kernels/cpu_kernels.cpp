@@ -19,6 +19,7 @@
 // And for training on oneDNN's fp32 products (bertforge/linear.py):
 //   transpose_sum  a Linear layer's output gradient transposed, with its column sums (transpose.h);
 //   grad_norm      the 2-norm of many tensors together, gradient clipping's (grad_norm.h);
+//   adamw_rows     AdamW over a word embedding, the rows never looked up only decayed (adamw_rows.h);
 //   gelu           the exact GELU and its gradient, one pass each (gelu.h);
 //   attention_train (and its backward) attention with dropout, from and to the products' layouts, padded or packed
 //                  (attention_train.h; the ops in attention_train_ops.h).
@@ -41,6 +42,7 @@
 #include <tuple>
 #include <vector>
 
+#include "adamw_rows.h"
 #include "attention.h"
 #include "attention_train.h"
 #include "attention_train_ops.h"
@@ -334,7 +336,9 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("transpose_sum(Tensor g) -> (Tensor, Tensor)");
   m.def("gelu(Tensor x) -> Tensor");
   m.def("gelu_backward(Tensor grad, Tensor x) -> Tensor");
-  m.def("grad_norm(Tensor[] tensors) -> float", &bertforge::grad_norm);
+  m.def("grad_norm(Tensor[] tensors, Tensor?[] rows) -> float", &bertforge::grad_norm);
+  m.def("adamw_rows(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor live, "
+        "float[] hyper, Tensor? grad_scale) -> ()", &bertforge::adamw_rows);
   m.def("attention_train(Tensor qkv, int heads, Tensor? mask, float p, int key, Tensor? offsets=None, int length=0)"
         " -> (Tensor, Tensor)");
   m.def("attention_train_backward(Tensor grad, Tensor qkv, Tensor probs, int heads, float p, int key, "

@@ -45,15 +45,35 @@ inline double sum_of_squares(const float* x, int64_t n) {
   return static_cast<double>(reduce_add((acc[0] + acc[1]) + (acc[2] + acc[3])));
 }
 
-// sqrt of the sum of every element's square over `tensors` (each fp32, contiguous, on the CPU).
-inline double grad_norm(at::TensorList tensors) {
+// The blocks of `t` that hold any of `rows` (sorted row indices of a 2-D tensor): its other blocks are all zeros.
+inline std::vector<bool> blocks_of_rows(const at::Tensor& t, const at::Tensor& rows) {
+  const int64_t width = t.dim() > 0 && t.size(0) > 0 ? t.numel() / t.size(0) : 1;
+  std::vector<bool> marked((t.numel() + kNormBlock - 1) / kNormBlock, false);
+  const at::Tensor r = rows.to(at::kLong).contiguous();
+  const int64_t* row = r.data_ptr<int64_t>();
+  for (int64_t i = 0; i < r.numel(); ++i) {
+    TORCH_CHECK(row[i] >= 0 && row[i] < t.size(0), "grad_norm: a row index outside its tensor");
+    for (int64_t b = row[i] * width / kNormBlock; b <= ((row[i] + 1) * width - 1) / kNormBlock; ++b) marked[b] = true;
+  }
+  return marked;
+}
+
+// sqrt of the sum of every element's square over `tensors` (each fp32, contiguous, on the CPU). Where `rows` gives a
+// tensor its rows (a gradient that is zero elsewhere, bertforge/train/rows.py), only the blocks holding them are
+// read: the others' sums are +0.0, and the blocks' sums are added in the same order, so the result is the same bits.
+inline double grad_norm(at::TensorList tensors, const c10::List<std::optional<at::Tensor>>& rows) {
+  TORCH_CHECK(rows.size() == tensors.size(), "grad_norm: one entry of rows a tensor");
   std::vector<const float*> starts;  // one entry a block
   std::vector<int64_t> sizes;
-  for (const at::Tensor& t : tensors) {
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const at::Tensor& t = tensors[k];
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
                 "grad_norm takes contiguous fp32 CPU tensors");
+    const std::optional<at::Tensor> only = rows.get(k);
+    const std::vector<bool> marked = only.has_value() ? blocks_of_rows(t, *only) : std::vector<bool>();
     const float* p = t.data_ptr<float>();
     for (int64_t i = 0; i < t.numel(); i += kNormBlock) {
+      if (!marked.empty() && !marked[i / kNormBlock]) continue;
       starts.push_back(p + i);
       sizes.push_back(std::min(kNormBlock, t.numel() - i));
     }

@@ -218,10 +218,10 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.dist.rank)
         self.model.to(self.dist.device)
         self.optimizer = build_optimizer(self.model, name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                         betas=tuple(cfg.betas), layer_lr_decay=cfg.layer_lr_decay)
+                                         betas=tuple(cfg.betas), layer_lr_decay=cfg.layer_lr_decay,
+                                         looked_up_rows=not self.dist.enabled)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
-        self.best: dict | None = None
-        self.resumed_budget_spent = None
+        self.best, self.resumed_budget_spent = None, None  # the best evaluation so far; a resumed budget's time
         self._saved_at = time.monotonic()  # `save_minutes` count from the start of this process's training
         start, position = self._resume() if self.resume else (0, None)
         if start >= self.total_steps:
@@ -288,6 +288,7 @@ class Trainer:
         # the interpreter is alive. The two-process test's rank 1 aborted at exit ("terminate called without an
         # active exception") in 2 of 35 runs before this, in none of 45 after.
         self.train_model = None
+        self.optimizer.release_rows()
         return TrainResult(step=self.total_steps, final_metrics=final, out_dir=self.out_dir)
 
     def _replan(self, step: int, bar) -> None:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from bertforge import kernels
+from bertforge.train import rows
 
 NO_DECAY_SUFFIXES = ("bias", "LayerNorm.weight", "_norm.weight", "norm.weight")
 
@@ -65,25 +66,74 @@ class _EagerOptimizer(torch.optim.Optimizer):
     state_dict = _unwrapped(torch.optim.Optimizer.state_dict)
     load_state_dict = _unwrapped(torch.optim.Optimizer.load_state_dict)
 
+    def release_rows(self) -> None:
+        """After training: an embedding trained on its looked-up rows back to an ordinary one (AdamW's)."""
+
 
 class AdamW(_EagerOptimizer, torch.optim.AdamW):
-    """torch's AdamW, its step the same arithmetic (the same fused kernel), without the compiler's wrapper."""
+    """torch's AdamW, its step the same arithmetic (the same fused kernel), without the compiler's wrapper; a task
+    model's word embedding may train on its looked-up rows (`look_up_rows`, bertforge.train.rows)."""
 
     _torch_step = staticmethod(_unwrapped(torch.optim.AdamW.step))  # once: every wrapper is unwrapped alike
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._looked_up: dict = {}  # weight -> (its LookedUpRows, its parameter group's index)
+
+    def look_up_rows(self, embeddings: list[nn.Embedding]) -> bool:
+        """Train `embeddings` on the rows their batches look up, where that applies (`rows.applies`). True if so."""
+        if not rows.applies(self, embeddings):
+            return False
+        # a group by its index: load_state_dict puts new group dicts in param_groups, in the same order
+        group_of = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
+        self._looked_up = {e.weight: (rows.LookedUpRows(e), group_of[e.weight]) for e in embeddings}
+        return True
+
+    def release_rows(self) -> None:
+        for looked_up, _ in self._looked_up.values():
+            looked_up.release()
+        self._looked_up = {}
+
+    def touched_rows(self, p: torch.Tensor) -> torch.Tensor | None:
+        """The rows of `p`'s gradient that can be nonzero, where it trains on looked-up rows; else None (all)."""
+        entry = self._looked_up.get(p)
+        return entry[0].rows() if entry else None
+
     @torch.no_grad()  # what the wrapper does besides: the step does not record gradients
     def step(self, closure=None):
-        return self._torch_step(self, closure)
+        if not self._looked_up:
+            return self._torch_step(self, closure)
+        for p in self._looked_up:  # torch's step leaves parameters without a gradient alone
+            p.grad = None
+        try:
+            loss = self._torch_step(self, closure)
+        finally:
+            for p, (looked_up, _) in self._looked_up.items():
+                p.grad = looked_up.buffer
+        for p, (looked_up, group) in self._looked_up.items():
+            rows.step(looked_up, self.state[p], self.param_groups[group], getattr(self, "grad_scale", None))
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for looked_up, _ in self._looked_up.values():
+            looked_up.zero()
 
 
 def build_optimizer(model: nn.Module, *, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
-                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                    layer_lr_decay: float = 1.0) -> torch.optim.Optimizer:
+                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, layer_lr_decay: float = 1.0,
+                    looked_up_rows: bool = False) -> torch.optim.Optimizer:
+    """BERT's AdamW (or LAMB) over `model`'s parameter groups. `looked_up_rows`: a task model's word embedding trains
+    on the rows its batches look up, where that applies (bertforge.train.rows; one process, not under DDP)."""
     groups = parameter_groups(model, weight_decay, lr=lr, layer_lr_decay=layer_lr_decay)
     if name == "adamw":
         # fused=True is a single kernel over all tensors: measured 97 ms against 588 ms per step on BERT-Base
         # here (docs/design.md). It exists for CPU and CUDA floating-point parameters.
-        return AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
+        optimizer = AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
+        lookups = getattr(model, "looked_up_embeddings", None)
+        if looked_up_rows and lookups is not None:
+            optimizer.look_up_rows(lookups())
+        return optimizer
     if name == "lamb":
         return Lamb(groups, lr=lr, betas=betas, eps=eps)
     raise ValueError(f"unknown optimizer {name!r}; use adamw or lamb")
@@ -100,7 +150,7 @@ def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) 
     of a 250 ms MiniLM-L6 fine-tuning step on a 2-core Xeon (docs/benchmarks.md). The result is torch's up to
     rounding: the norm's sums run in another order, and a gradient is divided by 1 / factor, not multiplied by it."""
     params = [p for p in parameters if p.grad is not None] if max_norm else []
-    total = _kernel_norm(optimizer, [p.grad for p in params]) if params else None
+    total = _kernel_norm(optimizer, params) if params else None
     if total is None:  # no clipping, or torch's
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
         optimizer.step()
@@ -114,15 +164,17 @@ def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) 
     return total
 
 
-def _kernel_norm(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> float | None:
-    """The gradients' total 2-norm on the kernels where their path applies (and the norm is finite), else None."""
+def _kernel_norm(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> float | None:
+    """The gradients' total 2-norm on the kernels where their path applies (and the norm is finite), else None. A
+    gradient that is zero outside its looked-up rows is read there only (`AdamW.touched_rows`)."""
     if not (isinstance(optimizer, AdamW) and all(g.get("fused") for g in optimizer.param_groups)):
         return None
+    grads = [p.grad for p in params]
     if not all(g.device.type == "cpu" and g.dtype == torch.float32 and g.is_contiguous() for g in grads):
         return None
     if not kernels.available():  # built or loaded on first use
         return None
-    total = torch.ops.bertforge.grad_norm(grads)
+    total = torch.ops.bertforge.grad_norm(grads, [optimizer.touched_rows(p) for p in params])
     return total if math.isfinite(total) else None  # torch's own path, which turns every gradient into NaN
 
 
