@@ -22,6 +22,7 @@ from bertforge.finetune import run as ft
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.sweep import finetune_many
 from bertforge.options import FinetuneOptions
+from bertforge.train import rows
 from bertforge.train.loop import TrainingInterrupted
 from bertforge.train.rundir import claim_run_dir
 
@@ -44,7 +45,10 @@ def _one_thread():
 
 
 @pytest.fixture(autouse=True)
-def as_the_ranks_run():
+def as_the_ranks_run(monkeypatch):
+    """One thread; the word embedding trained on its looked-up rows (bertforge.train.rows), as a real model's is
+    (these tests' is under MIN_ELEMENTS): the forked runs inherit the setting."""
+    monkeypatch.setattr(rows, "MIN_ELEMENTS", 0)
     with _one_thread():
         yield
 
@@ -92,7 +96,8 @@ def task(tmp_path_factory, mlm_dir) -> dict:
     base = ["--data", data, "--init", mlm_dir, *ARGS]
     config = FinetuneConfig(task="csv", data_dir=data, init=mlm_dir, out_dir=root / "full",
                             task_options={"label_column": "label"}, options=OPTIONS)
-    with _one_thread():  # before the autouse fixture, which is per test
+    with _one_thread(), pytest.MonkeyPatch.context() as m:  # as the autouse fixture, which is per test, sets
+        m.setattr(rows, "MIN_ELEMENTS", 0)
         ft.finetune(config)
     return {"base": base, "full": root / "full", "data": data, "init": mlm_dir, "config": config}
 

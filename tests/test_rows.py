@@ -11,9 +11,17 @@ import torch
 from bertforge import kernels
 from bertforge.config import BertConfig
 from bertforge.models import BertForPreTraining, BertForSequenceClassification
+from bertforge.train import rows
 from bertforge.train.optim import AdamW, build_optimizer, build_scheduler, clipped_step
 
 pytestmark = pytest.mark.usefixtures("int8_kernels")
+
+
+@pytest.fixture(autouse=True)
+def small_embeddings_too(monkeypatch):
+    """These tests' embeddings are small: trained on their looked-up rows all the same."""
+    monkeypatch.setattr(rows, "MIN_ELEMENTS", 0)
+
 
 TINY = dict(vocab_size=300, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
             max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -145,8 +153,9 @@ def test_a_resumed_run_on_looked_up_rows_is_the_uninterrupted_one_bit_for_bit():
 
 
 def test_looked_up_rows_only_where_they_apply(monkeypatch):
-    """Not for a pretraining model (its tied decoder reads the whole matrix), nor without the kernels, nor when not
-    asked; after training (`release_rows`) the embedding is an ordinary one again."""
+    """Not for a pretraining model (its tied decoder reads the whole matrix), nor without the kernels, nor for an
+    embedding under MIN_ELEMENTS, nor when not asked; after training (`release_rows`) the embedding is an ordinary
+    one again."""
     torch.manual_seed(0)
     pretraining = BertForPreTraining(BertConfig(**TINY))
     assert pretraining.looked_up_embeddings() == []
@@ -155,6 +164,9 @@ def test_looked_up_rows_only_where_they_apply(monkeypatch):
     assert not build_optimizer(classifier)._looked_up
     with monkeypatch.context() as m:
         m.setattr(kernels, "available", lambda: False)
+        assert not build_optimizer(classifier, looked_up_rows=True)._looked_up
+    with monkeypatch.context() as m:
+        m.setattr(rows, "MIN_ELEMENTS", TINY["vocab_size"] * TINY["hidden_size"] + 1)
         assert not build_optimizer(classifier, looked_up_rows=True)._looked_up
     optimizer = build_optimizer(classifier, looked_up_rows=True)
     embedding = classifier.bert.embeddings.word_embeddings
