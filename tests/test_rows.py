@@ -4,10 +4,15 @@ grad_norm's rows): the same training as dense gradients and torch's fused AdamW,
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import bertforge.cpu
 from bertforge import kernels
 from bertforge.config import BertConfig
 from bertforge.models import BertForPreTraining, BertForSequenceClassification
@@ -190,3 +195,34 @@ def test_gradients_accumulated_over_micro_batches_are_the_sum():
     assert torch.allclose(weight.grad, reference.bert.embeddings.word_embeddings.weight.grad, atol=1e-7)
     expected = torch.unique(torch.cat([a.flatten(), b.flatten()]))
     assert torch.equal(optimizer.touched_rows(weight), expected[expected != 0])
+
+
+AVX2_SIDE = """
+import sys, torch
+from bertforge import kernels
+assert kernels.available() and kernels.isa() == "avx2"
+p, g, m, v, live, hyper = torch.load(sys.argv[1], weights_only=True)
+torch.ops.bertforge.adamw_rows(p, g, m, v, live, hyper, None)
+torch.save((p, m, v), sys.argv[2])
+"""
+
+
+def test_the_avx512_and_avx2_builds_update_alike(tmp_path):
+    """The update's fused multiply-adds and IEEE operations give the same bits in both builds (the AVX2 one forced
+    in a child process)."""
+    if kernels.isa() == "avx2":
+        pytest.skip("this process runs the AVX2 build: there is no second build here to compare it with")
+    if not {"avx2", "fma"} <= bertforge.cpu.cpu_flags():
+        pytest.skip("this CPU has no AVX2 + FMA to run the AVX2 build on")
+    torch.manual_seed(4)
+    p, g, m, v = torch.randn(40, 77), torch.randn(40, 77), torch.randn(40, 77) * 0.1, torch.rand(40, 77) * 0.01
+    live = torch.rand(40) < 0.5
+    operands = (p, g, m, v, live, HYPER + [7.0])
+    torch.save(operands, tmp_path / "operands.pt")
+    child = subprocess.run([sys.executable, "-c", AVX2_SIDE, str(tmp_path / "operands.pt"), str(tmp_path / "out.pt")],
+                           cwd=Path(__file__).parents[1], env={**os.environ, "BERTFORGE_KERNELS": "avx2"},
+                           capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-3000:]
+    torch.ops.bertforge.adamw_rows(p, g, m, v, live, HYPER + [7.0], None)
+    for ours, theirs in zip((p, m, v), torch.load(tmp_path / "out.pt", weights_only=True), strict=True):
+        assert torch.equal(ours, theirs)

@@ -13,7 +13,9 @@ generator takes, and the backward of a Linear layer
 on oneDNN (`bertforge.linear`) transposes its output's gradient here (`transpose.h`). fp32 training's attention runs
 here forward and backward, dropout included, one head of a sequence at a time from and to the products' layouts
 (`attention_train.h`, for `bertforge.training_attention`), and gradient clipping takes its norm of every
-gradient here in one pass (`grad_norm.h`, for `bertforge.train.optim.clipped_step`). The kernels are written once over
+gradient here in one pass (`grad_norm.h`, for `bertforge.train.optim.clipped_step`), as AdamW its update of a task
+model's word embedding, the rows never looked up only decayed (`adamw_rows.h`, for `bertforge.train.rows`). The
+kernels are written once over
 a small vector layer (`vec.h`) with two implementations, chosen when the file is compiled: AVX-512 (16 floats a
 vector) and AVX2 + FMA (8); the u7 int8 products use AVX2's instructions in both builds, the VNNI ones exist only in
 an AVX-512 build compiled on a CPU with avx512_vnni (`has_vnni`). At
