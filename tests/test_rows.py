@@ -159,8 +159,8 @@ def test_a_resumed_run_on_looked_up_rows_is_the_uninterrupted_one_bit_for_bit():
 
 def test_looked_up_rows_only_where_they_apply(monkeypatch):
     """Not for a pretraining model (its tied decoder reads the whole matrix), nor without the kernels, nor for an
-    embedding under MIN_ELEMENTS, nor when not asked; after training (`release_rows`) the embedding is an ordinary
-    one again."""
+    embedding under MIN_ELEMENTS or frozen, nor when not asked; after training (`release_rows`) the embedding is an
+    ordinary one again."""
     torch.manual_seed(0)
     pretraining = BertForPreTraining(BertConfig(**TINY))
     assert pretraining.looked_up_embeddings() == []
@@ -173,8 +173,11 @@ def test_looked_up_rows_only_where_they_apply(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(rows, "MIN_ELEMENTS", TINY["vocab_size"] * TINY["hidden_size"] + 1)
         assert not build_optimizer(classifier, looked_up_rows=True)._looked_up
-    optimizer = build_optimizer(classifier, looked_up_rows=True)
     embedding = classifier.bert.embeddings.word_embeddings
+    embedding.weight.requires_grad_(False)  # frozen: not the optimizer's to train
+    assert not build_optimizer(classifier, looked_up_rows=True)._looked_up
+    embedding.weight.requires_grad_(True)
+    optimizer = build_optimizer(classifier, looked_up_rows=True)
     assert isinstance(optimizer, AdamW) and embedding.sparse and embedding.weight.grad is not None
     optimizer.release_rows()
     assert not embedding.sparse and embedding.weight.grad is None and not optimizer._looked_up

@@ -73,9 +73,12 @@ MIN_ELEMENTS = 1 << 21
 
 
 def applies(optimizer: torch.optim.Optimizer, embeddings: list[nn.Embedding]) -> bool:
-    """Whether `embeddings` can train this way under `optimizer`: fused AdamW, fp32 CPU weights of at least
-    MIN_ELEMENTS, the kernels."""
+    """Whether `embeddings` can train this way under `optimizer`: fused AdamW training them, fp32 CPU weights of at
+    least MIN_ELEMENTS, the kernels."""
     weights = [e.weight for e in embeddings]
+    trained = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    if not all(id(w) in trained and w.requires_grad for w in weights):
+        return False
     fused = all(g.get("fused") for g in optimizer.param_groups)
     cpu = all(w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2 for w in weights)
     large = all(w.numel() >= MIN_ELEMENTS for w in weights)
