@@ -72,7 +72,8 @@ class _EagerOptimizer(torch.optim.Optimizer):
 
 class AdamW(_EagerOptimizer, torch.optim.AdamW):
     """torch's AdamW, its step the same arithmetic (the same fused kernel), without the compiler's wrapper; a task
-    model's word embedding may train on its looked-up rows (`look_up_rows`, bertforge.train.rows)."""
+    model's word embedding may train on its looked-up rows (`look_up_rows`, bertforge.train.rows: its update on
+    bertforge's kernels, the same to rounding)."""
 
     _torch_step = staticmethod(_unwrapped(torch.optim.AdamW.step))  # once: every wrapper is unwrapped alike
 
