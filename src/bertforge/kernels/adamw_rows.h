@@ -51,8 +51,9 @@ inline void decay_row(float* p, int64_t n, const AdamWStep& s) {
 
 // hyper: lr, beta1, beta2, weight decay, eps, step (the step's number, from 1). param, grad, exp_avg, exp_avg_sq:
 // contiguous fp32 (rows, width) on the CPU; live: (rows,) bool.
-inline void adamw_rows(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                       const at::Tensor& live, at::ArrayRef<double> hyper, const std::optional<at::Tensor>& scale) {
+inline void adamw_rows(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                       const at::Tensor& exp_avg_sq, const at::Tensor& live, at::ArrayRef<double> hyper,
+                       const std::optional<at::Tensor>& scale) {
   for (const at::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 &&
                     t->sizes() == param.sizes(),

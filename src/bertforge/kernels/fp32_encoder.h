@@ -51,7 +51,8 @@ namespace bertforge::encoder {
 constexpr int64_t kF32ChunkMacs = 1 << 19;
 
 // A sequence's fp32 products for `EncoderWork`: nothing to quantize (the rows are read as they are), then any range
-// of a weight's panels, as f32_linear computes them (`f32::panel_range`: the same tiles and k-blocks, so the same bits).
+// of a weight's panels, as f32_linear computes them (`f32::panel_range`: the same tiles and k-blocks, so the same
+// bits).
 struct F32Products {
   static constexpr int64_t kPanel = f32::NR, kChunk = kF32ChunkMacs;
   static constexpr bool on_tiles = false;

@@ -67,8 +67,8 @@ inline void tile(const float* x, int64_t K, int64_t kc, const float* panel, cons
     for (int i = 0; i < ROWS; ++i) gelu_in_place(y + i * N, NR);
 }
 
-// The k-blocks' depth: K in the fewest blocks of at most kDepth, of even sizes. Both builds' tiles take the same blocks,
-// so each output is stored and reloaded at the same points of its sum: the same bits.
+// The k-blocks' depth: K in the fewest blocks of at most kDepth, of even sizes. Both builds' tiles take the same
+// blocks, so each output is stored and reloaded at the same points of its sum: the same bits.
 inline int64_t k_depth(int64_t K) {
   const int64_t blocks = (K + kDepth - 1) / kDepth;
   return (K + blocks - 1) / std::max<int64_t>(blocks, 1);
