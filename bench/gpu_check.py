@@ -44,7 +44,7 @@ PARTS: dict[str, tuple[str, str, int]] = {
     "journey": ("gpu_check_journey", "journey", 100),
     "bf16": ("gpu_check_speed", "bf16_against_fp32", 25),
     "speed": ("gpu_check_speed", "pretrain_speed", 150),
-    "finetune": ("gpu_check_speed", "finetune_speed", 25),
+    "finetune": ("gpu_check_speed", "finetune_speed", 35),
     "inference": ("gpu_check_speed", "inference_speed", 20),
     "shapes": ("gpu_check_shapes", "shapes", 60),
     "step_profile": ("gpu_check_profile", "step_profile", 40),

@@ -1,7 +1,9 @@
 """The GPU check's model parts: bf16 autocast against fp32 over 50 training steps, the pretraining step against
 transformers (tokens/s, peak memory, MFU; eager and compiled), fine-tuning steps with dynamic padding and bf16
-inference against transformers. Each side runs on the same device, the same batches, bf16 autocast and fused
-AdamW (bertforge's `build_optimizer`, BERT's parameter groups) on both sides, transformers with SDPA attention.
+inference against transformers (fine-tuning also with bertforge's layers on the padded batch, `TrainingPacking`
+off, to show what training on the real tokens alone gives). Each side runs on the same device, the same batches,
+bf16 autocast and fused AdamW (bertforge's `build_optimizer`, BERT's parameter groups) on both sides, transformers
+with SDPA attention.
 
 The pretraining sides are bench/pretrain_step.py's (`side_seconds`: its "kept" sides, where keeping freed memory
 is a CPU allocator setting that changes nothing on a GPU), and so are its batch and its FLOP count.
@@ -20,6 +22,7 @@ from pretrain_step import make_batch, model_flops_per_step, side_seconds
 
 from bertforge import BertConfig, BertForPreTraining, BertForSequenceClassification, BertModel
 from bertforge.train.optim import build_optimizer
+from bertforge.training_attention import TrainingPacking
 
 # (preset, tokens, batch, vocabulary or None for the preset's): batches that fit an 80 GB card on both sides
 # (transformers' MLM head runs on every position); the dry run's one tiny row proves the code path, on a small
@@ -231,10 +234,11 @@ def finetune_speed(ctx) -> None:
     config = BertConfig.from_preset(preset, num_labels=2, **({"vocab_size": 1000} if ctx.dry else {}))
     batches = padded_batches(config.vocab_size, B, T, n, low=8)
     rates = {}
-    for side in ("transformers", "bertforge"):
+    for side in ("transformers", "bertforge", "bertforge-padded"):  # the last: layers on the padded batch
         _free(ctx.device)
         torch.manual_seed(0)
-        model = (BertForSequenceClassification(config) if side == "bertforge" else
+        TrainingPacking.enabled = side != "bertforge-padded"
+        model = (BertForSequenceClassification(config) if side.startswith("bertforge") else
                  transformers.BertForSequenceClassification(hf_config(config))).train().to(ctx.device)
         opt = build_optimizer(model, lr=3e-5)
 
@@ -249,9 +253,12 @@ def finetune_speed(ctx) -> None:
         rates[side] = {"tokens_per_s": round(_rate(step, batches, ctx.device)), "peak_gib": _peak_gib(ctx.device)}
         ctx.save(model=preset, batch=B, max_len=T, batches=n, rates=rates)
         del model, opt
-    r = rates["bertforge"]["tokens_per_s"] / rates["transformers"]["tokens_per_s"]
-    ctx.save(ratio=round(r, 3), headline=f"{preset} x{B} <= {T} tokens, bf16: {r:.2f}x transformers "
-                                         f"({rates['bertforge']['tokens_per_s']:,} tokens/s)")
+    TrainingPacking.enabled = True
+    ours, padded = rates["bertforge"]["tokens_per_s"], rates["bertforge-padded"]["tokens_per_s"]
+    r = ours / rates["transformers"]["tokens_per_s"]
+    ctx.save(ratio=round(r, 3), packed_over_padded=round(ours / padded, 3),
+             headline=f"{preset} x{B} <= {T} tokens, bf16: {r:.2f}x transformers ({ours:,} tokens/s; "
+                      f"{ours / padded:.2f}x its layers on the padded batch)")
 
 
 def inference_speed(ctx) -> None:

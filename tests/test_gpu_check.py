@@ -32,7 +32,7 @@ FIGURES = {
                 "onnx_vs_torch_max_diff"],
     "bf16": ["losses_fp32", "losses_bf16", "within_tolerance", "last10_tolerance"],
     "speed": ["table", "matmul_bf16_tflops", "flops_note"],
-    "finetune": ["rates", "ratio"],
+    "finetune": ["rates", "ratio", "packed_over_padded"],
     "inference": ["rates", "ratio"],
     "shapes": ["variants", "profile_new_width"],
     "step_profile": ["sides", "model"],

@@ -24,7 +24,7 @@ from bertforge.dropout import Dropout, dropout
 from bertforge.gelu import gelu
 from bertforge.linear import Linear
 from bertforge.model_files import load_pretrained, save_pretrained
-from bertforge.training_attention import TrainingAttention, TrainingPacking
+from bertforge.training_attention import TrainingAttention, TrainingPacking, VarlenAttention
 
 CLS_INDEX = 0  # the tokenizer puts [CLS] first in every sequence: token 0 is what the pooler reads
 
@@ -75,9 +75,12 @@ class BertSelfAttention(nn.Module):
         """x (B, T, H); mask (B, 1, 1, T) bool, True where attending is allowed, or None.
         positions (B, P): only these positions query (keys and values still come from every position), and
         the output is (B, P, H) in their order. packing: x is the batch's real tokens (rows, H) (`TrainingPacking`),
-        the output (rows, H); only on the kernels (`BertModel` packs only where `TrainingAttention.applies`)."""
+        the output (rows, H); only on the CPU kernels or CUDA's flash attention (`BertModel` packs only where
+        `TrainingAttention.applies` or `VarlenAttention.applies`)."""
         qkv = self.qkv(x)  # (B, T, 3H), or (rows, 3H) packed
         p = self.dropout_p if self.training else 0.0
+        if packing is not None and qkv.is_cuda:
+            return VarlenAttention.apply(qkv, self.num_heads, packing, p)
         if packing is not None:
             return TrainingAttention.apply(qkv, self.num_heads, None, p, packing)
         B, T, _ = x.shape
@@ -350,13 +353,17 @@ class BertModel(BertPreTrainedModel):
     def _packs(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None,
                reads_padding: bool) -> bool:
         """Whether layers train on the batch's real tokens alone (`TrainingPacking`): training with padding,
-        attention on the kernels, and a head that reads only some positions (the layers before the last, where
-        there is more than one: the last runs on the padded batch at those) or no padded position (every layer)."""
+        attention on the CPU kernels (fp32) or on CUDA's flash attention (bf16 or fp16 autocast), and a head that
+        reads only some positions (the layers before the last, where there is more than one: the last runs on the
+        padded batch at those) or no padded position (every layer)."""
         config = self.config
         head = (positions is not None and config.num_hidden_layers > 1) or (positions is None and not reads_padding)
         if not (TrainingPacking.enabled and head and self.training and torch.is_grad_enabled() and mask is not None
-                and isinstance(self.encoder, BertEncoder) and not self.encoder.compiled
-                and not torch.is_autocast_enabled("cpu")):
+                and isinstance(self.encoder, BertEncoder) and not self.encoder.compiled):
+            return False
+        if x.device.type == "cuda":
+            return VarlenAttention.applies(x, config.head_size)
+        if torch.is_autocast_enabled("cpu"):
             return False
         B, T = x.shape[:2]
         p = max(layer.attention.dropout_p for layer in self.encoder.layer)  # as set_dropout may have set it

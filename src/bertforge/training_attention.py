@@ -6,7 +6,10 @@ out into rows (B sequences, each its tokens in order, one after another), so tha
 dropout of the layers in between runs on real tokens only, as inference's packed encoder does; only attention needs
 to know where each sequence starts, and the kernels take that (`offsets`). BERT-base fine-tuning on sentence pairs
 batched by length still pads 8.4% of its positions (256 pairs, batch 32), Rotten Tomatoes snippets 3.1%: work the
-padded batch does for nothing."""
+padded batch does for nothing.
+
+On CUDA, under bf16 or fp16 autocast, the same packed rows attend through flash attention's variable-length form
+(`VarlenAttention`: each sequence its own rows, given by the offsets), dropout drawn inside its kernel."""
 
 from __future__ import annotations
 
@@ -71,21 +74,26 @@ class TrainingPacking:
     """A padded batch's real tokens as rows: `index` their places among the batch's B x T positions (in order, so
     each sequence's tokens stay together and in order), sequence b rows offsets[b] .. offsets[b + 1]."""
 
-    index: torch.Tensor  # (rows,) int64
-    offsets: torch.Tensor  # (B + 1,) int64
+    index: torch.Tensor  # (rows,) int64, on the mask's device
+    offsets: torch.Tensor  # (B + 1,) int64, on the host (the CPU kernels')
     batch: int
     length: int  # T
+    longest: int = 0  # the longest sequence's rows
+    device_offsets: torch.Tensor | None = None  # offsets as int32 on the mask's CUDA device (flash attention's)
 
     enabled = True  # False: encoders never pack (A/B runs and the tests' reference)
 
     @staticmethod
     def of(attention_mask: torch.Tensor) -> TrainingPacking:
-        """attention_mask (B, T), 1 (or True) for real tokens."""
+        """attention_mask (B, T), 1 (or True) for real tokens. On CUDA, the lengths come to the host once (the
+        forward pass's one wait for the device: the step before ended by reading its losses, so little is queued)."""
         real = attention_mask.bool()
         B, T = real.shape
+        lengths = real.sum(1).cpu()
         offsets = torch.zeros(B + 1, dtype=torch.long)
-        torch.cumsum(real.sum(1), 0, out=offsets[1:])
-        return TrainingPacking(real.reshape(-1).nonzero().squeeze(1), offsets, B, T)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        on_device = None if real.device.type == "cpu" else offsets.to(real.device, torch.int32)
+        return TrainingPacking(real.reshape(-1).nonzero().squeeze(1), offsets, B, T, int(lengths.max()), on_device)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, H) -> (rows, H), the real tokens'."""
@@ -95,3 +103,51 @@ class TrainingPacking:
         """rows (rows, H) -> (B, T, H), zeros at the padding."""
         out = rows.new_zeros(self.batch * self.length, rows.shape[1])
         return out.index_copy(0, self.index, rows).view(self.batch, self.length, -1)
+
+
+class VarlenAttention(torch.autograd.Function):
+    """Attention over packed rows on CUDA (`TrainingPacking`): torch's flash attention in its variable-length form
+    (each sequence attends over its own rows, `device_offsets` and `longest`), from the query/key/value product's
+    output (rows, 3H) to (rows, H) and back, dropout drawn inside the kernel by torch's CUDA generator. Flash
+    attention takes bf16 and fp16 (the autocast's products) on GPUs of compute capability 8.0 and above, heads of
+    up to 256 in multiples of 8; elsewhere the layers run on the padded batch with SDPA. The two operators are
+    torch's own (`aten::_flash_attention_forward` and its backward), called as `torch.nn.attention.varlen` calls
+    them, which has no dropout."""
+
+    @staticmethod
+    def applies(x: torch.Tensor, head_size: int) -> bool:
+        """Whether training on x (the embeddings' output on the device) attends packed: CUDA under bf16 or fp16
+        autocast, flash attention enabled and built for this GPU, heads it takes, not compiling."""
+        if x.device.type != "cuda" or torch.compiler.is_compiling() or not torch.is_autocast_enabled("cuda"):
+            return False
+        return (torch.get_autocast_dtype("cuda") in (torch.bfloat16, torch.float16) and head_size % 8 == 0
+                and head_size <= 256 and torch.backends.cuda.flash_sdp_enabled()
+                and torch.cuda.get_device_capability(x.device) >= (8, 0))
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, heads: int, packing: TrainingPacking, p: float) -> torch.Tensor:
+        rows, width = qkv.shape
+        q, k, v = qkv.view(rows, 3, heads, width // (3 * heads)).unbind(1)  # each (rows, N, D), rows strided
+        args = (packing.device_offsets, packing.device_offsets, packing.longest, packing.longest, p, False)
+        out, lse, rng, unused, _ = flash_forward(q, k, v, args)
+        ctx.args = args
+        ctx.save_for_backward(q, k, v, out, lse, rng, unused)
+        return out.view(rows, width // 3)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        q, k, v, out, lse, rng, unused = ctx.saved_tensors
+        dq, dk, dv = flash_backward(grad.reshape(out.shape).contiguous(), (q, k, v, out, lse), ctx.args, (rng, unused))
+        return torch.stack((dq, dk, dv), 1).view(q.shape[0], -1), None, None, None
+
+
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: tuple) -> tuple[torch.Tensor, ...]:
+    """torch's flash attention over packed sequences, args (cu_q, cu_k, max_q, max_k, dropout, causal):
+    (out, logsumexp, rng state, unused, debug mask). The tests stand a reference in for it on the CPU."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, *args, False)
+
+
+def flash_backward(grad: torch.Tensor, saved: tuple, args: tuple, rng: tuple) -> tuple[torch.Tensor, ...]:
+    """Its backward, saved (q, k, v, out, logsumexp), rng (rng state, unused) as the forward gave them:
+    (dq, dk, dv)."""
+    return torch.ops.aten._flash_attention_backward(grad, *saved, *args, *rng)
