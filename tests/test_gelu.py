@@ -1,6 +1,6 @@
 """bertforge.gelu: the exact GELU and its gradient on the kernels (kernels/gelu.h) against torch's in float64, bf16
 as the fp32 values rounded once, and which calls take the kernels (fp32 and bf16 CPU training) and which keep
-torch's."""
+torch's; the GELU with the bias of the product before it (`linear_gelu`) against float64 and the unfused layer."""
 
 from __future__ import annotations
 
@@ -99,4 +99,61 @@ def test_a_models_training_step_runs_its_gelus_on_the_kernels(int8_kernels):
         if node is not None and node not in seen:
             seen.add(node)
             todo.extend(next_fn for next_fn, _ in node.next_functions)
-    assert sum(type(node).__name__ == "_GeluBackward" for node in seen) == 2  # one a layer
+    # one a layer, the intermediate product's bias inside it (`linear_gelu`)
+    assert sum(type(node).__name__ == "_GeluBiasBackward" for node in seen) == 2
+
+
+@pytest.mark.parametrize("rows", [1, 31, 32, 33, 97])
+def test_the_gelu_with_its_bias_and_the_bias_gradient_match_float64(int8_kernels, rows):
+    """gelu(x + bias) and its gradients (x's, and the bias's: the column sums) against torch's in float64; rows around
+    the kernel's chunk of 32, whose partial sums it adds in order."""
+    torch.manual_seed(rows)
+    x, bias, dy = torch.randn(rows, 48) * 3, torch.randn(48), torch.randn(rows, 48)
+    y = torch.ops.bertforge.gelu_bias(x, bias)
+    dx, dbias = torch.ops.bertforge.gelu_bias_backward(dy, x, bias)
+    h = x.double() + bias.double()
+    dh = torch.ops.aten.gelu_backward(dy.double(), h)
+    torch.testing.assert_close(y.double(), F.gelu(h), rtol=2e-6, atol=5e-7 * 12)
+    torch.testing.assert_close(dx.double(), dh, rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(dbias.double(), dh.sum(0), rtol=1e-5, atol=1e-5 * rows**0.5)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        torch.ops.bertforge.gelu_bias(x, torch.randn(47))
+    with pytest.raises(RuntimeError, match="whole vectors"):
+        torch.ops.bertforge.gelu_bias(torch.randn(3, 20), torch.randn(20))
+
+
+def test_the_bias_gradient_is_the_same_bits_on_one_thread_and_on_two(int8_kernels):
+    x, bias, dy = torch.randn(200, 64), torch.randn(64), torch.randn(200, 64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.bertforge.gelu_bias_backward(dy, x, bias)
+        torch.set_num_threads(2)
+        two = torch.ops.bertforge.gelu_bias_backward(dy, x, bias)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+
+
+def test_a_layer_with_the_bias_in_its_gelu_trains_as_the_unfused_one(int8_kernels, monkeypatch):
+    """`linear_gelu` against `act(layer(x))`: the same output and gradients up to fp32 rounding; torch's operators in
+    evaluation and where it does not apply."""
+    import bertforge.gelu as module
+    from bertforge.linear import Linear
+
+    torch.manual_seed(0)
+    layer, x = Linear(32, 64), torch.randn(3, 7, 32, requires_grad=True)
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(module, "fuses_bias", fused)
+        layer.zero_grad()
+        x.grad = None
+        y = module.linear_gelu(layer, x, gelu)
+        assert (type(y.grad_fn).__name__ == "_GeluBiasBackward") == fused
+        y.backward(torch.ones_like(y))
+        results.append([y.detach(), x.grad, layer.weight.grad, layer.bias.grad])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        assert torch.equal(module.linear_gelu(layer, x, gelu), F.gelu(layer(x)))
+    assert type(module.linear_gelu(layer, x, F.relu).grad_fn).__name__ != "_GeluBiasBackward"

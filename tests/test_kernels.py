@@ -132,6 +132,9 @@ ENGINE_TESTS = (Path(__file__).with_name("test_fp32_panels.py").as_posix(),
                 Path(__file__).with_name("test_linear.py").as_posix()
                 + "::test_the_transpose_kernel_gives_the_transpose_and_the_column_sums",
                 Path(__file__).with_name("test_attention_train.py").as_posix(),
+                Path(__file__).with_name("test_add_norm.py").as_posix(),
+                Path(__file__).with_name("test_gelu.py").as_posix()
+                + "::test_the_gelu_with_its_bias_and_the_bias_gradient_match_float64",
                 Path(__file__).with_name("test_optim.py").as_posix())
 
 

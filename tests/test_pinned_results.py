@@ -45,8 +45,11 @@ PINNED = {"bert": "95978326e8678ad7", "electra": "16312b0bea01442d", "electra-ge
 # tokens alone (bertforge.training_attention.TrainingPacking), so their dropout draws its masks over those rows, not
 # over the padded batch's. Then every run: training's GELU and its gradient run on the kernels (kernels/gelu.h: erf by
 # Abramowitz and Stegun's 7.1.26, about 1e-6 from torch's values, IEEE operations only so every x86 CPU rounds alike).
-PINNED_KERNELS = {"bert": "e4aaec8cac0819b9", "electra": "ec0261aa30746543", "electra-generator": "099f5c7b9a8963c9",
-                  "finetune": "fbc51a5f7450e42a"}
+# Then every run: a post-LN layer's residual blocks, LayerNorm(residual + dropout(z + bias)), run in one pass of the
+# kernels each way (bertforge.add_norm; the same dropout masks, LayerNorm's sums in vectors, the bias added after the
+# product, not before it), and the feed-forward's first bias is added inside its GELU (bertforge.gelu.linear_gelu).
+PINNED_KERNELS = {"bert": "22f9945158d928af", "electra": "cbaa7bdab4572a64", "electra-generator": "efd8487b2db1c644",
+                  "finetune": "bbfd86daa7f0e861"}
 # The budget recipe's runs (the module's docstring says why there are two pairs).
 PINNED_BUDGET = {"Zen 5, Zen 4 EPYCs": {"budget": "5857134b1b640cbd", "budget-half-depth": "e82660d509dbd9c0"},
                  "Xeons, Zen 3 EPYC": {"budget": "08daf67a19f195c0", "budget-half-depth": "47fbf6900cb7fb2f"}}

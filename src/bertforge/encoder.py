@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend
 
+from bertforge.add_norm import add_norm
 from bertforge.config import BertConfig
 from bertforge.dropout import Dropout, dropout
-from bertforge.gelu import gelu
+from bertforge.gelu import gelu, linear_gelu
 from bertforge.linear import Linear
 from bertforge.model_files import load_pretrained, save_pretrained
 from bertforge.training_attention import TrainingAttention, TrainingPacking, VarlenAttention
@@ -177,8 +178,8 @@ class BertLayer(nn.Module):
         if self.pre_ln:
             x = x + self.dropout(self.attention_out(y))
             return x + self.dropout(self.output(self.act(self.intermediate(self.output_norm(x)))))
-        x = self.attention_norm(x + self.dropout(self.attention_out(y)))
-        x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
+        x = add_norm(self.attention_out, y, x, self.attention_norm, self.dropout)  # LN(x + dropout(out(y)))
+        x = add_norm(self.output, linear_gelu(self.intermediate, x, self.act), x, self.output_norm, self.dropout)
         return x  # (B, T, H), or (B, P, H)
 
 

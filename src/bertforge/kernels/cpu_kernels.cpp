@@ -20,7 +20,8 @@
 //   transpose_sum  a Linear layer's output gradient transposed, with its column sums (transpose.h);
 //   grad_norm      the 2-norm of many tensors together, gradient clipping's (grad_norm.h);
 //   adamw_rows     AdamW over a word embedding, the rows never looked up only decayed (adamw_rows.h);
-//   gelu           the exact GELU and its gradient, one pass each (gelu.h);
+//   gelu           the exact GELU and its gradient, one pass each (gelu.h; gelu_bias: the bias added on the way);
+//   add_norm_train post-LN's LayerNorm(residual + dropout(z + bias)) and its gradients, one pass each (add_norm.h);
 //   attention_train (and its backward) attention with dropout, from and to the products' layouts, padded or packed
 //                  (attention_train.h; the ops in attention_train_ops.h).
 // fp32 inference's few-row products: f32_linear over weights f32_pack made (fp32_panels.h); f32_encoder
@@ -43,6 +44,7 @@
 #include <vector>
 
 #include "adamw_rows.h"
+#include "add_norm.h"
 #include "attention.h"
 #include "attention_train.h"
 #include "attention_train_ops.h"
@@ -336,6 +338,12 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("transpose_sum(Tensor g) -> (Tensor, Tensor)");
   m.def("gelu(Tensor x) -> Tensor");
   m.def("gelu_backward(Tensor grad, Tensor x) -> Tensor");
+  m.def("gelu_bias(Tensor x, Tensor bias) -> Tensor");
+  m.def("gelu_bias_backward(Tensor grad, Tensor x, Tensor bias) -> (Tensor, Tensor)");
+  m.def("add_norm_train(Tensor z, Tensor bias, Tensor residual, Tensor weight, Tensor beta, float eps, float p, "
+        "int key) -> (Tensor, Tensor, Tensor)");
+  m.def("add_norm_train_backward(Tensor grad, Tensor sum, Tensor stats, Tensor weight, float p, int key) -> "
+        "(Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("grad_norm(Tensor[] tensors, Tensor?[] rows) -> float", &bertforge::grad_norm);
   m.def("adamw_rows(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor live, "
         "float[] hyper, Tensor? grad_scale) -> ()", &bertforge::adamw_rows);
@@ -382,6 +390,10 @@ TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("transpose_sum", transpose_sum);
   m.impl("gelu", bertforge::gelu);
   m.impl("gelu_backward", bertforge::gelu_backward);
+  m.impl("gelu_bias", bertforge::gelu_bias);
+  m.impl("gelu_bias_backward", bertforge::gelu_bias_backward);
+  m.impl("add_norm_train", bertforge::add_norm::forward);
+  m.impl("add_norm_train_backward", bertforge::add_norm::backward);
   m.impl("attention_train", bertforge::train::attention_train);
   m.impl("attention_train_backward", bertforge::train::attention_train_backward);
 }

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "vec.h"
 
@@ -67,6 +68,70 @@ at::Tensor elementwise(const at::Tensor& x, const at::Tensor& dy) {
 }
 
 inline at::Tensor gelu(const at::Tensor& x) { return elementwise<gelu_value>(x, x); }
+
+// With the bias of the product before it (fp32, rows of I, I whole vectors): gelu(x + bias), the bias added here
+// rather than copied into the product's output first (MKL's addmm), and the gradient (dx, dbias), dbias the column
+// sums of dx over fixed chunks of kBiasChunk rows, then the chunks in order (bits by the build, not the threads).
+constexpr int64_t kBiasChunk = 32;
+
+inline void check_bias(const at::Tensor& x, const at::Tensor& bias) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) % Vec::kLanes == 0,
+              "gelu_bias: x must be fp32, its last dimension whole vectors");
+  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == x.size(-1),
+              "gelu_bias: bias must be a contiguous fp32 vector of x's last dimension");
+}
+
+inline at::Tensor gelu_bias(const at::Tensor& x, const at::Tensor& bias) {
+  check_bias(x, bias);
+  const at::Tensor a = x.contiguous();
+  at::Tensor out = at::empty_like(a);
+  const int64_t I = a.size(-1), rows = a.numel() / std::max<int64_t>(I, 1);
+  const float *xs = a.data_ptr<float>(), *b = bias.data_ptr<float>();
+  float* ys = out.data_ptr<float>();
+  at::parallel_for(0, rows, kBiasChunk, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t h = 0; h < I; h += Vec::kLanes) {
+        const Vec v = Vec::load(xs + r * I + h) + Vec::load(b + h);
+        gelu_value(v, v).store(ys + r * I + h);
+      }
+    }
+  });
+  return out;
+}
+
+inline std::tuple<at::Tensor, at::Tensor> gelu_bias_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                             const at::Tensor& bias) {
+  check_bias(x, bias);
+  TORCH_CHECK(dy.scalar_type() == at::kFloat && dy.sizes() == x.sizes(),
+              "gelu_bias_backward: the gradient must be fp32, shaped as x");
+  const at::Tensor a = x.contiguous(), g = dy.contiguous();
+  at::Tensor dx = at::empty_like(a);
+  const int64_t I = a.size(-1), rows = a.numel() / std::max<int64_t>(I, 1);
+  const int64_t chunks = (rows + kBiasChunk - 1) / kBiasChunk;
+  at::Tensor parts = at::zeros({std::max<int64_t>(chunks, 1), I}, a.options());
+  const float *xs = a.data_ptr<float>(), *gs = g.data_ptr<float>(), *b = bias.data_ptr<float>();
+  float *ds = dx.data_ptr<float>(), *pp = parts.data_ptr<float>();
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      float* part = pp + c * I;
+      for (int64_t r = c * kBiasChunk; r < std::min(rows, (c + 1) * kBiasChunk); ++r) {
+        for (int64_t h = 0; h < I; h += Vec::kLanes) {
+          const Vec d = gelu_gradient(Vec::load(xs + r * I + h) + Vec::load(b + h), Vec::load(gs + r * I + h));
+          d.store(ds + r * I + h);
+          (Vec::load(part + h) + d).store(part + h);
+        }
+      }
+    }
+  });
+  at::Tensor dbias = at::empty({I}, a.options());
+  float* db = dbias.data_ptr<float>();
+  for (int64_t h = 0; h < I; h += Vec::kLanes) {  // the chunks' partial sums, in order
+    Vec total = Vec::load(pp + h);
+    for (int64_t c = 1; c < chunks; ++c) total = total + Vec::load(pp + c * I + h);
+    total.store(db + h);
+  }
+  return {dx, dbias};
+}
 
 inline at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x) { return elementwise<gelu_gradient>(x, dy); }
 
