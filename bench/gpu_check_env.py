@@ -1,5 +1,5 @@
 """The GPU check's environment part: `bertforge env`, the card and its driver, the dense bf16 matmul rate measured
-here (the MFU denominator of the speed part), and `pytest -m cuda` on tests/test_cuda.py."""
+here (the MFU denominator of the speed part), and `pytest -m cuda` on the files holding GPU tests (CUDA_TEST_FILES)."""
 
 from __future__ import annotations
 
@@ -56,10 +56,13 @@ def card(device: torch.device) -> dict:
     return facts
 
 
+CUDA_TEST_FILES = ("tests/test_cuda.py", "tests/test_varlen_attention.py")  # tests/test_gpu_check.py checks the list
+
+
 def cuda_tests(ctx) -> dict:
     # without ../shared, conftest's `prepared` trains on synthetic documents when asked, so the CUDA tests run
     env = {**os.environ, "BERTFORGE_TESTS_SYNTHETIC_CORPUS": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cuda.py"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider", *CUDA_TEST_FILES]
     timeout = max(10, ctx.left() - 5)
     try:
         if ctx.dry:  # pytest forked from this process, torch imported (`gpu_check_fork`)

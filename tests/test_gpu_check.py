@@ -111,3 +111,16 @@ def test_the_process_the_parts_are_forked_from_runs_torch_on_one_thread():
     torch.randn(512, 512) @ torch.randn(512, 512)
     gpu_check_fork.preload(dict(os.environ), reference=False)
     assert torch.get_num_threads() == 1
+
+
+def test_the_check_runs_every_file_that_holds_gpu_tests():
+    """The environment part runs `pytest -m cuda` on a list of files: a file with GPU tests left off it would never
+    run on the rare GPU."""
+    import re
+
+    import gpu_check_env
+
+    tests = Path(__file__).resolve().parent
+    marked = re.compile(r"^@(gpu|pytest\.mark\.cuda)\b", re.M)  # a test decorated as a GPU test
+    holding = {f"tests/{p.name}" for p in tests.glob("test_*.py") if marked.search(p.read_text())}
+    assert holding == set(gpu_check_env.CUDA_TEST_FILES)
