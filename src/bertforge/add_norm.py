@@ -45,14 +45,11 @@ class _AddNorm(torch.autograd.Function):
 
 
 def _applies(y: torch.Tensor, residual: torch.Tensor, layer: nn.Module, norm: nn.Module, drop: nn.Module) -> bool:
-    if not enabled or not torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return False
-    if type(layer) is not Linear or type(norm) is not nn.LayerNorm or type(drop) is not Dropout:
+    if not enabled or type(layer) is not Linear or type(norm) is not nn.LayerNorm or type(drop) is not Dropout:
         return False
     tensors = (y, residual, layer.weight, layer.bias, norm.weight, norm.bias)
-    return (all(t is not None and t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and any(t.requires_grad for t in tensors) and residual.shape[-1] % 16 == 0 and drop.p < 1
-            and not torch.is_autocast_enabled("cpu") and kernels.available())
+    return (all(t is not None for t in tensors) and residual.shape[-1] % 16 == 0 and drop.p < 1
+            and kernels.trains_fp32(*tensors))
 
 
 def add_norm(layer: nn.Module, y: torch.Tensor, residual: torch.Tensor, norm: nn.Module, drop: nn.Module

@@ -67,10 +67,7 @@ def linear_gelu(layer: nn.Module, x: torch.Tensor, act) -> torch.Tensor:
     """`act(layer(x))`; where act is `gelu` and the kernels train it in fp32 (a bertforge Linear with a bias, widths
     of whole 16-float vectors), the product without the bias and the bias inside the GELU's kernels."""
     bias = getattr(layer, "bias", None)
-    if (fuses_bias and act is gelu and type(layer) is Linear and bias is not None and x.dtype == torch.float32
-            and bias.dtype == torch.float32 and layer.weight.dtype == torch.float32 and bias.shape[0] % 16 == 0
-            and (x.requires_grad or bias.requires_grad or layer.weight.requires_grad)
-            and x.device.type == "cpu" and torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing() and kernels.available()):
+    if (fuses_bias and act is gelu and type(layer) is Linear and bias is not None and bias.shape[0] % 16 == 0
+            and kernels.trains_fp32(x, layer.weight, bias)):
         return _GeluBias.apply(linear(x, layer.weight), bias)
     return act(layer(x))

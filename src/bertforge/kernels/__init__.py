@@ -193,3 +193,14 @@ def available() -> bool:
     name = _build_name(chosen)
     where = cache_dir() / "kernels" / name
     return _load_finished(name, where) or _build(chosen, name, where)
+
+
+def trains_fp32(*tensors: torch.Tensor) -> bool:
+    """Whether fp32 CPU training through `tensors` runs on the kernels: not compiling or tracing (inductor and an
+    exported graph take torch's operators), a gradient wanted of one of them, every one fp32 on the CPU, no autocast,
+    and the kernels built. Evaluation and inference (no gradient) keep torch's operators and their bits."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not torch.is_grad_enabled():
+        return False
+    return (any(t.requires_grad for t in tensors) and all(t.device.type == "cpu" and t.dtype == torch.float32
+                                                           for t in tensors)
+            and not torch.is_autocast_enabled("cpu") and available())

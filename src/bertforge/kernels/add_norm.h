@@ -156,14 +156,9 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ba
       for (int64_t i = c * kChunk; i < std::min(rows, (c + 1) * kChunk); ++i) b.row(i, pp + c * 3 * H);
     }
   });
-  at::Tensor dbias = at::empty({H}, sum.options()), dweight = at::empty({H}, sum.options()),
-             dbeta = at::empty({H}, sum.options());
-  float* out[3] = {dbias.data_ptr<float>(), dweight.data_ptr<float>(), dbeta.data_ptr<float>()};
-  for (int64_t h = 0; h < 3 * H; h += kLanes) {  // the chunks' partial sums, in order
-    Vec total = Vec::load(pp + h);
-    for (int64_t c = 1; c < chunks; ++c) total = total + Vec::load(pp + c * 3 * H + h);
-    total.store(out[h / H] + h % H);
-  }
+  at::Tensor sums = at::empty({3, H}, sum.options());  // [dbias | dweight | dbeta], as the parts hold them
+  sum_in_order(pp, std::max<int64_t>(chunks, 1), 3 * H, sums.data_ptr<float>());
+  at::Tensor dbias = sums[0].clone(), dweight = sums[1].clone(), dbeta = sums[2].clone();  // each its own storage
   return {dsum, dz, dbias, dweight, dbeta};
 }
 

@@ -124,12 +124,7 @@ inline std::tuple<at::Tensor, at::Tensor> gelu_bias_backward(const at::Tensor& d
     }
   });
   at::Tensor dbias = at::empty({I}, a.options());
-  float* db = dbias.data_ptr<float>();
-  for (int64_t h = 0; h < I; h += Vec::kLanes) {  // the chunks' partial sums, in order
-    Vec total = Vec::load(pp + h);
-    for (int64_t c = 1; c < chunks; ++c) total = total + Vec::load(pp + c * I + h);
-    total.store(db + h);
-  }
+  sum_in_order(pp, std::max<int64_t>(chunks, 1), I, dbias.data_ptr<float>());
   return {dx, dbias};
 }
 

@@ -365,4 +365,15 @@ inline int64_t task_grain(int64_t block_rows, int64_t depth, int64_t columns, in
   return std::max<int64_t>(1, macs / std::max<int64_t>(1, block_rows * depth * columns));
 }
 
+// out[j] = parts[0][j] + parts[1][j] + ... + parts[count - 1][j] in that order, for j < width (whole vectors; count >=
+// 1, parts `count` rows of `width`): training's column sums, added over fixed chunks of rows and then the chunks in
+// order, so that their bits depend on the build, not on the threads (gelu.h's bias gradient, add_norm.h's).
+inline void sum_in_order(const float* parts, int64_t count, int64_t width, float* out) {
+  for (int64_t j = 0; j < width; j += Vec::kLanes) {
+    Vec total = Vec::load(parts + j);
+    for (int64_t c = 1; c < count; ++c) total = total + Vec::load(parts + c * width + j);
+    total.store(out + j);
+  }
+}
+
 }  // namespace bertforge
