@@ -1,6 +1,7 @@
 """Helpers that several test files share (no tests, no fixtures: those are in conftest.py): a small synthetic
 corpus, a tokenizer trained on it and data prepared with it (once per session), a bound for sampled proportions,
-and the digests of a tree of files (to show that a command left its inputs alone)."""
+and the digests of a tree of files (to show that a command left its inputs alone); the `gpu` mark, a right-padded
+mask and the names of a loss's autograd nodes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
 
 _WORDS_TEXT = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have "
          "an they you were her she there been one all we their has would when if so no will more can some "
@@ -139,3 +142,25 @@ def pretrain_config(data, out, *, loop, model: str = "mini", data_options=None, 
     return PretrainConfig(data_dir=str(data), out_dir=str(out), loop=loop, data=data_options or DataOptions(),
                           model=model_spec, objective=objective, stacking=stacking,
                           budget=BudgetSpec(minutes=minutes, warmup_fraction=warmup_fraction), resume=resume)
+
+
+def gpu(test):
+    """Mark a test `cuda` and skip it, saying why, where there is no CUDA device."""
+    reason = "needs a CUDA device: on a GPU machine run `pytest -m cuda`"
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason=reason)(test))
+
+
+def right_padded(lengths: list[int], T: int) -> torch.Tensor:
+    """A (B, T) bool mask, True at each sequence's first `lengths[b]` positions."""
+    return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def backward_nodes(loss: torch.Tensor) -> list[str]:
+    """The type names of every autograd node `loss` was computed through."""
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(next_fn for next_fn, _ in node.next_functions)
+    return [type(node).__name__ for node in seen]

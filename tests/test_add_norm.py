@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from support import backward_nodes
 
 import bertforge.add_norm as module
 from bertforge import BertConfig, kernels
@@ -111,14 +112,7 @@ def test_a_model_trains_as_with_the_unfused_operators(model_class, monkeypatch):
 
 
 def norms_fused(model, batch: dict) -> int:
-    out = model(**batch)
-    seen, todo = set(), [out.loss.grad_fn if out.loss is not None else None]
-    while todo:
-        node = todo.pop()
-        if node is not None and node not in seen:
-            seen.add(node)
-            todo.extend(next_fn for next_fn, _ in node.next_functions)
-    return sum(type(node).__name__ == "_AddNormBackward" for node in seen)
+    return backward_nodes(model(**batch).loss).count("_AddNormBackward")
 
 
 def test_training_takes_the_block_and_every_other_call_the_unfused_operators(monkeypatch):

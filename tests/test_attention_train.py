@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import right_padded
 
 from bertforge import BertConfig, kernels
 from bertforge.dropout import draw_key, keep_mask_reference
@@ -162,10 +163,6 @@ def test_dropout_draws_one_key_as_the_unfused_path_does(monkeypatch):
     monkeypatch.setattr(TrainingAttention, "enabled", False)
     module(x, None)
     assert draw_key() == after_kernels
-
-
-def right_padded(lengths: list[int], T: int) -> torch.Tensor:
-    return torch.arange(T)[None] < torch.tensor(lengths)[:, None]
 
 
 @pytest.mark.parametrize("p", [0.0, 0.1])

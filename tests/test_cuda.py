@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import pretrain_config
+from support import gpu, pretrain_config
 
 import bertforge.cpu
 from bertforge import BertForPreTraining
@@ -34,12 +34,6 @@ from bertforge.train.loop import autocast, resolve_precision
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 HERE = Path(__file__).resolve()
-
-
-def gpu(test):
-    """Mark a test `cuda` and skip it, saying why, where there is no CUDA device."""
-    reason = "needs a CUDA device: on a GPU machine run `pytest -m cuda`"
-    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason=reason)(test))
 
 
 def _stand_in_gpu(monkeypatch, *, bf16: bool, name: str = "Tesla T4") -> None:

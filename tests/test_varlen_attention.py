@@ -8,21 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import gpu, right_padded
 
 from bertforge import BertConfig, training_attention
 from bertforge.models import BertForSequenceClassification, BertForTokenClassification
 from bertforge.train.loop import autocast
 from bertforge.training_attention import TrainingPacking, VarlenAttention
-
-
-def gpu(test):
-    """Mark a test `cuda` and skip it, saying why, where there is no CUDA device."""
-    reason = "needs a CUDA device: on a GPU machine run `pytest -m cuda`"
-    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason=reason)(test))
-
-
-def right_padded(lengths: list[int], T: int) -> torch.Tensor:
-    return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T) bool
 
 
 def per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: list[int]) -> torch.Tensor:
