@@ -59,25 +59,34 @@ class _OneDnnLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
+        rows = _rows(x)
+        ctx.save_for_backward(rows, weight)
         ctx.has_bias = bias is not None
-        y = _product(x.reshape(-1, x.shape[-1]), weight, bias)
+        y = _product(rows, weight, bias)
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        g = grad.reshape(-1, grad.shape[-1])
+        rows, weight = ctx.saved_tensors
+        g = _rows(grad)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = _product(g, weight.t(), None).view(*grad.shape[:-1], weight.shape[1])
         if ctx.needs_input_grad[1]:
             g_t, sums = _transposed(g)
-            dw = _product(g_t, x.reshape(-1, x.shape[-1]).t(), None)
+            dw = _product(g_t, rows.t(), None)
             db = sums if ctx.has_bias and ctx.needs_input_grad[2] else None
         elif ctx.has_bias and ctx.needs_input_grad[2]:
             db = g.sum(0)
         return dx, dw, db
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as a contiguous (M, K) matrix: a view where it is one, else a copy. oneDNN's operator takes other strides
+    (the [CLS] rows of a (B, T, H) batch, T H floats apart) at a crawl: the weight gradient of a 128-wide layer over
+    16 such rows took 3.8 ms on a 2-core Zen 4, 0.02 over the same rows copied, and of an 8,000-wide one 236 ms."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.is_contiguous() else rows.contiguous()
 
 
 def _transposed(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
