@@ -1,8 +1,8 @@
 """Training's attention on bertforge's kernels (kernels/attention_train.h, `bertforge.training_attention`):
 outputs and gradients against attention written out in float64 from the definition (dropout's mask from the
 reference hash), against the unfused path the model runs without the kernels, where the model takes it, and bad
-inputs; packed batches (real tokens only) against padded ones, in the kernels and in a model. Also run on the AVX2
-build (tests/test_kernels.py's ENGINE_TESTS)."""
+inputs; packed batches (real tokens only) against padded ones, in the kernels and in a model; bf16 (under autocast)
+against fp32 on the same values. Also run on the AVX2 build (tests/test_kernels.py's ENGINE_TESTS)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,32 @@ def test_outputs_and_gradients_follow_the_definition(B, T, heads, D, p):
         assert torch.all(dqkv[~mask][:, keys:] == 0)
 
 
+@pytest.mark.parametrize(("packed", "p"), [(False, 0.0), (False, 0.1), (True, 0.1)])
+def test_bf16_is_fp32_on_the_same_values_rounded_once(packed, p):
+    """bf16 qkv and gradient: the output and qkv's gradient are the fp32 kernels' on the same values, each rounded to
+    bf16 once, bit for bit; the probabilities (kept fp32) are the same bits."""
+    torch.manual_seed(3)
+    B, T, heads, D = 3, 19, 2, 32
+    qkv, grad = torch.randn(B, T, 3 * heads * D).bfloat16(), torch.randn(B, T, heads * D).bfloat16()
+    args: tuple = (padded(B, T), p, 77)
+    if packed:
+        lengths = [19, 12, 5]
+        keep = right_padded(lengths, T)
+        qkv, grad = qkv[keep], grad[keep]
+        args = (None, p, 77, torch.tensor([0, 19, 31, 36]), T)
+    out, probs = torch.ops.bertforge.attention_train(qkv, heads, *args[:3], *args[3:])
+    out32, probs32 = torch.ops.bertforge.attention_train(qkv.float(), heads, *args[:3], *args[3:])
+    assert out.dtype == torch.bfloat16 and probs.dtype == torch.float32
+    assert torch.equal(out, out32.bfloat16()) and torch.equal(probs, probs32)
+    ops = torch.ops.bertforge
+    dqkv = ops.attention_train_backward(grad, qkv, probs, heads, p, 77, *args[3:])
+    dqkv32 = ops.attention_train_backward(grad.float(), qkv.float(), probs32, heads, p, 77, *args[3:])
+    assert dqkv.dtype == torch.bfloat16 and torch.equal(dqkv, dqkv32.bfloat16())
+    assert dqkv.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="of qkv's type"):
+        ops.attention_train_backward(grad.float(), qkv, probs, heads, p, 77, *args[3:])
+
+
 def attention_module(heads: int, D: int, p: float) -> BertSelfAttention:
     config = BertConfig(vocab_size=10, hidden_size=heads * D, num_hidden_layers=1, num_attention_heads=heads,
                         intermediate_size=4 * heads * D, attention_probs_dropout_prob=p)
@@ -91,8 +117,8 @@ def test_a_seed_trains_the_same_on_the_kernels_and_the_unfused_path(monkeypatch,
 
 
 def test_the_model_takes_the_kernels_only_where_they_apply(monkeypatch):
-    """fp32 on the CPU with a gradient wanted and heads of whole vectors: the kernels; inference, bf16, heads of 24
-    floats, a query subset, or `enabled` off: the unfused path."""
+    """fp32 on the CPU, or under bf16 autocast, with a gradient wanted and heads of whole vectors: the kernels;
+    inference, fp16 autocast, heads of 24 floats, a query subset, or `enabled` off: the unfused path."""
     calls, apply = [], TrainingAttention.apply
     monkeypatch.setattr(TrainingAttention, "apply", lambda *args: calls.append(args[0].shape) or apply(*args))
     x = torch.randn(2, 9, 64, requires_grad=True)
@@ -101,13 +127,16 @@ def test_the_model_takes_the_kernels_only_where_they_apply(monkeypatch):
     with torch.no_grad():
         attention_module(2, 32, 0.0)(x, None)
     with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attention_module(2, 32, 0.0)(x, None).dtype == torch.bfloat16
+    assert len(calls) == 2
+    with torch.autocast("cpu", dtype=torch.float16):
         attention_module(2, 32, 0.0)(x, None)
     attention_module(2, 32, 0.0)(x, None, positions=torch.zeros(2, 1, dtype=torch.long))
     config = BertConfig(vocab_size=10, hidden_size=48, num_hidden_layers=1, num_attention_heads=2, intermediate_size=96)
     BertSelfAttention(config).train()(torch.randn(2, 9, 48, requires_grad=True), None)
     monkeypatch.setattr(TrainingAttention, "enabled", False)
     attention_module(2, 32, 0.0)(x, None)
-    assert len(calls) == 1
+    assert len(calls) == 2
 
 
 def test_a_sequence_with_no_key_to_attend_gets_zeros():
@@ -181,13 +210,22 @@ def test_a_packed_batch_gives_the_padded_batchs_results_to_the_bit(p):
     packed_dqkv = torch.ops.bertforge.attention_train_backward(grad[mask], qkv[mask], packed_probs, heads, p, 77,
                                                                offsets, T)
     assert torch.equal(packed_out, out[mask]) and torch.equal(packed_dqkv, dqkv[mask])
+    # spare rows after the sequences' (the products' rows rounded up): never read, zeros out and back
+    spare = torch.full((3, 3 * heads * D), float("nan"))
+    spare_out, spare_probs = torch.ops.bertforge.attention_train(torch.cat([qkv[mask], spare]), heads, None, p, 77,
+                                                                 offsets, T)
+    spare_dqkv = torch.ops.bertforge.attention_train_backward(
+        torch.cat([grad[mask], spare[:, :heads * D]]), torch.cat([qkv[mask], spare]), spare_probs, heads, p, 77,
+        offsets, T)
+    assert torch.equal(spare_out[:44], out[mask]) and torch.equal(spare_dqkv[:44], dqkv[mask])
+    assert torch.all(spare_out[44:] == 0) and torch.all(spare_dqkv[44:] == 0)
 
 
 @pytest.mark.parametrize(("offsets", "message"), [
-    ([1, 3, 6], "0 .. rows"), ([0, 3, 5], "0 .. rows"), ([0, 4, 3, 6], "rise by at most length"),
+    ([1, 3, 6], "0 .. rows"), ([0, 3, 7], "0 .. rows"), ([0, 4, 3, 6], "rise by at most length"),
     ([0, 5, 6], "rise by at most length")])
 def test_packed_calls_refuse_offsets_that_do_not_fit(offsets, message):
-    """Offsets must run from 0 to the rows given, rising by at most `length` (here 4) a sequence."""
+    """Offsets must run from 0 to at most the rows given, rising by at most `length` (here 4) a sequence."""
     with pytest.raises(RuntimeError, match=message):
         torch.ops.bertforge.attention_train(torch.randn(6, 96), 2, None, 0.0, 0, torch.tensor(offsets), 4)
 
@@ -207,7 +245,7 @@ def classifier(hidden_dropout: float, layers: int = 3) -> BertForSequenceClassif
 
 def packed_calls(monkeypatch) -> list[int]:
     calls, pack = [], TrainingPacking.pack
-    monkeypatch.setattr(TrainingPacking, "pack", lambda self, x: calls.append(len(self.index)) or pack(self, x))
+    monkeypatch.setattr(TrainingPacking, "pack", lambda self, x: calls.append(self.tokens) or pack(self, x))
     return calls
 
 
@@ -228,6 +266,31 @@ def test_a_classifier_trains_the_same_on_its_real_tokens_alone(monkeypatch):
     assert calls == [33]  # packed once: 33 real tokens of 52
     for packed, padded in zip(*results, strict=True):
         assert torch.allclose(packed, padded, rtol=1e-5, atol=1e-6 * padded.abs().max().item())
+
+
+@pytest.mark.parametrize("model_class", [BertForSequenceClassification, BertForTokenClassification])
+def test_rows_rounded_up_for_onednn_train_as_the_exact_rows(monkeypatch, model_class):
+    """Where the products build a kernel for each shape, the packed rows are rounded up (33 real tokens -> 40 rows):
+    the spare rows change no logit or gradient beyond fp32 rounding, and without rounding there are none."""
+    from bertforge import training_attention
+    torch.manual_seed(0)
+    model = model_class(classifier(hidden_dropout=0.1).config).train()
+    ids, mask = torch.randint(5, 100, (4, 13)), right_padded([13, 7, 11, 2], 13)
+    labels = torch.tensor([0, 1, 2, 1]) if model_class is BertForSequenceClassification else \
+        torch.randint(0, 3, (4, 13)).masked_fill(~mask, -100)
+    rows, pack, results = [], TrainingPacking.pack, []
+    monkeypatch.setattr(TrainingPacking, "pack", lambda self, x: rows.append(len(self.index)) or pack(self, x))
+    for rounded in (True, False):
+        monkeypatch.setattr(training_attention, "builds_per_shape", lambda device, r=rounded: r)
+        model.zero_grad()
+        torch.manual_seed(5)
+        out = model(input_ids=ids, attention_mask=mask.long(), labels=labels)
+        out.loss.backward()
+        results.append([out.logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert rows == [40, 33]
+    for a, b in zip(*results, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()))
 
 
 def test_a_tagger_trains_the_same_on_its_real_tokens_alone(monkeypatch):
@@ -252,19 +315,21 @@ def test_a_tagger_trains_the_same_on_its_real_tokens_alone(monkeypatch):
 
 def test_models_pack_only_where_it_applies(monkeypatch):
     """Packing takes a training batch with padding through a model whose head reads some positions (with more than
-    one layer) or no padded one (a tagger), attention on the kernels; not without padding, in evaluation, under
-    autocast, for a head that reads padded positions (question answering's spans), a one-layer classifier, without
-    the kernels, or with `enabled` off."""
+    one layer) or no padded one (a tagger), attention on the kernels, in fp32 or under bf16 autocast; not without
+    padding, in evaluation, under fp16 autocast, for a head that reads padded positions (question answering's
+    spans), a one-layer classifier, without the kernels, or with `enabled` off."""
     calls = packed_calls(monkeypatch)
     ids, padded, full = torch.randint(5, 100, (2, 9)), right_padded([9, 4], 9).long(), torch.ones(2, 9).long()
     model, config = classifier(hidden_dropout=0.1), classifier(0.1).config
     model(input_ids=ids, attention_mask=padded)
     BertForTokenClassification(config).train()(input_ids=ids, attention_mask=padded)
-    assert len(calls) == 2
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids, attention_mask=padded)
+    assert len(calls) == 3
     model(input_ids=ids, attention_mask=full)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=padded)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.float16):
         model(input_ids=ids, attention_mask=padded)
     model.eval()(input_ids=ids, attention_mask=padded)
     classifier(hidden_dropout=0.1, layers=1)(input_ids=ids, attention_mask=padded)
@@ -274,4 +339,26 @@ def test_models_pack_only_where_it_applies(monkeypatch):
         classifier(hidden_dropout=0.1)(input_ids=ids, attention_mask=padded)
     monkeypatch.setattr(TrainingPacking, "enabled", False)
     classifier(hidden_dropout=0.1)(input_ids=ids, attention_mask=padded)
-    assert len(calls) == 2
+    assert len(calls) == 3
+
+
+def test_under_bf16_autocast_a_classifier_trains_as_close_to_fp32_as_on_the_unfused_path(monkeypatch):
+    """A padded batch under bf16 autocast, on the kernels (packed) and on the unfused path: the kernels compute in fp32
+    and round once, so their logits and gradients are as near fp32 training's as the unfused path's, or nearer."""
+    torch.manual_seed(0)
+    model, ids = classifier(hidden_dropout=0.0), torch.randint(5, 100, (4, 13))
+    mask, labels = right_padded([13, 7, 11, 2], 13).long(), torch.tensor([0, 1, 2, 1])
+    calls, results = packed_calls(monkeypatch), []
+    for kernels_on, bf16 in ((True, False), (True, True), (False, True)):
+        monkeypatch.setattr(TrainingAttention, "enabled", kernels_on)
+        model.zero_grad()
+        torch.manual_seed(5)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        results.append([out.logits.detach().double()] + [p.grad.double() for p in model.parameters()
+                                                          if p.grad is not None])
+    assert calls == [33, 33]  # fp32 and bf16 on the kernels pack; the unfused path does not
+    for exact, ours, unfused in zip(*results, strict=True):
+        error = float((ours - exact).norm() / exact.norm())
+        assert error < 0.05 and error <= 1.25 * float((unfused - exact).norm() / exact.norm()) + 1e-3

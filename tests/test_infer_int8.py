@@ -363,7 +363,7 @@ def test_with_amx_the_small_products_run_on_the_vnni_kernels_and_the_large_on_on
 
 def test_int8_products_run_on_few_row_counts_with_the_same_results(monkeypatch):
     """oneDNN builds kernels for every new row count, and each batch of texts brings one: the product runs on the rows
-    rounded up as a packed batch's are (`packing.packed_rows`), and what comes back is the exact product of the
+    rounded up as a packed batch's are (`linear.packed_rows`), and what comes back is the exact product of the
     quantized operands for the rows asked, in their shape."""
     bits = bertforge.cpu.int8_weight_bits()
     if bits is None or not _has_onednn_ops():

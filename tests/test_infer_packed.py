@@ -15,9 +15,9 @@ from bertforge.infer.packing import (
     Packing,
     is_packed,
     pack_sequences,
-    packed_rows,
 )
 from bertforge.infer.transforms import pack_linears, prepare
+from bertforge.linear import packed_rows
 from bertforge.models import (
     BertForMaskedLM,
     BertForMultipleChoice,

@@ -254,8 +254,12 @@ def test_explicit_attention_equals_the_fused_kernel_with_padding_and_query_subse
 
 
 def test_bf16_on_a_cpu_takes_the_explicit_attention_for_short_sequences_and_matches_the_fused_one(monkeypatch):
+    """`attend`'s choice where training's kernels do not take the attention (without them, or heads they do not
+    take): here they are switched off."""
     from bertforge import encoder as model_module
+    from bertforge.training_attention import TrainingAttention
 
+    monkeypatch.setattr(TrainingAttention, "enabled", False)
     torch.manual_seed(0)
     config = BertConfig.from_preset("tiny", vocab_size=100, hidden_dropout_prob=0.0,
                                     attention_probs_dropout_prob=0.0)

@@ -9,9 +9,12 @@ is `bertforge.dropout`'s, drawn at the same point with the same key over the sam
 dropped; the sums round otherwise (the bias is added after the product, not before it; LayerNorm's sums in vectors).
 
 Where it applies: fp32 training on the CPU with the kernels built, torch's LayerNorm and bertforge's Linear and
-Dropout modules, a width of whole 16-float vectors, a gradient wanted. Elsewhere (evaluation and inference, whose bits
-stay torch's; autocast; other devices; `torch.compile`, tracing) the unfused operators. `enabled` off: never (A/B
-runs and the tests' reference)."""
+Dropout modules, a width of whole 16-float vectors, a gradient wanted; and the same under bf16 autocast, where the
+product is bf16 and the residual stream and the parameters fp32: the kernel reads the product as fp32, computes the
+rest in fp32 as autocast's LayerNorm does, and rounds the product's gradient to bf16 once (unfused, the bias, dropout
+and their gradients round to bf16 at each operator). Elsewhere (evaluation and inference, whose bits stay torch's;
+fp16 autocast; other devices; `torch.compile`, tracing) the unfused operators. `enabled` off: never (A/B runs and the
+tests' reference)."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ class _AddNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                 beta: torch.Tensor, eps: float, p: float) -> torch.Tensor:
-        ctx.p, ctx.key = p, draw_key() if p > 0 else 0
+        ctx.p, ctx.key, ctx.z_type = p, draw_key() if p > 0 else 0, z.dtype
         out, total, stats = torch.ops.bertforge.add_norm_train(z, bias, residual, weight, beta, eps, p, ctx.key)
         ctx.save_for_backward(total, stats, weight)
         return out
@@ -38,7 +41,7 @@ class _AddNorm(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         total, stats, weight = ctx.saved_tensors
         dsum, dz, dbias, dweight, dbeta = torch.ops.bertforge.add_norm_train_backward(
-            grad, total, stats, weight, ctx.p, ctx.key)
+            grad, total, stats, weight, ctx.p, ctx.key, ctx.z_type)
         wanted = ctx.needs_input_grad
         grads = (dz, dbias, dsum, dweight, dbeta)
         return tuple(g if w else None for g, w in zip(grads, wanted, strict=False)) + (None, None)
@@ -48,8 +51,11 @@ def _applies(y: torch.Tensor, residual: torch.Tensor, layer: nn.Module, norm: nn
     if not enabled or type(layer) is not Linear or type(norm) is not nn.LayerNorm or type(drop) is not Dropout:
         return False
     tensors = (y, residual, layer.weight, layer.bias, norm.weight, norm.bias)
-    return (all(t is not None for t in tensors) and residual.shape[-1] % 16 == 0 and drop.p < 1
-            and kernels.trains_fp32(*tensors))
+    if any(t is None for t in tensors) or residual.shape[-1] % 16 or drop.p >= 1:
+        return False
+    # under bf16 autocast: the product's output bf16, the residual stream and the parameters fp32
+    return kernels.trains_fp32(*tensors) or (residual.dtype == torch.float32 and kernels.trains_bf16_autocast(*tensors)
+                                             and all(t.dtype == torch.float32 for t in tensors[2:]))
 
 
 def add_norm(layer: nn.Module, y: torch.Tensor, residual: torch.Tensor, norm: nn.Module, drop: nn.Module

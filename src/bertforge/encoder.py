@@ -354,9 +354,9 @@ class BertModel(BertPreTrainedModel):
     def _packs(self, x: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None,
                reads_padding: bool) -> bool:
         """Whether layers train on the batch's real tokens alone (`TrainingPacking`): training with padding,
-        attention on the CPU kernels (fp32) or on CUDA's flash attention (bf16 or fp16 autocast), and a head that
-        reads only some positions (the layers before the last, where there is more than one: the last runs on the
-        padded batch at those) or no padded position (every layer)."""
+        attention on the CPU kernels (fp32 or bf16 autocast) or on CUDA's flash attention (bf16 or fp16 autocast),
+        and a head that reads only some positions (the layers before the last, where there is more than one: the
+        last runs on the padded batch at those) or no padded position (every layer)."""
         config = self.config
         head = (positions is not None and config.num_hidden_layers > 1) or (positions is None and not reads_padding)
         if not (TrainingPacking.enabled and head and self.training and torch.is_grad_enabled() and mask is not None
@@ -364,8 +364,8 @@ class BertModel(BertPreTrainedModel):
             return False
         if x.device.type == "cuda":
             return VarlenAttention.applies(x, config.head_size)
-        if torch.is_autocast_enabled("cpu"):
-            return False
+        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") != torch.bfloat16:
+            return False  # the products' outputs fp16: attention off the kernels, so on the padded batch
         B, T = x.shape[:2]
         p = max(layer.attention.dropout_p for layer in self.encoder.layer)  # as set_dropout may have set it
         return TrainingAttention.applies(x, config.head_size, p, B * config.num_attention_heads * T * T)

@@ -1,5 +1,5 @@
-"""Attention for fp32 training on bertforge's CPU kernels (`kernels/attention_train.h`), on a padded batch or on its
-real tokens alone.
+"""Attention for training on bertforge's CPU kernels (`kernels/attention_train.h`), in fp32 or under bf16 autocast, on
+a padded batch or on its real tokens alone.
 
 `TrainingAttention` is the autograd function over the kernels. `TrainingPacking` takes a padded batch's real tokens
 out into rows (B sequences, each its tokens in order, one after another), so that every product, LayerNorm, GELU and
@@ -19,6 +19,9 @@ import torch
 
 from bertforge import kernels
 from bertforge.dropout import draw_key
+from bertforge.linear import builds_per_shape, packed_rows
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class TrainingAttention(torch.autograd.Function):
@@ -30,18 +33,20 @@ class TrainingAttention(torch.autograd.Function):
     gives the same run on either path up to float rounding. A query with no key to attend gets zeros (the unfused
     path: NaN). On a 2-core Zen 4 (`bench/attention.py --training-kernels`), forward + backward with dropout 0.1:
     MiniLM-L6's 12 heads of 32 at 32 x 28 tokens 1.86 against 4.12 ms a layer (2.2x), 2.0x at 128 tokens, BERT-base's
-    12 heads of 64 at 8 x 512 1.5x. `enabled` switches it off (A/B runs)."""
+    12 heads of 64 at 8 x 512 1.5x. Under bf16 autocast the product's output is bf16, and so are the result and the
+    gradient back: the kernels compute in fp32 and round each once, where the unfused path rounds the scores, the
+    probabilities and each product's result to bf16. `enabled` switches it off (A/B runs)."""
 
     enabled = True
 
     @staticmethod
     def applies(x: torch.Tensor, head_size: int, p: float, probabilities: int) -> bool:
         """Whether attention over x (the layer's input or its query/key/value product) can train on the kernels:
-        fp32 on the CPU, heads of whole 16-float vectors, a dropout mask the kernels index (`probabilities`, the
-        padded batch's B N T T, at most 2^32), not compiling, and the kernels built."""
+        fp32 or bf16 on the CPU, heads of whole 16-float vectors, a dropout mask the kernels index (`probabilities`,
+        the padded batch's B N T T, at most 2^32), not compiling, and the kernels built."""
         if torch.compiler.is_compiling() or not TrainingAttention.enabled:  # inductor fuses its own
             return False
-        return (x.dtype == torch.float32 and x.device.type == "cpu" and head_size % 16 == 0 and p < 1
+        return (x.dtype in _KERNEL_DTYPES and x.device.type == "cpu" and head_size % 16 == 0 and p < 1
                 and (p == 0 or probabilities <= 2**32) and kernels.available())
 
     @staticmethod
@@ -72,10 +77,14 @@ class TrainingAttention(torch.autograd.Function):
 @dataclass(frozen=True)
 class TrainingPacking:
     """A padded batch's real tokens as rows: `index` their places among the batch's B x T positions (in order, so
-    each sequence's tokens stay together and in order), sequence b rows offsets[b] .. offsets[b + 1]."""
+    each sequence's tokens stay together and in order), sequence b rows offsets[b] .. offsets[b + 1]. Where the
+    products build a kernel for each new shape (`linear.builds_per_shape`: oneDNN's), the rows are rounded up
+    (`linear.packed_rows`, at most 3.1% more) by spare rows after the sequences', copies of the first token, which
+    attention leaves out (zeros out and back) and `unpack` drops: a new token count each step would build new
+    kernels each step."""
 
-    index: torch.Tensor  # (rows,) int64, on the mask's device
-    offsets: torch.Tensor  # (B + 1,) int64, on the host (the CPU kernels')
+    index: torch.Tensor  # (rows,) int64, on the mask's device: the real tokens', then the spare rows' (index[0])
+    offsets: torch.Tensor  # (B + 1,) int64, on the host (the CPU kernels'); offsets[B] real tokens
     batch: int
     length: int  # T
     longest: int = 0  # the longest sequence's rows
@@ -93,16 +102,26 @@ class TrainingPacking:
         offsets = torch.zeros(B + 1, dtype=torch.long)
         torch.cumsum(lengths, 0, out=offsets[1:])
         on_device = None if real.device.type == "cpu" else offsets.to(real.device, torch.int32)
-        return TrainingPacking(real.reshape(-1).nonzero().squeeze(1), offsets, B, T, int(lengths.max()), on_device)
+        index = real.reshape(-1).nonzero().squeeze(1)
+        tokens = int(offsets[-1])
+        if builds_per_shape(real.device) and tokens > 0:
+            index = torch.cat([index, index[:1].expand(packed_rows(tokens) - tokens)])
+        return TrainingPacking(index, offsets, B, T, int(lengths.max()), on_device)
+
+    @property
+    def tokens(self) -> int:
+        """The real tokens' rows (the first ones; any after them are spare)."""
+        return int(self.offsets[-1])
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, H) -> (rows, H), the real tokens'."""
         return x.reshape(self.batch * self.length, -1).index_select(0, self.index)
 
     def unpack(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows (rows, H) -> (B, T, H), zeros at the padding."""
+        """rows (rows, H) -> (B, T, H), zeros at the padding (the spare rows dropped)."""
         out = rows.new_zeros(self.batch * self.length, rows.shape[1])
-        return out.index_copy(0, self.index, rows).view(self.batch, self.length, -1)
+        n = self.tokens
+        return out.index_copy(0, self.index[:n], rows[:n]).view(self.batch, self.length, -1)
 
 
 class VarlenAttention(torch.autograd.Function):

@@ -24,6 +24,7 @@ from torch import nn
 
 from bertforge.encoder import BertEncoder, BertSelfAttention, attend
 from bertforge.infer.fused import FusedEncoder, KernelSelfAttention
+from bertforge.linear import packed_rows
 from bertforge.training_attention import TrainingPacking
 
 
@@ -37,19 +38,6 @@ class Packing:
     positions: torch.Tensor | None  # (B, P) long: the padded positions the last layer computes, or None
     batch: torch.Tensor  # (packed_rows(S),) long: each packed row's b, then the spare rows' (copies of the first)
     token: torch.Tensor  # (packed_rows(S),) long: and its t
-
-
-def packed_rows(tokens: int) -> int:
-    """The rows a packed batch of `tokens` real tokens runs at: `tokens` rounded up to a multiple of a thirty-second
-    of the power of two below it (at least 8), so at most 3.1% more (or 7 rows). Why: the products
-    (`infer.packed_linear.PackedLinear`, oneDNN) build and cache a primitive for every input shape, and each holds
-    memory (0.6 MB for MiniLM's 384 x 1536 product, 1.6 MB for BERT-base's 768 x 3072; 1,024 of them cached). A
-    server's groups bring a new token count nearly every time: MiniLM fp32 over 150 groups of 32-290 texts grew from
-    750 MB to 1.95 GB resident, still rising. Rounded, at most 192 row counts cover every batch up to 8,192 tokens:
-    the same run levelled off at 1.02 GB after about 80 groups, and a server reuses its primitives. The int8 products
-    round their rows the same way (`transforms.Int8Linear`)."""
-    granule = max(8, 1 << max(0, tokens.bit_length() - 6))
-    return -(-tokens // granule) * granule
 
 
 class PackedSelfAttention(nn.Module):

@@ -25,8 +25,8 @@ from bertforge.gelu import gelu
 from bertforge.infer.checks import inference_dtype
 from bertforge.infer.fused import fuse_encoders, kernel_attention
 from bertforge.infer.packed_linear import PackedLinear, fp32_on_onednn, fp32_panels
-from bertforge.infer.packing import pack_sequences, packed_rows
-from bertforge.linear import has_onednn_linear
+from bertforge.infer.packing import pack_sequences
+from bertforge.linear import has_onednn_linear, packed_rows
 from bertforge.options import EngineOptions
 
 
@@ -48,7 +48,7 @@ class Int8Linear(nn.Module):
     codes come from bertforge's kernels (`fused.FusedEncoder` sets it): the same codes up to a code off by one at a
     rounding boundary, faster (on 6,912 x 1,536, one thread: the range 1.3x torch.aminmax's speed, the codes 1.2x
     torch.quantize_per_tensor's). The product runs on the input's rows rounded up as a packed batch's are
-    (`packing.packed_rows`; spare rows of code `zero`, their outputs dropped): oneDNN builds kernels for every new row
+    (`linear.packed_rows`; spare rows of code `zero`, their outputs dropped): oneDNN builds kernels for every new row
     count, and each batch of texts brings one (groups of 1-64 snippets, one group at a time: the demo's int8 BERT-tiny
     1.24-1.27x faster, MiniLM-L6 the same; docs/benchmarks.md).
 

@@ -195,12 +195,21 @@ def available() -> bool:
     return _load_finished(name, where) or _build(chosen, name, where)
 
 
+def _trains(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> bool:
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not torch.is_grad_enabled():
+        return False
+    return (any(t.requires_grad for t in tensors)
+            and all(t.device.type == "cpu" and t.dtype in dtypes for t in tensors) and available())
+
+
 def trains_fp32(*tensors: torch.Tensor) -> bool:
     """Whether fp32 CPU training through `tensors` runs on the kernels: not compiling or tracing (inductor and an
     exported graph take torch's operators), a gradient wanted of one of them, every one fp32 on the CPU, no autocast,
     and the kernels built. Evaluation and inference (no gradient) keep torch's operators and their bits."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not torch.is_grad_enabled():
-        return False
-    return (any(t.requires_grad for t in tensors) and all(t.device.type == "cpu" and t.dtype == torch.float32
-                                                           for t in tensors)
-            and not torch.is_autocast_enabled("cpu") and available())
+    return not torch.is_autocast_enabled("cpu") and _trains(tensors, (torch.float32,))
+
+
+def trains_bf16_autocast(*tensors: torch.Tensor) -> bool:
+    """As `trains_fp32`, but under bf16 autocast on the CPU, each tensor fp32 or bf16 (the products' outputs)."""
+    return (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            and _trains(tensors, (torch.float32, torch.bfloat16)))

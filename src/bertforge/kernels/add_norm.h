@@ -9,7 +9,8 @@
 // dropout(z + bias) and each row's mean and 1 / sqrt(variance + eps), as torch's LayerNorm keeps its input and
 // statistics; the backward recomputes the mask. The column sums (the bias's, LayerNorm's weight's and bias's
 // gradients) add the rows of fixed chunks of kChunk rows, then the chunks in order: the bits depend on the build (its
-// vector width), not on the threads.
+// vector width), not on the threads. Under bf16 autocast z is the bf16 product: read as fp32, everything else fp32 as
+// autocast's LayerNorm computes it, z's gradient rounded to bf16 once.
 
 #pragma once
 
@@ -29,8 +30,10 @@ namespace bertforge::add_norm {
 
 constexpr int64_t kChunk = 32;  // rows a task, and a partial column sum's
 
+template <typename Z>  // z's type: fp32, or bf16 (a product under bf16 autocast)
 struct Forward {
-  const float *z, *bias, *residual, *weight, *beta;
+  const Z* z;
+  const float *bias, *residual, *weight, *beta;
   float *sum, *out, *stats;  // stats: (mean, rstd) a row
   int64_t H;
   float eps, scale;
@@ -38,7 +41,8 @@ struct Forward {
   MaskKey key;
 
   void row(int64_t i) const {
-    const float *zi = z + i * H, *ri = residual + i * H;
+    const Z* zi = z + i * H;
+    const float* ri = residual + i * H;
     float *si = sum + i * H, *oi = out + i * H;
     const uint32_t first = static_cast<uint32_t>(i * H);
     Vec total = Vec::zero();
@@ -65,9 +69,11 @@ struct Forward {
   }
 };
 
+template <typename Z>  // dz's type, z's
 struct Backward {
   const float *grad, *sum, *stats, *weight;
-  float *dsum, *dz;  // the residual's gradient (LayerNorm's input's), and z's (the bias's before its sums)
+  float* dsum;  // the residual's gradient (LayerNorm's input's)
+  Z* dz;        // z's (the bias's before its sums; rounded once where bf16)
   int64_t H;
   float scale;
   bool drop;
@@ -76,7 +82,8 @@ struct Backward {
   // row i's gradients; its terms added to part: [dbias | dweight | dbeta], 3H
   void row(int64_t i, float* part) const {
     const float *gi = grad + i * H, *si = sum + i * H;
-    float *di = dsum + i * H, *zi = dz + i * H;
+    float* di = dsum + i * H;
+    Z* zi = dz + i * H;
     const Vec mean = Vec::all(stats[2 * i]), rstd = Vec::all(stats[2 * i + 1]);
     Vec sg = Vec::zero(), sgx = Vec::zero();
     for (int64_t h = 0; h < H; h += kLanes) {
@@ -105,14 +112,23 @@ inline void check(const at::Tensor& x, int64_t H, const char* what) {
               " must be a contiguous fp32 vector of the last dimension's size");
 }
 
+template <typename Z>
+void run_forward(const Forward<Z>& f, int64_t rows) {
+  at::parallel_for(0, rows, kChunk, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) f.row(i);
+  });
+}
+
 // out = LayerNorm(residual + dropout(z + bias)) over the last dimension, dropout at p with `key` (none at p = 0):
-// (out, the sum, stats (rows, 2)).
+// (out, the sum, stats (rows, 2)), all fp32. z is fp32 or bf16 (read as fp32); everything else fp32.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& z, const at::Tensor& bias,
                                                               const at::Tensor& residual, const at::Tensor& weight,
                                                               const at::Tensor& beta, double eps, double p,
                                                               int64_t key) {
-  TORCH_CHECK(z.scalar_type() == at::kFloat && residual.scalar_type() == at::kFloat && z.sizes() == residual.sizes(),
-              "add_norm_train: z and residual must be fp32 tensors of one shape");
+  const bool bf16 = z.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((bf16 || z.scalar_type() == at::kFloat) && residual.scalar_type() == at::kFloat &&
+                  z.sizes() == residual.sizes(),
+              "add_norm_train: z (fp32 or bf16) and residual (fp32) must be of one shape");
   const int64_t H = z.size(-1);
   TORCH_CHECK(H > 0 && H % kMultiple == 0, "add_norm_train: the last dimension must be a multiple of 16");
   TORCH_CHECK(z.numel() <= (int64_t{1} << 32), "add_norm_train: at most 2^32 elements");
@@ -121,41 +137,59 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& 
   check(weight, H, "weight");
   check(beta, H, "beta");
   const at::Tensor a = z.contiguous(), r = residual.contiguous();
-  at::Tensor sum = at::empty_like(a), out = at::empty_like(a);
+  at::Tensor sum = at::empty_like(r), out = at::empty_like(r);
   const int64_t rows = a.numel() / H;
-  at::Tensor stats = at::empty({rows, 2}, a.options());
-  const Forward f{a.data_ptr<float>(), bias.data_ptr<float>(), r.data_ptr<float>(), weight.data_ptr<float>(),
-                  beta.data_ptr<float>(), sum.data_ptr<float>(), out.data_ptr<float>(), stats.data_ptr<float>(), H,
-                  static_cast<float>(eps), static_cast<float>(1.0 / (1.0 - p)), p > 0, MaskKey(p, key)};
-  at::parallel_for(0, rows, kChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) f.row(i);
-  });
+  at::Tensor stats = at::empty({rows, 2}, r.options());
+  const float *b = bias.data_ptr<float>(), *rs = r.data_ptr<float>(), *w = weight.data_ptr<float>();
+  const float* be = beta.data_ptr<float>();
+  float *ss = sum.data_ptr<float>(), *os = out.data_ptr<float>(), *st = stats.data_ptr<float>();
+  const float e = static_cast<float>(eps), scale = static_cast<float>(1.0 / (1.0 - p));
+  if (bf16) {
+    run_forward(Forward<c10::BFloat16>{a.data_ptr<c10::BFloat16>(), b, rs, w, be, ss, os, st, H, e, scale, p > 0,
+                                       MaskKey(p, key)}, rows);
+  } else {
+    run_forward(Forward<float>{a.data_ptr<float>(), b, rs, w, be, ss, os, st, H, e, scale, p > 0, MaskKey(p, key)},
+                rows);
+  }
   return {out, sum, stats};
 }
 
-// The gradients from out's: (the sum's, which is the residual's; z's; bias's; LayerNorm weight's; its bias's).
+template <typename Z>
+void run_backward(const Backward<Z>& b, int64_t rows, int64_t chunks, float* parts) {
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      for (int64_t i = c * kChunk; i < std::min(rows, (c + 1) * kChunk); ++i) b.row(i, parts + c * 3 * b.H);
+    }
+  });
+}
+
+// The gradients from out's: (the sum's, which is the residual's; z's, of type `z_type` (fp32 or bf16); bias's;
+// LayerNorm weight's; its bias's).
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
     const at::Tensor& grad, const at::Tensor& sum, const at::Tensor& stats, const at::Tensor& weight, double p,
-    int64_t key) {
+    int64_t key, at::ScalarType z_type) {
   TORCH_CHECK(grad.scalar_type() == at::kFloat && grad.sizes() == sum.sizes() && sum.is_contiguous(),
               "add_norm_train_backward: the gradient must be fp32, shaped as the kept sum");
+  TORCH_CHECK(z_type == at::kFloat || z_type == at::kBFloat16, "add_norm_train_backward: z is fp32 or bf16");
   const int64_t H = sum.size(-1), rows = sum.numel() / H;
   TORCH_CHECK(stats.scalar_type() == at::kFloat && stats.numel() == 2 * rows && stats.is_contiguous(),
               "add_norm_train_backward: stats must be the forward's");
   check(weight, H, "weight");
   const at::Tensor g = grad.contiguous();
-  at::Tensor dsum = at::empty_like(sum), dz = at::empty_like(sum);
+  at::Tensor dsum = at::empty_like(sum), dz = at::empty_like(sum, sum.options().dtype(z_type));
   const int64_t chunks = (rows + kChunk - 1) / kChunk;
   at::Tensor parts = at::zeros({std::max<int64_t>(chunks, 1), 3 * H}, sum.options());
-  const Backward b{g.data_ptr<float>(), sum.data_ptr<float>(), stats.data_ptr<float>(), weight.data_ptr<float>(),
-                   dsum.data_ptr<float>(), dz.data_ptr<float>(), H, static_cast<float>(1.0 / (1.0 - p)), p > 0,
-                   MaskKey(p, key)};
-  float* pp = parts.data_ptr<float>();
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      for (int64_t i = c * kChunk; i < std::min(rows, (c + 1) * kChunk); ++i) b.row(i, pp + c * 3 * H);
-    }
-  });
+  const float *gs = g.data_ptr<float>(), *ss = sum.data_ptr<float>(), *st = stats.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float *ds = dsum.data_ptr<float>(), *pp = parts.data_ptr<float>();
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  if (z_type == at::kBFloat16) {
+    run_backward(Backward<c10::BFloat16>{gs, ss, st, w, ds, dz.data_ptr<c10::BFloat16>(), H, scale, p > 0,
+                                         MaskKey(p, key)}, rows, chunks, pp);
+  } else {
+    run_backward(Backward<float>{gs, ss, st, w, ds, dz.data_ptr<float>(), H, scale, p > 0, MaskKey(p, key)}, rows,
+                 chunks, pp);
+  }
   at::Tensor sums = at::empty({3, H}, sum.options());  // [dbias | dweight | dbeta], as the parts hold them
   sum_in_order(pp, std::max<int64_t>(chunks, 1), 3 * H, sums.data_ptr<float>());
   at::Tensor dbias = sums[0].clone(), dweight = sums[1].clone(), dbeta = sums[2].clone();  // each its own storage

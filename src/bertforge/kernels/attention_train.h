@@ -1,6 +1,8 @@
 // Attention for training in fp32 (cpu_kernels.cpp registers attention_train and attention_train_backward;
 // bertforge/encoder.py's TrainingAttention uses them): scores, mask, softmax, dropout and the weighted values, and the
-// gradients of all of it, one head of one sequence a task.
+// gradients of all of it, one head of one sequence a task. Under bf16 autocast the product's output, the result and
+// the gradients are bf16 (the element type E), read into and written from the head's fp32 working set: the arithmetic
+// is fp32's either way, and each bf16 result is rounded once.
 //
 // The unfused path is about ten operators a layer (the heads split out of the query/key/value product's output and
 // copied for two batched products, the scale, the mask, the softmax, dropout, the heads merged back; in the backward
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "attention.h"
@@ -113,25 +116,34 @@ struct Dropper {
 // A marked probability's magnitude (the probability; with no dropout the value itself).
 inline Vec magnitude(Vec x) { return bits_andnot(Vec::all(-0.0f), x); }
 
-// Prefetches share `part` of `parts` of the 64-byte lines of `floats` floats at p into L2.
-inline void prefetch_share(const float* p, int64_t floats, int64_t part, int64_t parts) {
-  const int64_t lines = floats * 4 / 64;
+// Prefetches share `part` of `parts` of the 64-byte lines of n elements at p into L2.
+template <typename E>
+inline void prefetch_share(const E* p, int64_t n, int64_t part, int64_t parts) {
+  const int64_t lines = n * static_cast<int64_t>(sizeof(E)) / 64;
   const char* c = reinterpret_cast<const char*>(p);
   for (int64_t line = lines * part / parts; line < lines * (part + 1) / parts; ++line)
     _mm_prefetch(c + line * 64, _MM_HINT_T1);
 }
 
+// n elements (whole vectors) from `from` to `to`, each converted between fp32 and bf16 where their types differ.
+template <typename A, typename B>
+inline void convert(const A* from, int64_t n, B* to) {
+  for (int64_t i = 0; i < n; i += kLanes) Vec::load(from + i).store(to + i);
+}
+
 // One head's working set: its queries (scaled by 1 / sqrt(D)), keys and values (T rows of D; the keys and values
 // padded with zero rows to Tp), keys or values transposed (D x Tp), which keys may be attended (keep 1 / 0, bias
-// 0 / -inf), a (T x Tp) matrix of scores or their gradients, the dropped probabilities and the output's gradient.
+// 0 / -inf), a (T x Tp) matrix of scores or their gradients, the dropped probabilities and the output's gradient;
+// for bf16 results, the fp32 result or the three gradients (3 T x D) before they are rounded.
 // Made once a thread for the call's length `row` (the padded batch's T, which dropout's indices count in), and fitted
 // to each packed sequence's own length.
 struct Head {
   int64_t T, D, Tp, row;
-  std::vector<float> q, k, v, transposed, keep, bias, S, dropped, grad;
-  Head(int64_t D, int64_t row)
+  std::vector<float> q, k, v, transposed, keep, bias, S, dropped, grad, result;
+  Head(int64_t D, int64_t row, bool rounds)
       : T(row), D(D), Tp(padded_length(row)), row(row), q(T * D), k(Tp * D, 0.0f), v(Tp * D, 0.0f),
-        transposed(D * Tp), keep(Tp, 0.0f), bias(Tp, -kInf), S(T * Tp), dropped(T * Tp, 0.0f), grad(T * D) {}
+        transposed(D * Tp), keep(Tp, 0.0f), bias(Tp, -kInf), S(T * Tp), dropped(T * Tp, 0.0f), grad(T * D),
+        result(rounds ? 3 * T * D : 0) {}
 
   // A sequence of `length` (<= row) tokens next: the rows from `length` up to whole vectors are padding again
   // (zero keys and values, keep 0, bias -inf), as the constructor leaves them.
@@ -146,10 +158,11 @@ struct Head {
 
   // The head's columns [n D, n D + D) of the query, key and value thirds of `rows` (T rows of 3H); the mask row
   // (null: every key) into keep and bias.
-  void read(const float* rows, int64_t H, int64_t n, const bool* mask) {
+  template <typename E>
+  void read(const E* rows, int64_t H, int64_t n, const bool* mask) {
     const Vec scale = Vec::all(1.0f / std::sqrt(static_cast<float>(D)));
     for (int64_t t = 0; t < T; ++t) {
-      const float* r = rows + t * 3 * H + n * D;
+      const E* r = rows + t * 3 * H + n * D;
       for (int64_t d = 0; d < D; d += kLanes) {
         (Vec::load(r + d) * scale).store(q.data() + t * D + d);
         Vec::load(r + H + d).store(k.data() + t * D + d);
@@ -256,40 +269,50 @@ inline int64_t packed_probs(const int64_t* offsets, int64_t B, int64_t N, int64_
 // qkv (rows, 3H) -> out (rows, H) and the probabilities; mask (B, T) true where a key may be attended, or null (and
 // null when packed). A task is a sequence, its heads in turn; while a head is worked, a share of the next sequence's
 // rows is prefetched, so that the heads find them in cache (the rows hold every head's columns; with one head of any
-// sequence a task, the loads of qkv's rows took a third of the backward's time under perf).
-inline void attention_forward(const float* qkv, const bool* mask, Shape s, Layout where, const Dropper& drop,
-                              float* out, float* probs) {
+// sequence a task, the loads of qkv's rows took a third of the backward's time under perf). E: fp32 or bf16.
+template <typename E>
+inline void attention_forward(const E* qkv, const bool* mask, Shape s, Layout where, const Dropper& drop, E* out,
+                              float* probs) {
+  constexpr bool rounds = !std::is_same_v<E, float>;
   const int64_t H = s.N * s.D;
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
-    Head head(s.D, s.T);
+    Head head(s.D, s.T, rounds);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t T = where.length(b, s);
       if (T == 0) continue;
       head.fit(T);
-      const float* rows = qkv + where.first(b, s) * 3 * H;
+      const E* rows = qkv + where.first(b, s) * 3 * H;
       for (int64_t n = 0; n < s.N; ++n) {
         const int64_t task = b * s.N + n;
         if (b + 1 < end)  // share n of the next sequence's rows
           prefetch_share(qkv + where.first(b + 1, s) * 3 * H, where.length(b + 1, s) * 3 * H, n, s.N);
         head.read(rows, H, n, mask == nullptr ? nullptr : mask + b * s.T);
-        head.forward(probs + where.probs_at(b, s) + n * T * head.Tp, out + where.first(b, s) * H + n * s.D, H, drop,
-                     task * s.T * s.T);
+        float* const probs_n = probs + where.probs_at(b, s) + n * T * head.Tp;
+        E* const o = out + where.first(b, s) * H + n * s.D;
+        if constexpr (rounds) {  // into the fp32 result, then rounded into out's rows
+          head.forward(probs_n, head.result.data(), s.D, drop, task * s.T * s.T);
+          for (int64_t t = 0; t < T; ++t) convert(head.result.data() + t * s.D, s.D, o + t * H);
+        } else {
+          head.forward(probs_n, o, H, drop, task * s.T * s.T);
+        }
       }
     }
   });
 }
 
 // grad (rows, H), the output's gradient -> dqkv (rows, 3H), from the forward's qkv and probabilities.
-inline void attention_backward(const float* grad, const float* qkv, const float* probs, Shape s, Layout where,
-                               const Dropper& drop, float* dqkv) {
+template <typename E>
+inline void attention_backward(const E* grad, const E* qkv, const float* probs, Shape s, Layout where,
+                               const Dropper& drop, E* dqkv) {
+  constexpr bool rounds = !std::is_same_v<E, float>;
   const int64_t H = s.N * s.D;
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
-    Head head(s.D, s.T);
+    Head head(s.D, s.T, rounds);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t T = where.length(b, s), first = where.first(b, s);
       if (T == 0) continue;
       head.fit(T);
-      const float* rows = qkv + first * 3 * H;
+      const E* rows = qkv + first * 3 * H;
       for (int64_t n = 0; n < s.N; ++n) {
         if (b + 1 < end) {  // share n of sequence b + 1's rows of qkv, its output's gradient and its probabilities
           const int64_t next = where.first(b + 1, s), length = where.length(b + 1, s);
@@ -298,10 +321,18 @@ inline void attention_backward(const float* grad, const float* qkv, const float*
           prefetch_share(probs + where.probs_at(b + 1, s), s.N * length * padded_length(length), n, s.N);
         }
         head.read(rows, H, n, nullptr);
-        for (int64_t t = 0; t < T; ++t)
-          std::copy_n(grad + (first + t) * H + n * s.D, s.D, head.grad.data() + t * s.D);
-        float* dq = dqkv + first * 3 * H + n * s.D;
-        head.backward(probs + where.probs_at(b, s) + n * T * head.Tp, dq, dq + H, dq + 2 * H, 3 * H, drop);
+        for (int64_t t = 0; t < T; ++t) convert(grad + (first + t) * H + n * s.D, s.D, head.grad.data() + t * s.D);
+        const float* probs_n = probs + where.probs_at(b, s) + n * T * head.Tp;
+        E* const dq = dqkv + first * 3 * H + n * s.D;
+        if constexpr (rounds) {  // into the fp32 gradients (dq, dk, dv: T x D each), then rounded into dqkv's rows
+          float* const r = head.result.data();
+          head.backward(probs_n, r, r + T * s.D, r + 2 * T * s.D, s.D, drop);
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t part = 0; part < 3; ++part)
+              convert(r + (part * T + t) * s.D, s.D, dq + t * 3 * H + part * H);
+        } else {
+          head.backward(probs_n, dq, dq + H, dq + 2 * H, 3 * H, drop);
+        }
       }
     }
   });

@@ -342,8 +342,8 @@ TORCH_LIBRARY(bertforge, m) {
   m.def("gelu_bias_backward(Tensor grad, Tensor x, Tensor bias) -> (Tensor, Tensor)");
   m.def("add_norm_train(Tensor z, Tensor bias, Tensor residual, Tensor weight, Tensor beta, float eps, float p, "
         "int key) -> (Tensor, Tensor, Tensor)");
-  m.def("add_norm_train_backward(Tensor grad, Tensor sum, Tensor stats, Tensor weight, float p, int key) -> "
-        "(Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("add_norm_train_backward(Tensor grad, Tensor sum, Tensor stats, Tensor weight, float p, int key, "
+        "ScalarType z_type) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("grad_norm(Tensor[] tensors, Tensor?[] rows) -> float", &bertforge::grad_norm);
   m.def("adamw_rows(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor live, "
         "float[] hyper, Tensor? grad_scale) -> ()", &bertforge::adamw_rows);
