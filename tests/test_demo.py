@@ -174,8 +174,8 @@ def _check_distilled(summary: dict, text: str, out) -> None:
     assert json.loads((out / "teacher" / "run_config.json").read_text())["options"]["precision"] == "auto"
     assert len(list((out / "teacher-outputs").iterdir())) == 1  # labelled once, the task's and the corpus's texts
     assert all(0 < d["texts_per_s"][k] < float("inf") for k in ("teacher", "student")) and d["speed_texts"] > 50
-    assert "== 6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-tiny (1 seeds" in text
-    assert re.search(r"BERT-tiny distilled from it \(1 seeds\) +\d+\.\d ± 0\.0\n", text)
+    assert "== 6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-tiny (1 seed;" in text
+    assert re.search(r"BERT-tiny distilled from it \(1 seed\) +\d+\.\d ± 0\.0\n", text)
     # how the teacher's transfer set was chosen, as the README's tour says
     assert "transfer set: up to 300 snippets of the demo's corpus (--transfer-texts), those most like the task's " \
            "training snippets (--transfer-select task-like)" in text

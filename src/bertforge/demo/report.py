@@ -15,8 +15,9 @@ from bertforge.pretrain.isotropy import BANDS, band_key
 PLATEAU_MLM_ACCURACY = 0.16
 
 
-def _epochs(n: float) -> str:
-    return f"{n:g} epoch{'' if n == 1 else 's'}"
+def counted(n: float, noun: str) -> str:
+    """n and the noun, plural unless n is 1: "1 epoch", "2.5 epochs", "1 seed", "5 seeds"."""
+    return f"{n:g} {noun}{'' if n == 1 else 's'}"
 
 
 def _mean_row(name: str, runs: dict) -> tuple[str, str]:
@@ -27,9 +28,11 @@ def _mean_row(name: str, runs: dict) -> tuple[str, str]:
 def _task_rows(title: str, sides: dict, bag_of_words: dict) -> list[tuple[str, str]]:
     pre, scr = sides["pretrained"], sides["scratch"]
     return [
-        _mean_row(f"{title} test accuracy, from pretrained (lr {pre['lr']:g}, {_epochs(pre['epochs'])})", pre),
-        _mean_row(f"{title} test accuracy, from random weights (lr {scr['lr']:g}, {_epochs(scr['epochs'])})", scr),
-        (f"pretraining helped by ({len(pre['runs'])} seeds each)",
+        _mean_row(f"{title} test accuracy, from pretrained (lr {pre['lr']:g}, {counted(pre['epochs'], 'epoch')})",
+                  pre),
+        _mean_row(f"{title} test accuracy, from random weights (lr {scr['lr']:g}, "
+                  f"{counted(scr['epochs'], 'epoch')})", scr),
+        (f"pretraining helped by ({counted(len(pre['runs']), 'seed')} each)",
          f"{pre['test_mean'] - scr['test_mean']:+.1f} points"),
         (f"{title} test accuracy, bag of words (no language model)", f"{bag_of_words['test']:.1f}"),
     ]
@@ -80,8 +83,8 @@ def _distill_rows(s: dict) -> list[tuple[str, str]]:
     return [
         (f"Rotten Tomatoes test accuracy, teacher MiniLM-L6 fine-tuned (lr {d['teacher']['lr']:g})",
          f"{d['teacher']['test']:.1f}"),
-        _mean_row(f"Rotten Tomatoes test accuracy, BERT-{s['model']} distilled from it ({len(student['runs'])} seeds)",
-                  student),
+        _mean_row(f"Rotten Tomatoes test accuracy, BERT-{s['model']} distilled from it "
+                  f"({counted(len(student['runs']), 'seed')})", student),
         ("texts/s on this CPU, teacher MiniLM-L6 (int8)", f"{speed['teacher']:,.0f}"),
         (f"texts/s on this CPU, BERT-{s['model']} (int8; distilled or fine-tuned alike)", f"{speed['student']:,.0f}"),
         ("texts/s on this CPU, bag of words", f"{s['bag_of_words']['texts_per_s']:,.0f}"),

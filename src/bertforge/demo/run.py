@@ -35,7 +35,7 @@ from bertforge.data.prepare import PrepareOptions, prepare
 from bertforge.demo import data as demo_data
 from bertforge.demo.budget import parse_demo_minutes, plan_minutes
 from bertforge.demo.distill import check_reused_run, distill_stage
-from bertforge.demo.report import deployed, report, table
+from bertforge.demo.report import counted, deployed, report, table
 from bertforge.errors import BertforgeError
 from bertforge.files import cache_dir, read_jsonl, write_json, write_text
 from bertforge.finetune.compare import Run, Side, SideResult, compare_sides, score_run
@@ -242,7 +242,7 @@ def _finetune_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) ->
     epochs = o.finetune_epochs or epochs
     lrs = {"pretrained": o.finetune_lr_pretrained or lr_pretrained, "scratch": o.finetune_lr_scratch or lr_scratch}
     headers = {name: f"5/7 fine-tune on Rotten Tomatoes from {_WEIGHTS[name]} weights (lr {lrs[name]:g}, "
-                     f"{_epochs(epochs)}, {o.finetune_seeds} seeds)" for name in lrs}
+                     f"{counted(epochs, 'epoch')}, {counted(o.finetune_seeds, 'seed')})" for name in lrs}
     sides = [Side(name, name == "scratch", lambda lr, k, name=name: out / f"finetune-{name}" / f"seed{k}",
                   lrs=(lrs[name],)) for name in ("pretrained", "scratch")]
     both = compare_sides(_template(o, task_dir, pre_dir, epochs), sides, seeds=o.finetune_seeds,
@@ -256,8 +256,8 @@ def _untuned_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> 
     epochs = o.finetune_epochs or UNTUNED_EPOCHS
     select = min(UNTUNED_SELECT_SEEDS, o.finetune_seeds)
     headers = {name: f"5/7 fine-tune on {UNTUNED_TITLE} (untuned) from {_WEIGHTS[name]} weights (lr "
-                     f"{' or '.join(f'{lr:g}' for lr in UNTUNED_LRS)}, chosen on dev over {select} seed(s); "
-                     f"{_epochs(epochs)}, {o.finetune_seeds} seeds)" for name in _WEIGHTS}
+                     f"{' or '.join(f'{lr:g}' for lr in UNTUNED_LRS)}, chosen on dev over {counted(select, 'seed')}; "
+                     f"{counted(epochs, 'epoch')}, {counted(o.finetune_seeds, 'seed')})" for name in _WEIGHTS}
     sides = [Side(name, name == "scratch", lambda lr, k, name=name: out / f"finetune-imdb-{name}-lr{lr:g}" / f"seed{k}")
              for name in ("pretrained", "scratch")]
     both = compare_sides(_template(o, task_dir, pre_dir, epochs), sides, lrs=UNTUNED_LRS, seeds=o.finetune_seeds,
@@ -267,8 +267,8 @@ def _untuned_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> 
 
 
 def _distilled(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path, corpus: list[str]) -> dict[str, Any]:
-    _say(f"6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-{o.model} ({o.distill_seeds} "
-         "seeds; --no-distill skips this stage)")
+    _say(f"6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-{o.model} "
+         f"({counted(o.distill_seeds, 'seed')}; --no-distill skips this stage)")
     teacher_init = demo_data.fetch_teacher_model(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
     return distill_stage(o, out, task_dir, pre_dir, corpus, teacher_init, student_precision=demo_precision())
 
@@ -362,7 +362,3 @@ def _last_eval(metrics_path: Path) -> dict:
     if not evals:
         raise BertforgeError(f"{metrics_path} has no evaluation: remove {metrics_path.parent} and run the demo again")
     return {k: v for k, v in evals[-1].items() if k != "time" and k != "split"}
-
-
-def _epochs(n: float) -> str:
-    return f"{n:g} epoch{'' if n == 1 else 's'}"
