@@ -54,8 +54,8 @@ def _applies(y: torch.Tensor, residual: torch.Tensor, layer: nn.Module, norm: nn
     if any(t is None for t in tensors) or residual.shape[-1] % 16 or drop.p >= 1:
         return False
     # under bf16 autocast: the product's output bf16, the residual stream and the parameters fp32
-    return kernels.trains_fp32(*tensors) or (residual.dtype == torch.float32 and kernels.trains_bf16_autocast(*tensors)
-                                             and all(t.dtype == torch.float32 for t in tensors[2:]))
+    return kernels.trains_fp32(*tensors) or (kernels.trains_bf16_autocast(*tensors)
+                                             and all(t.dtype == torch.float32 for t in tensors[1:]))
 
 
 def add_norm(layer: nn.Module, y: torch.Tensor, residual: torch.Tensor, norm: nn.Module, drop: nn.Module

@@ -67,7 +67,8 @@ def packed_rows(tokens: int) -> int:
 
 def builds_per_shape(device: torch.device) -> bool:
     """Do training's products on `device` build a kernel for each new input shape: oneDNN's, in fp32 where
-    `fp32_on_onednn` and under bf16 autocast on the CPU. (MKL and cuBLAS build none.)"""
+    `fp32_on_onednn` and under autocast on the CPU (bf16; fp16 autocast trains on the padded batch). (MKL and cuBLAS
+    build none.)"""
     return device.type == "cpu" and (torch.is_autocast_enabled("cpu") or fp32_on_onednn())
 
 
@@ -107,8 +108,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     """x as a contiguous (M, K) matrix: a view where it is one, else a copy. oneDNN's operator takes other strides
     (the [CLS] rows of a (B, T, H) batch, T H floats apart) at a crawl: the weight gradient of a 128-wide layer over
     16 such rows took 3.8 ms on a 2-core Zen 4, 0.02 over the same rows copied, and of an 8,000-wide one 236 ms."""
-    rows = x.reshape(-1, x.shape[-1])
-    return rows if rows.is_contiguous() else rows.contiguous()
+    return x.reshape(-1, x.shape[-1]).contiguous()
 
 
 def _transposed(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
