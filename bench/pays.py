@@ -33,10 +33,8 @@ one JSON line to --work/pays.jsonl (the first task's figures at the top level, a
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import hashlib
 import json
-import multiprocessing
 import shlex
 import subprocess
 import sys
@@ -53,6 +51,7 @@ from bertforge.demo.data import fetch_demo_data, write_movie_corpus
 from bertforge.files import cache_dir, file_sha256
 from bertforge.finetune.compare import Run, Side, compare_sides, score_run
 from bertforge.finetune.config import FinetuneConfig
+from bertforge.finetune.workers import run_in_workers
 from bertforge.options import FinetuneOptions
 from bertforge.pretrain.isotropy import directory_isotropy, initial_isotropy
 from bertforge.pretrain.recipe import get_recipe
@@ -135,12 +134,9 @@ def scratch_key(model_dir: Path, task_dir: Path, a: argparse.Namespace) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
-def finetune_one(job: tuple[Run, int]) -> dict:
+def finetune_one(run: Run) -> dict:
     """One fine-tuning run scored on dev and test (in a worker process of its own with --jobs)."""
-    run, threads = job
-    keep_freed_memory()  # as `bertforge finetune` does; each --jobs worker is a process of its own
-    if threads:
-        torch.set_num_threads(threads)
+    keep_freed_memory()  # as `bertforge finetune` does (a --jobs worker has already)
     cached = (Path(run.config.out_dir) / "scores.json").is_file()  # finetune_scored reads a finished run back
     record = score_run(run)
     took = f"read back from {run.config.out_dir}" if cached else f"{record['seconds']:.0f} s"
@@ -153,16 +149,9 @@ def finetune_sides(sides: dict[str, tuple[Path, bool, Path]], task_dir: Path, a:
     """For each side (init, from_scratch, output root): `bertforge.finetune.compare.compare_sides`, every lr of the
     grid at the first --select-seeds seeds, then the rest of the seeds at the side's best lr by mean dev accuracy;
     each seed's kept model scored on test. With --jobs N, N runs at a time, each on torch.get_num_threads() / N
-    threads (small fine-tuning matmuls use two threads poorly)."""
-    threads = max(1, torch.get_num_threads() // a.jobs) if a.jobs > 1 else 0
-
+    threads (`bertforge.finetune.workers`: small fine-tuning matmuls use two threads poorly)."""
     def run_all(batch: list[Run]) -> list[dict]:
-        jobs = [(run, threads) for run in batch]
-        if a.jobs == 1:
-            return [finetune_one(j) for j in jobs]
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(a.jobs, mp_context=ctx) as pool:
-            return list(pool.map(finetune_one, jobs))
+        return list(run_in_workers(finetune_one, batch, jobs=a.jobs, threads=torch.get_num_threads()))
 
     [init] = {init for init, _, _ in sides.values()}
     template = FinetuneConfig(task="csv", data_dir=str(task_dir), init=str(init), out_dir=str(init),

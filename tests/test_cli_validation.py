@@ -98,7 +98,7 @@ ALLOWED = {
     ("predict", "--windows"): "[1,1000]",
     ("evaluate", "--batch-size"): BATCH, ("predict", "--batch-size"): BATCH, ("fill-mask", "--top-k"): "[1,4194304]",
     ("export", "--opset"): "[17,100]",
-    ("demo", "--finetune-epochs"): "(0,1e4]", ("demo", "--finetune-seeds"): "[1,1000]",
+    ("demo", "--finetune-epochs"): "(0,1e4]", ("demo", "--finetune-seeds"): "[1,1000]", ("demo", "--jobs"): "[1,64]",
     ("demo", "--distill-seeds"): "[1,1000]", ("demo", "--transfer-texts"): "[1,1e12]",
     ("demo", "--finetune-lr-pretrained"): "(0,10]", ("demo", "--finetune-lr-scratch"): "(0,10]",
     ("demo", "--finetune-examples"): "[1,1e12]", ("demo", "--seed"): SEED, ("demo", "--vocab-size"): VOCAB,

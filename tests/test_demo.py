@@ -59,8 +59,8 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     # the pretrained side at the model's measured learning rate, random weights at one given on the command line
     options = demo_module.DemoOptions(out=out, minutes=0.3, model="tiny", vocab_size=2000, batch_size=4,
                                       finetune_examples=200, finetune_epochs=1, finetune_seeds=2,
-                                      finetune_lr_scratch=3e-4, distill_seeds=1, transfer_texts=300,
-                                      progress=False)
+                                      finetune_lr_scratch=3e-4, distill_seeds=2, transfer_texts=300,
+                                      jobs=2, progress=False)
     with simulated_clock(0.3):  # the budget's logic runs on its own in tests/test_recipe.py, on the wall clock
         summary = demo_module.run_demo(options)
     text = capsys.readouterr().out
@@ -81,6 +81,10 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert 190 < train_rows <= 200 and baseline["train_examples"] == train_rows and 0 <= baseline["test"] <= 100
     assert re.search(rf"bag of words \(no language model\) +{baseline['test']:.1f}\n", text)
     assert set(summary["finetune"]) == {"pretrained", "scratch"}
+    # the runs of a round went two at a time in worker processes, each one's output in a log beside its directory
+    assert "4 fine-tunings, 2 at a time on " in text and "2 students, 2 at a time on " in text
+    for run in ("finetune-pretrained/seed0", "finetune-scratch/seed1", "distill/seed1"):
+        assert (out / run / "model.safetensors").is_file() and "accuracy" in (out / f"{run}.log").read_text()
     _check_untuned(summary, text, out, small_demo_data)
     _check_distilled(summary, text, out)
     assert options.model == demo_module.DemoOptions().model == "tiny"
@@ -123,6 +127,7 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(small_demo_data, tmp_pa
     assert demo_module.run_demo(options)["finetune"] == summary["finetune"]
     again = capsys.readouterr().out
     assert again.count("reusing") == 3  # tokenizer, data, pretraining; fine-tunings read their scores back
+    assert "at a time" not in again  # finished runs are read back in this process
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
 
     # a finished pretraining of another model or budget is refused, not reported as this run's; so is a finished
@@ -163,19 +168,24 @@ def _check_distilled(summary: dict, text: str, out) -> None:
     assert d["student"]["transfer_texts"] == 300 and "learned from up to 300 snippets of the corpus" in text
     teacher = json.loads((out / "teacher" / "scores.json").read_text())
     assert d["teacher"]["test"] == teacher["test"]["accuracy"] and d["teacher"]["epochs"] == 1.0
-    (run,) = d["student"]["runs"]
-    scores = json.loads((out / "distill" / "seed0" / "scores.json").read_text())
-    assert run["test"] == scores["test"]["accuracy"] == d["student"]["test_mean"] and run["seed"] == 12345
+    runs = d["student"]["runs"]
+    scores = [json.loads((out / "distill" / f"seed{k}" / "scores.json").read_text()) for k in (0, 1)]
+    assert [r["test"] for r in runs] == [s["test"]["accuracy"] for s in scores]
+    assert d["student"]["test_mean"] == pytest.approx(statistics.mean(r["test"] for r in runs))
+    assert [r["seed"] for r in runs] == [12345, 12346]
     record = json.loads((out / "distill" / "seed0" / "run_config.json").read_text())
     assert record["command"] == "distill" and (out / "distill" / "seed0" / "task.json").is_file()
     # the student trains as the demo pretrains: bf16 where the CPU has bf16 instructions, else training's default
     student_precision = "bf16" if cpu.has_native_bf16() else "auto"
     assert record["options"]["precision"] == d["student"]["precision"] == student_precision
     assert json.loads((out / "teacher" / "run_config.json").read_text())["options"]["precision"] == "auto"
-    assert len(list((out / "teacher-outputs").iterdir())) == 1  # labelled once, the task's and the corpus's texts
+    # labelled once (here, before the two students ran side by side), the task's and the corpus's texts
+    assert len(list((out / "teacher-outputs").iterdir())) == 1
+    assert all(json.loads((out / "distill" / f"seed{k}" / "run_config.json").read_text())["teacher"]["outputs"]
+               == record["teacher"]["outputs"] for k in (0, 1))
     assert all(0 < d["texts_per_s"][k] < float("inf") for k in ("teacher", "student")) and d["speed_texts"] > 50
-    assert "== 6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-tiny (1 seed;" in text
-    assert re.search(r"BERT-tiny distilled from it \(1 seed\) +\d+\.\d ± 0\.0\n", text)
+    assert "== 6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-tiny (2 seeds;" in text
+    assert re.search(r"BERT-tiny distilled from it \(2 seeds\) +\d+\.\d ± \d+\.\d\n", text)
     # how the teacher's transfer set was chosen, as the README's tour says
     assert "transfer set: up to 300 snippets of the demo's corpus (--transfer-texts), those most like the task's " \
            "training snippets (--transfer-select task-like)" in text
@@ -380,3 +390,17 @@ def test_a_finished_distillation_is_read_back_only_under_the_settings_it_ran_wit
             demo_distill.check_reused_run(tmp_path, want(**change), "distillation", tmp_path)
     (tmp_path / "scores.json").unlink()  # an unfinished run is not read back, so not checked
     demo_distill.check_reused_run(tmp_path, want(transfer_select="task-like"), "distillation", tmp_path)
+
+
+def test_an_interrupted_demo_says_how_to_go_on_in_one_line_not_a_traceback(monkeypatch, capsys):
+    from bertforge.cli import main
+    from bertforge.train.loop import TrainingInterrupted
+
+    def interrupted(options):  # what a fine-tuning run raises on SIGINT, here or in a worker process (--jobs)
+        raise TrainingInterrupted("interrupted; runs/demo/finetune-pretrained/seed0 was left as it was")
+
+    monkeypatch.setattr(demo_module, "run_demo", interrupted)
+    assert main(["demo", "--out", "runs/demo"]) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["interrupted: the demo keeps what it finished and each interrupted run's checkpoint; "
+                                "run the same command again to continue"]

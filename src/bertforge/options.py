@@ -371,5 +371,9 @@ class DemoOptions:
         40_000, help="snippets of the corpus the teacher labels for the distilled model, those most like the task's "
                      "(40,000 fit the demo's time; in our runs more kept paying, at the student's training time: the "
                      "whole corpus, --transfer-texts 400000, about a point more for 6 times as long)", bound=EXAMPLES)
+    jobs: int | None = option(
+        None, help="fine-tuning and distillation runs at a time, each in a process of its own on its share of the CPU "
+                   "threads, its output in a log beside its directory (default: one a thread, at most 4; 1 with a "
+                   "GPU; 1: one after another in this process)", bound=at_least(1, "runs at a time", at_most=64))
     seed: int = seed_option(12345)
     progress: bool = same_as(LoopOptions, "progress")

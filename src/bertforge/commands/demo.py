@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from bertforge.commands.arguments import Command
 from bertforge.options import DemoOptions
 
@@ -9,9 +11,15 @@ from bertforge.options import DemoOptions
 def run(options: DemoOptions) -> int:
     from bertforge.demo.budget import parse_demo_minutes
     from bertforge.demo.run import run_demo
+    from bertforge.train.loop import TrainingInterrupted
 
     parse_demo_minutes(options.minutes)  # a bad budget is refused before any data is fetched
-    run_demo(options)
+    try:
+        run_demo(options)
+    except TrainingInterrupted:  # a run stopped by SIGINT or SIGTERM, in this process or a worker's (--jobs)
+        print("interrupted: the demo keeps what it finished and each interrupted run's checkpoint; run the same "
+              "command again to continue", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -14,18 +14,22 @@ test split) and read back when finished, so a re-run of the demo skips what is d
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import statistics
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bertforge.distill.config import DistillConfig
-from bertforge.distill.run import distill
+from bertforge.distill.run import distill, teacher_pass
 from bertforge.errors import BertforgeError
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import finetune
 from bertforge.finetune.sweep import trained_and_scored
+from bertforge.finetune.workers import run_in_workers, run_log, say_jobs
 from bertforge.infer import Predictor
 from bertforge.options import DistillOptions, EngineOptions, FinetuneOptions
 from bertforge.timing import REPEATS, items_per_second
@@ -47,9 +51,10 @@ STUDENT_LR, STUDENT_EPOCHS, STUDENT_ALPHA = 5e-4, 3.0, 0.0
 
 
 def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list[str], teacher_init: Path, *,
-                  student_precision: str) -> dict[str, Any]:
-    """Fine-tune the teacher, distil it into `student` (`o.distill_seeds` runs, trained in `student_precision`), and
-    measure each model's speed. `o` is the demo's options (`DemoOptions`); returns the summary's "distill" section."""
+                  student_precision: str, jobs: int = 1) -> dict[str, Any]:
+    """Fine-tune the teacher, distil it into `student` (`o.distill_seeds` runs, trained in `student_precision`,
+    `jobs` at a time: `finetune.workers`), and measure each model's speed. `o` is the demo's options
+    (`DemoOptions`); returns the summary's "distill" section."""
     teacher_dir = out / "teacher"
     print(f"teacher: MiniLM-L6 fine-tuned on Rotten Tomatoes (lr {TEACHER_LR:g}, {TEACHER_EPOCHS:g} epochs) into "
           f"{teacher_dir}", flush=True)
@@ -64,21 +69,29 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
     chosen = "most like the task's training snippets" if select == "task-like" else "sampled uniformly"
     print(f"transfer set: up to {o.transfer_texts:,} snippets of the demo's corpus (--transfer-texts), those {chosen} "
           f"(--transfer-select {select}), labelled by the teacher once into {out / 'teacher-outputs'}", flush=True)
-    runs = []
-    for k in range(o.distill_seeds):
-        config = DistillConfig(
-            teacher=str(teacher_dir), student=str(student), task="csv", data_dir=str(task_dir),
-            out_dir=str(out / "distill" / f"seed{k}"), transfer=tuple(corpus), cache_dir=str(out / "teacher-outputs"),
-            options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
-                                    max_train_examples=o.finetune_examples, progress=o.progress,
-                                    precision=student_precision),
-            distill=DistillOptions(alpha=STUDENT_ALPHA, max_transfer_texts=o.transfer_texts, transfer_select=select))
+    configs = [DistillConfig(
+        teacher=str(teacher_dir), student=str(student), task="csv", data_dir=str(task_dir),
+        out_dir=str(out / "distill" / f"seed{k}"), transfer=tuple(corpus), cache_dir=str(out / "teacher-outputs"),
+        options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
+                                max_train_examples=o.finetune_examples, progress=o.progress,
+                                precision=student_precision),
+        distill=DistillOptions(alpha=STUDENT_ALPHA, max_transfer_texts=o.transfer_texts, transfer_select=select))
+        for k in range(o.distill_seeds)]
+    for config in configs:
         check_reused_run(Path(config.out_dir), RunSettings(config), "distillation", out / "distill")
-        r = trained_and_scored(distill, config)
-        runs.append({"seed": config.options.seed, "dev": _main(r["dev"]), "test": _main(r["test"]),
-                     "seconds": r["seconds"]})
-        print(f"distilled seed {config.options.seed}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}",
-              flush=True)
+    todo = [c for c in configs if not (Path(c.out_dir) / "scores.json").is_file()]
+    jobs = jobs if len(todo) > 1 else 1  # finished runs are read back here
+    if jobs > 1:
+        teacher_pass(todo[0])  # once, here, before the students that read it run side by side
+        say_jobs(len(todo), "students", jobs, torch.get_num_threads())
+    runs = []
+    with contextlib.closing(run_in_workers(distilled_and_scored, configs, jobs=jobs, threads=torch.get_num_threads(),
+                                           logs=[run_log(c.out_dir) for c in configs])) as done:
+        for config, r in zip(configs, done, strict=True):
+            runs.append({"seed": config.options.seed, "dev": _main(r["dev"]), "test": _main(r["test"]),
+                         "seconds": r["seconds"]})
+            print(f"distilled seed {config.options.seed}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}",
+                  flush=True)
     texts = test_texts(task_dir)
     speed = {"teacher": texts_per_second(teacher_dir, texts), "student": texts_per_second(out / "distill" / "seed0",
                                                                                         texts)}
@@ -99,6 +112,11 @@ RUN_SETTINGS = {"lr": "lr", "epochs": "epochs", "seed": "seed", "max_train_examp
                 "transfer_select": "transfer selection", "precision": "precision"}
 # What a run recorded before bertforge had these options did, as the options would record it.
 RECORDED_BEFORE = {"transfer_select": "random"}
+
+
+def distilled_and_scored(config: DistillConfig) -> dict:
+    """One student distilled and scored (`trained_and_scored`), read back when finished: a worker's job."""
+    return trained_and_scored(distill, config)
 
 
 def check_reused_run(run_dir: Path, want: Any, what: str, remove: Path) -> None:

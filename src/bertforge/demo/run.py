@@ -20,12 +20,15 @@ Every stage writes its output directory atomically or resumably; a re-run skips 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from bertforge import cpu
 from bertforge.baseline import bag_of_words
@@ -41,6 +44,7 @@ from bertforge.files import cache_dir, read_jsonl, write_json, write_text
 from bertforge.finetune.compare import Run, Side, SideResult, compare_sides, score_run
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import FinetuneOptions
+from bertforge.finetune.workers import default_jobs, run_in_workers, run_log, say_jobs
 from bertforge.infer import MaskFiller
 from bertforge.options import DemoOptions
 from bertforge.pretrain.isotropy import directory_isotropy, initial_isotropy
@@ -246,7 +250,7 @@ def _finetune_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) ->
     sides = [Side(name, name == "scratch", lambda lr, k, name=name: out / f"finetune-{name}" / f"seed{k}",
                   lrs=(lrs[name],)) for name in ("pretrained", "scratch")]
     both = compare_sides(_template(o, task_dir, pre_dir, epochs), sides, seeds=o.finetune_seeds,
-                         select_seeds=o.finetune_seeds, runner=_Runner(headers))
+                         select_seeds=o.finetune_seeds, runner=_Runner(headers, demo_jobs(o)))
     return {name: _side(side, epochs) for name, side in both.sides.items()}
 
 
@@ -261,7 +265,7 @@ def _untuned_sides(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path) -> 
     sides = [Side(name, name == "scratch", lambda lr, k, name=name: out / f"finetune-imdb-{name}-lr{lr:g}" / f"seed{k}")
              for name in ("pretrained", "scratch")]
     both = compare_sides(_template(o, task_dir, pre_dir, epochs), sides, lrs=UNTUNED_LRS, seeds=o.finetune_seeds,
-                         select_seeds=select, runner=_Runner(headers))
+                         select_seeds=select, runner=_Runner(headers, demo_jobs(o)))
     return {name: {**_side(side, epochs), "grid_dev": {f"{lr:g}": d for lr, d in side.grid_dev.items()}}
             for name, side in both.sides.items()}
 
@@ -270,7 +274,8 @@ def _distilled(o: DemoOptions, out: Path, task_dir: Path, pre_dir: Path, corpus:
     _say(f"6/7 distil MiniLM-L6, fine-tuned on Rotten Tomatoes, into the pretrained BERT-{o.model} "
          f"({counted(o.distill_seeds, 'seed')}; --no-distill skips this stage)")
     teacher_init = demo_data.fetch_teacher_model(Path(o.cache) if o.cache else cache_dir(), progress=o.progress)
-    return distill_stage(o, out, task_dir, pre_dir, corpus, teacher_init, student_precision=demo_precision())
+    return distill_stage(o, out, task_dir, pre_dir, corpus, teacher_init, student_precision=demo_precision(),
+                         jobs=demo_jobs(o))
 
 
 def _template(o: DemoOptions, task_dir: Path, pre_dir: Path, epochs: float) -> FinetuneConfig:
@@ -283,28 +288,43 @@ def _template(o: DemoOptions, task_dir: Path, pre_dir: Path, epochs: float) -> F
 _WEIGHTS = {"pretrained": "pretrained", "scratch": "random"}
 
 
-class _Runner:
-    """One fine-tuning after another, each scored on dev and test, a finished one of other settings refused; a
-    side's header before its first run, a line when it goes on with its remaining seeds at its chosen lr."""
+def demo_jobs(o: DemoOptions) -> int:
+    """Fine-tuning and distillation runs at a time: `--jobs`, else one a CPU thread (at most 4), 1 with a GPU."""
+    return o.jobs or default_jobs(torch.get_num_threads(), on_gpu=torch.cuda.is_available())
 
-    def __init__(self, headers: dict[str, str]):
-        self.headers, self.side = headers, None
+
+class _Runner:
+    """Fine-tunings `jobs` at a time (`finetune.workers`), each scored on dev and test, a finished one of other
+    settings refused first; as each is done in order, a side's header before its first run, a line when it goes on
+    with its remaining seeds at its chosen lr, and the run's scores."""
+
+    def __init__(self, headers: dict[str, str], jobs: int):
+        self.headers, self.side, self.jobs = headers, None, jobs
 
     def __call__(self, runs: list[Run]) -> list[dict]:
-        records = []
         for run in runs:
-            if run.side != self.side:
-                if run.side in self.headers:
-                    _say(self.headers.pop(run.side))
-                else:
-                    print(f"{_WEIGHTS[run.side]} weights, the remaining seeds at lr {run.lr:g}:", flush=True)
-                self.side = run.side
             _check_reused_finetuning(Path(run.config.out_dir), run.config.options)
-            r = score_run(run)
-            records.append({"seed": r["seed"], "dev": r["dev"], "test": r["test"]})
-            print(f"seed {r['seed']} (lr {run.lr:g}): dev {r['dev']:.2f}, "
-                  f"test {r['test']:.2f}", flush=True)
+        todo = [r for r in runs if not (Path(r.config.out_dir) / "scores.json").is_file()]
+        jobs = self.jobs if len(todo) > 1 else 1  # finished runs are read back here
+        records = []
+        with contextlib.closing(run_in_workers(score_run, runs, jobs=jobs, threads=torch.get_num_threads(),
+                                               logs=[run_log(r.config.out_dir) for r in runs])) as done:
+            for run in runs:  # its header before next(done), which runs its run (or waits for it)
+                self._header(run)
+                if run is runs[0]:
+                    say_jobs(len(todo), "fine-tunings", jobs, torch.get_num_threads())
+                r = next(done)
+                records.append({"seed": r["seed"], "dev": r["dev"], "test": r["test"]})
+                print(f"seed {r['seed']} (lr {run.lr:g}): dev {r['dev']:.2f}, test {r['test']:.2f}", flush=True)
         return records
+
+    def _header(self, run: Run) -> None:
+        if run.side != self.side:
+            if run.side in self.headers:
+                _say(self.headers.pop(run.side))
+            else:
+                print(f"{_WEIGHTS[run.side]} weights, the remaining seeds at lr {run.lr:g}:", flush=True)
+            self.side = run.side
 
 
 def _side(side: SideResult, epochs: float) -> dict[str, Any]:

@@ -159,35 +159,54 @@ def _transfer(config: DistillConfig, task: Any, train: list) -> list[TextExample
             for i, t in enumerate(texts)]
 
 
+def _label(config: DistillConfig, examples: list, teacher_tasks: list, orders: list) -> TeacherOutputs:
+    """The teachers' outputs on `examples` (their mean, with several), each computed into the cache or found there."""
+    return mean_outputs([teacher_outputs(teacher, examples, config.distill, task=teacher_task,
+                                         device=config.options.device, cache=config.cache_dir,
+                                         progress=config.options.progress)
+                         for teacher, teacher_task in zip(config.teachers, teacher_tasks, strict=True)], orders)
+
+
 def _teacher(config: DistillConfig, examples: list, teacher_tasks: list, orders: list,
              d: distributed.Dist) -> TeacherOutputs:
-    """The teachers' outputs (their mean, with several): the main process computes them (or finds them cached), the
-    others then read them from the cache."""
+    """The teachers' outputs: the main process computes them (or finds them cached), the others then read them from
+    the cache."""
     def label() -> TeacherOutputs:
-        return mean_outputs([teacher_outputs(teacher, examples, config.distill, task=teacher_task,
-                                             device=config.options.device, cache=config.cache_dir,
-                                             progress=config.options.progress)
-                             for teacher, teacher_task in zip(config.teachers, teacher_tasks, strict=True)], orders)
+        return _label(config, examples, teacher_tasks, orders)
 
     outputs = distributed.main_decides(label, d, "the teacher's outputs were refused (see the main process's error)")
     distributed.barrier(d)
     return outputs if d.is_main else label()
 
 
-def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
-             ) -> tuple[Prepared, Training, TeacherOutputs, int]:
-    """Every input read and checked, the teacher's outputs computed or found, before anything is written."""
-    o = student.options
+def teacher_pass(config: DistillConfig) -> TeacherOutputs:
+    """The teachers' outputs over what `config`'s student learns from (the task's training examples and the transfer
+    set), computed into the cache or found there, the inputs checked as `distill` checks them: what a caller that
+    runs several students of these inputs at once (the demo's seeds) computes first, so that no two compute them."""
+    task, teacher_tasks, train, orders, _, transfer = _examples(config)
+    return _label(config, [*train, *transfer], teacher_tasks, orders)
+
+
+def _examples(config: DistillConfig) -> tuple[Any, list, list, list, list, list[TextExample]]:
+    """The task, the teachers' tasks, its training examples, where each teacher holds its labels, its dev examples
+    and the transfer set, each read and checked."""
     task = get_task(config.task, **config.task_options)
     if task.kind == "question_answering":
         raise BertforgeError(f"distill: question answering ({task.name}) is not supported yet: the teacher's and the "
                              "student's tokenizers cut answer spans differently; fine-tune the student with "
                              "`bertforge finetune`")
     teacher_tasks = [_teacher_task(config, teacher, task) for teacher in config.teachers]
-    train = task.read_train(config.data_dir, o.max_train_examples)
+    train = task.read_train(config.data_dir, config.options.max_train_examples)
     orders = _check_labels(task, teacher_tasks, config)
     dev = task.read(config.data_dir, "dev")
-    transfer = _transfer(config, task, train)
+    return task, teacher_tasks, train, orders, dev, _transfer(config, task, train)
+
+
+def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
+             ) -> tuple[Prepared, Training, TeacherOutputs, int]:
+    """Every input read and checked, the teacher's outputs computed or found, before anything is written."""
+    o = student.options
+    task, teacher_tasks, train, orders, dev, transfer = _examples(config)
     preset = _is_preset(config.student)
     tokenizer = Tokenizer.from_pretrained(config.teacher if preset else config.student)
     if not preset:
