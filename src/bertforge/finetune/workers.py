@@ -3,7 +3,9 @@
 A small model's step uses a second thread poorly: its products are too small to split well and much of the step is
 per-operator work on one thread. On a 2-core Zen 4 EPYC (the sixty-fifth session, bf16), two of the demo's
 distillation students (BERT-tiny, 4,737 steps each) took 264 s one after another on two threads and 147 s side by
-side on one thread each (1.8x); ten-second fine-tunings of the tiny 1.5x, process start included. So the demo and
+side on one thread each (1.8x); ten-second fine-tunings of the tiny in bf16 1.5x, process start included; the demo's
+fine-tunings in fp32 1.1-1.2x (that VM's two vCPUs multiply at little more than one core's rate). The whole demo
+there: 30.4 minutes one run at a time, 28.1 two at a time (docs/experiments/demo-runs.md). So the demo and
 bench/pays.py run their seeds `jobs` at a time. A run's result depends on its config and on its thread count (a sum
 split over two threads adds in another order), so a given `jobs` on a given machine repeats its runs to the bit.
 """
