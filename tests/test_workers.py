@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bertforge.finetune.workers import default_jobs, run_in_workers, run_log
+from bertforge.finetune.workers import default_jobs, run_in_workers, run_log, say_jobs
 
 
 def _report(item: tuple[str, float]) -> dict:
@@ -70,3 +70,13 @@ def test_a_failed_run_is_raised_in_its_place_and_no_later_run_starts(tmp_path):
 def test_default_jobs_is_one_a_thread_up_to_four_and_one_on_a_gpu():
     assert [default_jobs(n, on_gpu=False) for n in (1, 2, 3, 16)] == [1, 2, 3, 4]
     assert default_jobs(16, on_gpu=True) == 1
+
+
+def test_the_line_before_the_runs_says_how_many_go_at_a_time_on_how_many_threads(capsys):
+    say_jobs(10, "fine-tunings", 2, 2)
+    say_jobs(3, "students", 4, 16)
+    say_jobs(5, "fine-tunings", 1, 2)  # one after another here: nothing to say
+    say_jobs(1, "students", 2, 2)
+    assert capsys.readouterr().out.splitlines() == [
+        "10 fine-tunings, 2 at a time on 1 thread each (--jobs; each run's output in <its directory>.log)",
+        "3 students, 3 at a time on 4 threads each (--jobs; each run's output in <its directory>.log)"]

@@ -32,7 +32,8 @@ def say_jobs(count: int, what: str, jobs: int, threads: int) -> None:
     """The line before `count` runs (`what`) that go `jobs` at a time on `threads` threads; none when they go one
     after another in this process."""
     if jobs > 1 and count > 1:
-        print(f"{count} {what}, {min(jobs, count)} at a time on {max(1, threads // jobs)} thread(s) each (--jobs; "
+        each = max(1, threads // jobs)
+        print(f"{count} {what}, {min(jobs, count)} at a time on {each} thread{'s' if each > 1 else ''} each (--jobs; "
               "each run's output in <its directory>.log)", flush=True)
 
 
