@@ -30,7 +30,7 @@ from bertforge.distill import run as distill_run
 from bertforge.distill import teacher as teacher_mod
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.objective import DistillObjective, distill_batch, distill_losses, soft_kl, with_targets
-from bertforge.distill.run import distill
+from bertforge.distill.run import distill, teacher_pass
 from bertforge.distill.teacher import cache_key, teacher_outputs
 from bertforge.distill.transfer import median_words, most_like, snippets, transfer_texts
 from bertforge.errors import BertforgeError
@@ -323,6 +323,17 @@ def test_a_repeated_run_does_not_run_the_teacher(distilled, tmp_path, monkeypatc
     monkeypatch.setattr(teacher_mod, "run_teacher", lambda *a, **k: pytest.fail("the teacher ran again"))
     config = distilled["config"].replace(out_dir=tmp_path / "again").with_options(epochs=0.25)
     assert distill(config)["teacher"]["cached"]
+
+
+def test_the_teacher_pass_alone_fills_the_cache_a_student_then_reads(setup, tmp_path, monkeypatch):
+    # what the demo runs once before its students run side by side: the same key as the student's own, no model out
+    config = _config(setup, tmp_path, transfer=(str(setup["corpus"]),), distill=DistillOptions(alpha=0.0))
+    outputs = teacher_pass(config)
+    assert not outputs.cached and len(outputs.outputs) > 100 and not (tmp_path / "out").exists()
+    monkeypatch.setattr(teacher_mod, "run_teacher", lambda *a, **k: pytest.fail("the teacher ran again"))
+    assert teacher_pass(config).key == outputs.key
+    result = distill(config.with_options(epochs=0.25))
+    assert result["teacher"]["cached"] and result["teacher"]["outputs"] == outputs.key
 
 
 def test_several_teachers_outputs_are_averaged_in_the_first_ones_label_order():

@@ -183,7 +183,7 @@ def teacher_pass(config: DistillConfig) -> TeacherOutputs:
     """The teachers' outputs over what `config`'s student learns from (the task's training examples and the transfer
     set), computed into the cache or found there, the inputs checked as `distill` checks them: what a caller that
     runs several students of these inputs at once (the demo's seeds) computes first, so that no two compute them."""
-    task, teacher_tasks, train, orders, _, transfer = _examples(config)
+    _, teacher_tasks, train, orders, _, transfer = _examples(config)
     return _label(config, [*train, *transfer], teacher_tasks, orders)
 
 
