@@ -4,12 +4,14 @@ its output in its log, a failure raised where it happened and no run started aft
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from bertforge.errors import BertforgeError
 from bertforge.finetune.workers import default_jobs, run_in_workers, run_log, say_jobs
 
 
@@ -80,3 +82,19 @@ def test_the_line_before_the_runs_says_how_many_go_at_a_time_on_how_many_threads
     assert capsys.readouterr().out.splitlines() == [
         "10 fine-tunings, 2 at a time on 1 thread each (--jobs; each run's output in <its directory>.log)",
         "3 students, 3 at a time on 4 threads each (--jobs; each run's output in <its directory>.log)"]
+
+
+def _killed(k: int) -> int:
+    """The second run's process is killed by the system (as for memory)."""
+    if k == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return k
+
+
+def test_a_worker_killed_by_the_system_is_one_line_naming_its_log(tmp_path):
+    logs = [tmp_path / f"run{k}.log" for k in range(2)]
+    done = run_in_workers(_killed, [0, 1], jobs=2, threads=2, logs=logs)
+    with pytest.raises(BertforgeError, match=r"a worker process ended before its run did, killed by the system or "
+                                             r"out of memory \(its output: .*run\d\.log\): run again with fewer runs "
+                                             r"at a time \(--jobs 1: one after another\)"):
+        list(done)

@@ -17,8 +17,11 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
+
+from bertforge.errors import BertforgeError
 
 MAX_JOBS = 4  # beyond a few runs at a time, each run's memory (its model, optimizer and features) outweighs the gain
 
@@ -69,9 +72,21 @@ def run_in_workers(fn: Callable[[Any], Any], items: Sequence[Any], *, jobs: int,
                     waiting.pop(0)
                 done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
                 ended.update((running.pop(f), f) for f in done)
-            yield ended.pop(index).result()
+            yield _result(ended.pop(index), paths[index])
     finally:  # a run failed, or the caller stopped (Ctrl-C, which the runs' own processes get too): no run starts
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(future: concurrent.futures.Future, log: Path | None) -> Any:
+    """A run's result, or its exception; a worker process that ended without one (killed by the system, say for
+    memory) as one line that names its log."""
+    try:
+        return future.result()
+    except BrokenProcessPool as e:
+        where = f" (its output: {log})" if log else ""
+        raise BertforgeError(f"a worker process ended before its run did, killed by the system or out of memory"
+                             f"{where}: run again with fewer runs at a time (--jobs 1: one after another); finished "
+                             "runs are kept") from e
 
 
 def _start_worker(threads: int) -> None:
