@@ -738,6 +738,26 @@ def test_grid_and_seeds_report_mean_std_and_keep_the_best(init_dir, tmp_path, ca
     assert sweep.finetune_many(swept.with_options(batch_size=8), seeds=2)["best_settings"] == {}
 
 
+@pytest.mark.slow  # four fine-tunings, two of them in worker processes
+def test_seeds_two_at_a_time_end_as_one_after_another_on_as_many_threads(init_dir, tmp_path, capsys):
+    data = write_glue("sst2", tmp_path / "data")
+    swept = FinetuneConfig(task="sst2", data_dir=data, init=init_dir, out_dir=tmp_path / "one",
+                           options=FinetuneOptions(max_length=32, batch_size=8, progress=False))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' share of two threads: one each
+    try:
+        alone = sweep.finetune_many(swept, seeds=2)
+    finally:
+        torch.set_num_threads(before)
+    with_jobs = sweep.finetune_many(swept.replace(out_dir=tmp_path / "two"), seeds=2, jobs=2)
+    assert [r["metrics"] for r in with_jobs["all"][0]["runs"]] == [r["metrics"] for r in alone["all"][0]["runs"]]
+    assert "2 fine-tunings, 2 at a time on " in capsys.readouterr().out
+    for seed in (42, 43):  # each run's output in its log beside its directory, which holds what a run holds
+        assert "accuracy" in (tmp_path / "two" / "runs" / f"run-seed{seed}.log").read_text()
+        assert (tmp_path / "two" / "runs" / f"run-seed{seed}" / "metrics.json").is_file()
+    assert not list((tmp_path / "one" / "runs").glob("*.log"))
+
+
 # --- the command line: flags mapped to one FinetuneConfig --------------------------------------------------------
 
 
@@ -767,8 +787,10 @@ def test_the_command_runs_the_config_and_a_sweep_with_its_grid_and_seeds(tmp_pat
     assert main(base) == 0 and called == [finetune_config(_parsed(*base))]
     assert "best dev (step 3): accuracy 75.00" in capsys.readouterr().out
     assert main([*base, "--seeds", "2", "--grid"]) == 0
-    assert called[1] == (finetune_config(_parsed(*base)), {"grid": True, "seeds": 2})
-    assert "accuracy 75.00 ± 0.50 (over 2 seed(s))" in capsys.readouterr().out
+    assert called[1] == (finetune_config(_parsed(*base)), {"grid": True, "seeds": 2, "jobs": 1})
+    assert "accuracy 75.00 ± 0.50 (over 2 seeds)" in capsys.readouterr().out
+    assert main([*base, "--seeds", "3", "--jobs", "2"]) == 0
+    assert called[2] == (finetune_config(_parsed(*base)), {"grid": False, "seeds": 3, "jobs": 2})
 
 
 @pytest.mark.parametrize("change, message", [

@@ -3,6 +3,7 @@ one run scored on the test split. Each run is `bertforge.finetune.run.finetune`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -12,10 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bertforge.errors import BertforgeError
 from bertforge.files import atomic_path, write_json
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import FinetuneOptions, check_out_dir, finetune, jsonable, partial_dir
+from bertforge.finetune.workers import run_in_workers, run_log, say_jobs
 from bertforge.tasks.runner import evaluate_examples, load_task_model
 from bertforge.train.rundir import RUN_CONFIG, check_resume, write_run_config
 
@@ -23,13 +27,14 @@ TEST_PREDICTIONS = "predictions_test.json"  # a scored run's predictions on the 
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 
 
-def finetune_many(config: FinetuneConfig, *, grid: bool = False, seeds: int = 1) -> dict:
+def finetune_many(config: FinetuneConfig, *, grid: bool = False, seeds: int = 1, jobs: int = 1) -> dict:
     """The paper's grid (batch x lr x epochs, best mean dev score) and/or several seeds (mean and sample
     standard deviation reported) of the run `config`: seed N is `config.options.seed + N`. Each run goes to
     `out_dir/runs/<settings>-seed<N>/`; the best run of the best settings is copied to `out_dir` with a
     `metrics.json` holding every run's scores. Only that run keeps its weights (the others keep their metrics and
     predictions), so a grid costs the disk of one model. `config.resume`: runs that finished are read back, not run
-    again, and the interrupted one continues from its checkpoint."""
+    again, and the interrupted one continues from its checkpoint. `jobs` > 1: that many runs at a time, each in a
+    worker process on its share of the threads, its output in `<its directory>.log` (`finetune.workers`)."""
     if seeds < 1:
         raise BertforgeError(f"--seeds {seeds} must be at least 1")
     base, out = config.options, Path(config.out_dir)
@@ -41,29 +46,21 @@ def finetune_many(config: FinetuneConfig, *, grid: bool = False, seeds: int = 1)
     _check_resume(out, record, config.resume)
     out.mkdir(parents=True, exist_ok=True)
     write_run_config(out, **record)
+    planned = [config.replace(out_dir=str(out / "runs" / f"{_name(combo)}-seed{base.seed + s}"),
+                              options=FinetuneOptions(**{**base.__dict__, **combo, "seed": base.seed + s}))
+               for combo in combos for s in range(seeds)]
+    say_jobs(len(planned), "fine-tunings", jobs, torch.get_num_threads())
     runs: list[dict] = []
     best: dict | None = None
-    for combo in combos:
-        per_seed = []
-        for s in range(seeds):
-            opts = FinetuneOptions(**{**base.__dict__, **combo, "seed": base.seed + s})
-            name = "-".join(f"{k}{v}" for k, v in combo.items()) or "run"
-            run_dir = out / "runs" / f"{name}-seed{opts.seed}"
-            result = _run(config.replace(out_dir=str(run_dir), options=opts))
-            per_seed.append({"dir": str(run_dir), "seed": opts.seed, **combo, "metrics": result["metrics"]})
-        main = result["main_metric"]
-        keys = list(per_seed[0]["metrics"])
-        summary = {"settings": combo, "runs": per_seed, "main_metric": main,
-                   "mean": {k: statistics.fmean(r["metrics"][k] for r in per_seed) for k in keys},
-                   "std": {k: statistics.stdev([r["metrics"][k] for r in per_seed]) if len(per_seed) > 1 else 0.0
-                           for k in keys},
-                   "best_run": max(per_seed, key=lambda r: r["metrics"][main])}
-        runs.append(summary)
-        if best is None or summary["mean"][main] > best["mean"][main]:
-            best = summary
-        for r in (r for summary in runs for r in summary["runs"]):  # keep one model's weights on disk
-            if r is not best["best_run"]:
-                Path(r["dir"], "model.safetensors").unlink(missing_ok=True)
+    with contextlib.closing(run_in_workers(_run, planned, jobs=jobs, threads=torch.get_num_threads(),
+                                           logs=[run_log(c.out_dir) for c in planned])) as done:
+        for i, combo in enumerate(combos):
+            runs.append(_summary(combo, [(run, next(done)) for run in planned[i * seeds:(i + 1) * seeds]]))
+            if best is None or runs[-1]["mean"][runs[-1]["main_metric"]] > best["mean"][best["main_metric"]]:
+                best = runs[-1]
+            for r in (r for summary in runs for r in summary["runs"]):  # keep one model's weights on disk
+                if r is not best["best_run"]:
+                    Path(r["dir"], "model.safetensors").unlink(missing_ok=True)
     assert best is not None
     main = best["main_metric"]
     for f in Path(best["best_run"]["dir"]).iterdir():
@@ -74,6 +71,24 @@ def finetune_many(config: FinetuneConfig, *, grid: bool = False, seeds: int = 1)
               "all": runs, "metrics": best["best_run"]["metrics"]}
     write_json(out / "metrics.json", report)  # last: its presence marks a finished run
     return report
+
+
+def _summary(combo: dict, results: list[tuple[FinetuneConfig, dict]]) -> dict:
+    """One grid point's seeds: each run's directory, seed and metrics, their mean and sample std, the best run."""
+    per_seed = [{"dir": str(run.out_dir), "seed": run.options.seed, **combo, "metrics": result["metrics"]}
+                for run, result in results]
+    main = results[-1][1]["main_metric"]
+    keys = list(per_seed[0]["metrics"])
+    return {"settings": combo, "runs": per_seed, "main_metric": main,
+            "mean": {k: statistics.fmean(r["metrics"][k] for r in per_seed) for k in keys},
+            "std": {k: statistics.stdev([r["metrics"][k] for r in per_seed]) if len(per_seed) > 1 else 0.0
+                    for k in keys},
+            "best_run": max(per_seed, key=lambda r: r["metrics"][main])}
+
+
+def _name(combo: dict) -> str:
+    """A grid point's part of its runs' directory names: `batch_size16-lr5e-05-epochs2`, or `run` without a grid."""
+    return "-".join(f"{k}{v}" for k, v in combo.items()) or "run"
 
 
 def _check_resume(out: Path, config: dict, resume: bool) -> None:
