@@ -758,6 +758,14 @@ def test_seeds_two_at_a_time_end_as_one_after_another_on_as_many_threads(init_di
     assert not list((tmp_path / "one" / "runs").glob("*.log"))
 
 
+def test_jobs_under_torchrun_is_refused_in_one_line_before_any_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    swept = FinetuneConfig(task="sst2", data_dir=tmp_path / "data", init=tmp_path / "init", out_dir=tmp_path / "out")
+    with pytest.raises(BertforgeError, match="under torchrun every run already spans its processes: leave out --jobs"):
+        sweep.finetune_many(swept, seeds=2, jobs=2)
+    assert not (tmp_path / "out").exists()
+
+
 # --- the command line: flags mapped to one FinetuneConfig --------------------------------------------------------
 
 

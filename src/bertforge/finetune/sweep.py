@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import statistics
 import time
@@ -37,6 +38,9 @@ def finetune_many(config: FinetuneConfig, *, grid: bool = False, seeds: int = 1,
     worker process on its share of the threads, its output in `<its directory>.log` (`finetune.workers`)."""
     if seeds < 1:
         raise BertforgeError(f"--seeds {seeds} must be at least 1")
+    if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise BertforgeError(f"--jobs {jobs} runs each run in a process of its own, and under torchrun every run "
+                             "already spans its processes: leave out --jobs")
     base, out = config.options, Path(config.out_dir)
     check_out_dir(out)
     combos = [dict(batch_size=b, lr=lr, epochs=e) for b in PAPER_GRID["batch_size"] for lr in PAPER_GRID["lr"]
