@@ -30,6 +30,11 @@ def progress_reporter(total: int, *, desc: str, unit: str, enabled: bool = True,
                          initial=initial)
 
 
+def counted(n: float, noun: str) -> str:
+    """n and the noun, plural unless n is 1: "1 epoch", "2.5 epochs", "1 thread", "5 seeds"."""
+    return f"{n:g} {noun}{'' if n == 1 else 's'}"
+
+
 def _amount(n: float, unit: str) -> str:
     if unit != "B":
         return f"{n:g}" if isinstance(n, float) else str(n)

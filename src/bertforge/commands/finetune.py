@@ -95,14 +95,14 @@ def finetune_config(args: FinetuneArgs) -> FinetuneConfig:
 def _finetune(args: FinetuneArgs) -> int:
     from bertforge.finetune.run import finetune
     from bertforge.finetune.sweep import finetune_many
+    from bertforge.progress import counted
 
     config = finetune_config(args)
     if args.grid or args.seeds > 1:
         report = finetune_many(config, grid=args.grid, seeds=args.seeds, jobs=args.jobs)
         for run in report["all"]:
             mean = ", ".join(f"{k} {v:.2f} ± {run['std'][k]:.2f}" for k, v in run["mean"].items())
-            n = len(run["runs"])
-            print(f"{run['settings'] or 'runs'}: {mean} (over {n} seed{'s' if n > 1 else ''})")
+            print(f"{run['settings'] or 'runs'}: {mean} (over {counted(len(run['runs']), 'seed')})")
         print(f"best settings: {report['best_settings'] or 'default'}")
         _print_metrics("best dev", report["metrics"])
     else:

@@ -79,11 +79,10 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
         for k in range(o.distill_seeds)]
     for config in configs:
         check_reused_run(Path(config.out_dir), RunSettings(config), "distillation", out / "distill")
-    todo = [c for c in configs if not (Path(c.out_dir) / "scores.json").is_file()]
-    jobs = jobs if len(todo) > 1 else 1  # finished runs are read back here
+    todo, jobs = runs_left([c.out_dir for c in configs], jobs)
     if jobs > 1:
-        teacher_pass(todo[0])  # once, here, before the students that read it run side by side
-        say_jobs(len(todo), "students", jobs, torch.get_num_threads())
+        teacher_pass(configs[0])  # once, here, before the students that read it run side by side
+        say_jobs(todo, "students", jobs, torch.get_num_threads())
     runs = []
     with contextlib.closing(run_in_workers(distilled_and_scored, configs, jobs=jobs, threads=torch.get_num_threads(),
                                            logs=[run_log(c.out_dir) for c in configs])) as done:
@@ -117,6 +116,13 @@ RECORDED_BEFORE = {"transfer_select": "random"}
 def distilled_and_scored(config: DistillConfig) -> dict:
     """One student distilled and scored (`trained_and_scored`), read back when finished: a worker's job."""
     return trained_and_scored(distill, config)
+
+
+def runs_left(run_dirs: list[str], jobs: int) -> tuple[int, int]:
+    """How many of these runs are still to train (no scores.json), and how many at a time: a finished run is read
+    back in this process, so with one run left or none there is nothing to run side by side."""
+    todo = sum(not (Path(d) / "scores.json").is_file() for d in run_dirs)
+    return todo, jobs if todo > 1 else 1
 
 
 def check_reused_run(run_dir: Path, want: Any, what: str, remove: Path) -> None:

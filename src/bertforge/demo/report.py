@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from bertforge.pretrain.isotropy import BANDS, band_key
+from bertforge.progress import counted
 
 # Val MLM accuracy below which a budget run is still on the masked-LM's early plateau, where the model guesses
 # frequent words whatever the context: 12-14% on State of the Union addresses and movie snippets, rising past 16% as
@@ -13,11 +14,6 @@ from bertforge.pretrain.isotropy import BANDS, band_key
 # 10-minute run that ended at 15.4% still filled masks with punctuation and function words
 # (docs/experiments/plateau.md).
 PLATEAU_MLM_ACCURACY = 0.16
-
-
-def counted(n: float, noun: str) -> str:
-    """n and the noun, plural unless n is 1: "1 epoch", "2.5 epochs", "1 seed", "5 seeds"."""
-    return f"{n:g} {noun}{'' if n == 1 else 's'}"
 
 
 def _mean_row(name: str, runs: dict) -> tuple[str, str]:

@@ -37,8 +37,8 @@ from bertforge.corpus import expand_inputs, read_sentences
 from bertforge.data.prepare import PrepareOptions, prepare
 from bertforge.demo import data as demo_data
 from bertforge.demo.budget import parse_demo_minutes, plan_minutes
-from bertforge.demo.distill import check_reused_run, distill_stage
-from bertforge.demo.report import counted, deployed, report, table
+from bertforge.demo.distill import check_reused_run, distill_stage, runs_left
+from bertforge.demo.report import deployed, report, table
 from bertforge.errors import BertforgeError
 from bertforge.files import cache_dir, read_jsonl, write_json, write_text
 from bertforge.finetune.compare import Run, Side, SideResult, compare_sides, score_run
@@ -51,6 +51,7 @@ from bertforge.pretrain.isotropy import directory_isotropy, initial_isotropy
 from bertforge.pretrain.recipe import get_recipe, recipe_config
 from bertforge.pretrain.run import pretrain, resolve_model_config
 from bertforge.pretrain.stacking import HALF_DEPTH_DIR
+from bertforge.progress import counted
 from bertforge.tokenizer import Tokenizer, VocabOptions, corpus_summary
 from bertforge.train.checkpoints import METRICS_FILE
 from bertforge.train.rundir import changes, read_run_config
@@ -304,15 +305,14 @@ class _Runner:
     def __call__(self, runs: list[Run]) -> list[dict]:
         for run in runs:
             _check_reused_finetuning(Path(run.config.out_dir), run.config.options)
-        todo = [r for r in runs if not (Path(r.config.out_dir) / "scores.json").is_file()]
-        jobs = self.jobs if len(todo) > 1 else 1  # finished runs are read back here
+        todo, jobs = runs_left([r.config.out_dir for r in runs], self.jobs)
         records = []
         with contextlib.closing(run_in_workers(score_run, runs, jobs=jobs, threads=torch.get_num_threads(),
                                                logs=[run_log(r.config.out_dir) for r in runs])) as done:
             for run in runs:  # its header before next(done), which runs its run (or waits for it)
                 self._header(run)
                 if run is runs[0]:
-                    say_jobs(len(todo), "fine-tunings", jobs, torch.get_num_threads())
+                    say_jobs(todo, "fine-tunings", jobs, torch.get_num_threads())
                 r = next(done)
                 records.append({"seed": r["seed"], "dev": r["dev"], "test": r["test"]})
                 print(f"seed {r['seed']} (lr {run.lr:g}): dev {r['dev']:.2f}, test {r['test']:.2f}", flush=True)

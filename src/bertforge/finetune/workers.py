@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.progress import counted
 
 MAX_JOBS = 4  # beyond a few runs at a time, each run's memory (its model, optimizer and features) outweighs the gain
 
@@ -35,9 +36,13 @@ def say_jobs(count: int, what: str, jobs: int, threads: int) -> None:
     """The line before `count` runs (`what`) that go `jobs` at a time on `threads` threads; none when they go one
     after another in this process."""
     if jobs > 1 and count > 1:
-        each = max(1, threads // jobs)
-        print(f"{count} {what}, {min(jobs, count)} at a time on {each} thread{'s' if each > 1 else ''} each (--jobs; "
-              "each run's output in <its directory>.log)", flush=True)
+        print(f"{count} {what}, {min(jobs, count)} at a time on {counted(_share(threads, jobs), 'thread')} each "
+              "(--jobs; each run's output in <its directory>.log)", flush=True)
+
+
+def _share(threads: int, jobs: int) -> int:
+    """The threads each of `jobs` runs at a time gets of `threads`: at least one."""
+    return max(1, threads // jobs)
 
 
 def run_log(run_dir: str | Path) -> Path:
@@ -54,22 +59,20 @@ def run_in_workers(fn: Callable[[Any], Any], items: Sequence[Any], *, jobs: int,
     if jobs <= 1 or len(items) <= 1:
         yield from (fn(item) for item in items)
         return
-    each = max(1, threads // jobs)
-    context = multiprocessing.get_context("spawn")
-    jobs = min(jobs, len(items))
     paths = list(logs) if logs is not None else [None] * len(items)
-    waiting = [(fn, item, path) for item, path in zip(items, paths, strict=True)]
-    pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker,
-                                                  initargs=(each,))
+    waiting = enumerate(zip(items, paths, strict=True))
+    spawn = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(min(jobs, len(items)), mp_context=spawn, initializer=_start_worker,
+                                                  initargs=(_share(threads, jobs),))
     running: dict[concurrent.futures.Future, int] = {}
     ended: dict[int, concurrent.futures.Future] = {}
     try:
         for index in range(len(items)):
             while index not in ended:
                 # no more runs handed to the pool than it has workers: a run it holds starts whatever happens here
-                while waiting and len(running) < jobs:
-                    running[pool.submit(_run_logged, waiting[0])] = len(items) - len(waiting)
-                    waiting.pop(0)
+                while len(running) < jobs and (job := next(waiting, None)) is not None:
+                    k, (item, path) = job
+                    running[pool.submit(_run_logged, (fn, item, path))] = k
                 done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
                 ended.update((running.pop(f), f) for f in done)
             yield _result(ended.pop(index), paths[index])
