@@ -24,6 +24,11 @@ by every side and seed. Prints each side's test and dev mean ± std over the see
 teacher's label on test (the students' fidelity), the teacher's and bag of words' test accuracy, and texts/s of
 teacher and student on the test texts in fp32 and int8 (tokenization included, median of 3 passes); appends the
 result as one JSON line to --work/distill.jsonl. Run it alone on the machine.
+
+With --jobs N (default: one a CPU thread, at most 4; 1 on a GPU) the runs go N at a time in worker processes on their
+share of the threads (`bertforge.finetune.workers`, as the demo's), each run's output in <its directory>.log, after
+the teacher has labelled each side's inputs once here; a run's seconds are then those beside the others, and the
+texts/s are timed after every run has ended. `--jobs 1` runs them one after another in this process.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from bertforge.baseline import bag_of_words
 from bertforge.cpu import has_native_bf16
@@ -53,10 +59,11 @@ from bertforge.demo.distill import (
 from bertforge.demo.run import demo_precision, finetune_plan
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.foreign import foreign_outputs, is_foreign, load_foreign, run_foreign
-from bertforge.distill.run import distill
+from bertforge.distill.run import distill, teacher_pass
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import finetune
 from bertforge.finetune.sweep import TEST_PREDICTIONS, trained_and_scored
+from bertforge.finetune.workers import default_jobs, run_in_workers, run_log, say_jobs
 from bertforge.options import TRANSFER_SELECTIONS, DemoOptions, DistillOptions, EngineOptions, FinetuneOptions
 from bertforge.tasks import TextExample, get_task
 from bertforge.tasks.runner import evaluate_examples, load_task_model
@@ -92,6 +99,9 @@ def _args() -> argparse.Namespace:
                                                                      "task's median)")
     p.add_argument("--transfer-select", choices=TRANSFER_SELECTIONS, default=DistillOptions.transfer_select,
                    help="which snippets when there are more (bertforge distill --help)")
+    p.add_argument("--jobs", type=int, default=default_jobs(torch.get_num_threads(), on_gpu=torch.cuda.is_available()),
+                   help="runs at a time, the threads shared out (default: one a thread, at most 4; 1 on a GPU); "
+                   "each run's output then goes to <its directory>.log")
     p.add_argument("--tag", default="", help="keeps an ablation's runs apart from the defaults'")
     return p.parse_args()
 
@@ -189,25 +199,50 @@ def agreement(labels: list, teacher_labels: list) -> float:
     return 100 * sum(a == b for a, b in zip(labels, teacher_labels, strict=True)) / len(labels)
 
 
+def _trained(item: tuple) -> dict:
+    """One run trained and scored (`trained_and_scored`; a finished one read back): a worker's job with --jobs."""
+    train, config = item
+    return trained_and_scored(train, config)
+
+
+def teacher_inputs(configs: list) -> list[DistillConfig]:
+    """One distillation of `configs` for each set of inputs the teacher labels: sides of the same transfer text
+    (pretrained or random students) share its outputs, the task-only side has its own; fine-tunings have none."""
+    first: dict[tuple, DistillConfig] = {}
+    for config in configs:
+        if isinstance(config, DistillConfig):
+            first.setdefault(config.transfer, config)
+    return list(first.values())
+
+
 def main() -> None:
     args = _args()
     work = Path(args.work)
     task_dir, transfer = _demo_inputs(args)
     teacher_test, teacher_labels = _teacher(args, task_dir)
-    sides = {}
-    for side in args.sides:
-        runs = []
-        for k in range(args.seeds):
-            train, config = _config(args, side, k, task_dir, transfer, work)
-            _check_reused(side, config)
-            r = trained_and_scored(train, config)
-            follows = agreement(_test_labels(Path(config.out_dir), task_dir), teacher_labels)
-            runs.append({"seed": args.seed + k, "dev": r["dev"]["accuracy"], "test": r["test"]["accuracy"],
-                         "teacher_agreement": follows, "seconds": r["seconds"]})
-            print(f"{side} seed {args.seed + k}: dev {runs[-1]['dev']:.2f}, test {runs[-1]['test']:.2f}, the "
-                  f"teacher's label on {follows:.1f}% ({r['seconds']:.0f} s)", flush=True)
-        sides[side] = {"runs": runs, **seed_stats(runs),
-                       "teacher_agreement_mean": statistics.mean(r["teacher_agreement"] for r in runs)}
+    plan = [(side, k, *_config(args, side, k, task_dir, transfer, work)) for side in args.sides
+            for k in range(args.seeds)]
+    for side, _, _, config in plan:
+        _check_reused(side, config)
+    todo = [config for *_, config in plan if not (Path(config.out_dir) / "scores.json").is_file()]
+    jobs = args.jobs if len(todo) > 1 else 1
+    if jobs > 1:
+        for config in teacher_inputs(todo):
+            teacher_pass(config)  # here, once, before the runs that read it go side by side
+        say_jobs(len(todo), "runs", jobs, torch.get_num_threads())
+    done = run_in_workers(_trained, [(train, config) for *_, train, config in plan], jobs=jobs,
+                          threads=torch.get_num_threads(), logs=[run_log(config.out_dir) for *_, config in plan])
+    sides: dict[str, dict] = {}
+    for (side, k, _, config), r in zip(plan, done, strict=True):
+        follows = agreement(_test_labels(Path(config.out_dir), task_dir), teacher_labels)
+        run = {"seed": args.seed + k, "dev": r["dev"]["accuracy"], "test": r["test"]["accuracy"],
+               "teacher_agreement": follows, "seconds": r["seconds"]}
+        sides.setdefault(side, {"runs": []})["runs"].append(run)
+        print(f"{side} seed {run['seed']}: dev {run['dev']:.2f}, test {run['test']:.2f}, the teacher's label on "
+              f"{follows:.1f}% ({r['seconds']:.0f} s)", flush=True)
+    for s in sides.values():
+        s |= {**seed_stats(s["runs"]), "teacher_agreement_mean": statistics.mean(r["teacher_agreement"]
+                                                                                 for r in s["runs"])}
     texts = test_texts(task_dir)
     student = _side_dir(args, next(iter(sides)), work) / "seed0"
     speed = {f"{name}_{engine}": _texts_per_second(path, texts, EngineOptions(quantize=quantize))

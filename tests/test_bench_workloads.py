@@ -67,3 +67,19 @@ def test_a_students_agreement_is_the_share_of_examples_given_the_teachers_label(
     assert distill.agreement(["neg"], ["neg"]) == 100.0
     with pytest.raises(ValueError, match="3 labels against the teacher's 2"):
         distill.agreement(["pos", "neg", "pos"], ["pos", "neg"])
+
+
+def test_the_teacher_labels_each_sides_inputs_once_before_runs_go_side_by_side(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setattr("sys.argv", ["distill.py", "--seeds", "2", "--jobs", "2"])
+    import distill
+
+    args = distill._args()
+    assert args.jobs == 2
+    corpus = [str(tmp_path / "reviews.txt")]
+    configs = [distill._config(args, side, k, tmp_path / "task", corpus, tmp_path)[1]
+               for side in distill.SIDES for k in range(args.seeds)]
+    labelled = distill.teacher_inputs(configs)
+    # the pretrained and random students read the same transfer text, the task-only side none; fine-tuning no teacher
+    assert [c.transfer for c in labelled] == [tuple(corpus), ()]
+    assert [Path(c.out_dir).parent.name for c in labelled] == ["rt-distilled", "rt-distilled-task-only"]
