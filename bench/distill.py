@@ -52,6 +52,7 @@ from bertforge.demo.distill import (
     STUDENT_LR,
     RunSettings,
     reused_run_changes,
+    runs_left,
     seed_stats,
     test_texts,
     texts_per_second,
@@ -224,12 +225,11 @@ def main() -> None:
             for k in range(args.seeds)]
     for side, _, _, config in plan:
         _check_reused(side, config)
-    todo = [config for *_, config in plan if not (Path(config.out_dir) / "scores.json").is_file()]
-    jobs = args.jobs if len(todo) > 1 else 1
+    todo, jobs = runs_left([config.out_dir for *_, config in plan], args.jobs)
     if jobs > 1:
-        for config in teacher_inputs(todo):
-            teacher_pass(config)  # here, once, before the runs that read it go side by side
-        say_jobs(len(todo), "runs", jobs, torch.get_num_threads())
+        for config in teacher_inputs([config for *_, config in plan]):
+            teacher_pass(config)  # here, once (found in the cache when done before), before runs go side by side
+        say_jobs(todo, "runs", jobs, torch.get_num_threads())
     done = run_in_workers(_trained, [(train, config) for *_, train, config in plan], jobs=jobs,
                           threads=torch.get_num_threads(), logs=[run_log(config.out_dir) for *_, config in plan])
     sides: dict[str, dict] = {}
