@@ -6,6 +6,7 @@ architecture, several ways to train the student, each over several seeds, every 
     .venv/bin/python bench/distill.py --task imdb --teacher runs/imdb-minilm --teacher-init MINILM_DIR
     .venv/bin/python bench/distill.py --teacher runs/rt-minilm --student runs/mini --task-dir rt/ --transfer texts/
     .venv/bin/python bench/distill.py --temperature 1 --alpha 0 --tag t1-a0   # an ablation, kept apart by --tag
+    .venv/bin/python bench/distill.py --max-transfer-texts 400000 --blend-bag-of-words --alpha 0 --tag bow-all
 
 Tasks (`--task`): rt, the demo's Rotten Tomatoes snippets (default); imdb, the demo's IMDB reviews task (read to
 fine-tuning's 128 tokens); or `--task-dir DIR`, a csv task (text,label). The teacher is --teacher, fine-tuned first
@@ -100,6 +101,8 @@ def _args() -> argparse.Namespace:
                                                                      "task's median)")
     p.add_argument("--transfer-select", choices=TRANSFER_SELECTIONS, default=DistillOptions.transfer_select,
                    help="which snippets when there are more (bertforge distill --help)")
+    p.add_argument("--blend-bag-of-words", action="store_true",
+                   help="the distilled sides learn the teacher blended with a bag of words (bertforge distill --help)")
     p.add_argument("--jobs", type=int, default=default_jobs(torch.get_num_threads(), on_gpu=torch.cuda.is_available()),
                    help="runs at a time, the threads shared out (default: one a thread, at most 4; 1 on a GPU); "
                    "each run's output then goes to <its directory>.log")
@@ -136,7 +139,7 @@ def _config(args: argparse.Namespace, side: str, k: int, task_dir: Path, transfe
         transfer=() if side == "distilled-task-only" else tuple(transfer), options=options,
         distill=DistillOptions(temperature=args.temperature, alpha=args.alpha,
                                max_transfer_texts=args.max_transfer_texts, transfer_words=args.transfer_words,
-                               transfer_select=args.transfer_select),
+                               transfer_select=args.transfer_select, blend_bag_of_words=args.blend_bag_of_words),
         cache_dir=str(work / "teacher-outputs"))
 
 

@@ -180,7 +180,9 @@ def _check_distilled(summary: dict, text: str, out) -> None:
     assert record["options"]["precision"] == d["student"]["precision"] == student_precision
     assert json.loads((out / "teacher" / "run_config.json").read_text())["options"]["precision"] == "auto"
     # labelled once (here, before the two students ran side by side), the task's and the corpus's texts
-    assert len(list((out / "teacher-outputs").iterdir())) == 1
+    assert sorted(p.name for p in (out / "teacher-outputs").iterdir()) == sorted([record["teacher"]["outputs"],
+                                                                                 "transfer-sets"])
+    assert len(list((out / "teacher-outputs" / "transfer-sets").iterdir())) == 1  # chosen once, read back by each
     assert all(json.loads((out / "distill" / f"seed{k}" / "run_config.json").read_text())["teacher"]["outputs"]
                == record["teacher"]["outputs"] for k in (0, 1))
     assert all(0 < d["texts_per_s"][k] < float("inf") for k in ("teacher", "student")) and d["speed_texts"] > 50

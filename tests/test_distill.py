@@ -9,6 +9,7 @@ tokenizers."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import random
 import shutil
@@ -278,6 +279,34 @@ def test_the_run_selects_its_transfer_set_as_asked(setup, tmp_path):
         config.with_distill(transfer_select="plots")
 
 
+def test_the_chosen_transfer_set_is_kept_and_a_changed_corpus_or_setting_chosen_again(setup, tmp_path, monkeypatch):
+    rng = random.Random(5)
+    corpus = tmp_path / "corpus" / "reviews.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("\n\n".join(f"{_review(rng, rng.random() < 0.5)} {k}." for k in range(120)))
+    task = get_task("csv")
+    train = task.read_train(str(setup["data"]), None)
+    config = _config(setup, tmp_path, transfer=(str(corpus),), distill=DistillOptions(max_transfer_texts=30))
+    calls: list = []
+    real = distill_run.transfer_texts
+    monkeypatch.setattr(distill_run, "transfer_texts", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def chosen(c: DistillConfig) -> list[str]:
+        return [ex.text for ex in distill_run._transfer(c, task, train)]
+    first = chosen(config)
+    assert chosen(config) == first and len(first) == 30 and len(calls) == 1  # read back, not chosen again
+    (entry,) = (tmp_path / "cache" / "transfer-sets").iterdir()
+    assert entry.read_text(encoding="utf-8").split("\n") == first
+    elsewhere = tmp_path / "copy" / "reviews.txt"  # the same bytes under the same name elsewhere: the same set
+    elsewhere.parent.mkdir()
+    shutil.copy(corpus, elsewhere)
+    assert chosen(dataclasses.replace(config, transfer=(str(elsewhere),))) == first and len(calls) == 1
+    assert len(chosen(config.with_distill(transfer_select="random"))) == 30 and len(calls) == 2
+    corpus.write_text("\n\n".join(f"{_review(rng, rng.random() < 0.5)} {k}." for k in range(500, 620)))
+    changed = chosen(config)
+    assert len(calls) == 3 and not set(changed) & set(first) and len(changed) == 30
+
+
 # --- runs ---------------------------------------------------------------------------------------------------------
 
 
@@ -404,6 +433,19 @@ def test_students_of_other_seeds_learn_from_the_same_sample_of_the_transfer_set(
     first, second = (distill(config.replace(out_dir=tmp_path / f"seed{k}").with_options(seed=k)) for k in (1, 2))
     assert len(calls) == 1 and first["teacher"]["outputs"] == second["teacher"]["outputs"] and second["teacher"][
         "cached"] and first["teacher"]["transfer_texts"] == 40
+
+
+def test_a_bag_of_words_blended_into_the_teacher_is_chosen_on_dev_and_recorded(setup, tmp_path):
+    config = _config(setup, tmp_path, transfer=(str(setup["corpus"]),),
+                     distill=DistillOptions(alpha=0.0, blend_bag_of_words=True))
+    distill(config.with_options(epochs=0.5))
+    blend = json.loads((tmp_path / "out" / "run_config.json").read_text())["teacher"]["bag_of_words"]
+    # a teacher right on every dev example, and a bag of words no better: the teacher is kept whole
+    assert blend["weight"] == 1.0 and blend["dev"]["teacher"] == blend["dev"]["blend"] == 100.0
+    entries = [json.loads(m.read_text()) for m in (tmp_path / "cache").glob("*/manifest.json")]
+    assert sorted(m["examples"] for m in entries) == [32, 96 + 150]  # the teacher on dev too, cached as its own
+    with pytest.raises(BertforgeError, match="--blend-bag-of-words: .* is a token classification task"):
+        distill_run.bag_of_words.check_task(get_task("conll2003"))
 
 
 def test_a_preset_student_takes_the_teachers_tokenizer(setup, tmp_path):

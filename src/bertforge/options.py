@@ -326,6 +326,9 @@ class DistillOptions:
     transfer_words: int | None = option(None, help="words per --transfer-corpus snippet (sentences joined up to it; "
                                         "default: the median of the task's training texts)",
                                         bound=at_least(1, "a longer snippet is a typo", at_most=100_000))
+    blend_bag_of_words: bool = option(False, help="blend into the teacher a bag of words (TF-IDF, logistic "
+                                      "regression) fitted on the task's labelled examples, its weight chosen on dev: "
+                                      "the two err differently (classification; pays over a large transfer set)")
     teacher_batch_size: int = option(64, help="sequences per forward pass of the teacher", bound=BATCH)
     teacher_engine: str = option("auto", choices=TEACHER_ENGINES,
                                  help="the engine that labels the examples once: int8 (CPU), bf16, fp32; auto: int8 "

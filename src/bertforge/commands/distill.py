@@ -53,8 +53,8 @@ class DistillArgs:
     transfer_corpus: list[str] = option([], help="unlabelled text for the teacher to label (files, directories, "
                                         "globs; .txt, .jsonl, .parquet, .arrow, compressed or not), cut into snippets "
                                         "the task's length; single-text classification and regression tasks")
-    cache_dir: str | None = option(None, help="where the teacher's outputs are cached (default: "
-                                              "~/.cache/bertforge/teacher-outputs)")
+    cache_dir: str | None = option(None, help="where the teacher's outputs and the chosen transfer sets are "
+                                              "cached (default: ~/.cache/bertforge/teacher-outputs)")
     resume: bool = same_as(FinetuneArgs, "resume")
     text_column: str | None = same_as(FinetuneArgs, "text_column")
     text_pair_column: str | None = same_as(FinetuneArgs, "text_pair_column")

@@ -108,9 +108,10 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
 RUN_SETTINGS = {"lr": "lr", "epochs": "epochs", "seed": "seed", "max_train_examples": "training examples",
                 "from_scratch": "from random weights", "max_transfer_texts": "transfer texts", "alpha": "alpha",
                 "temperature": "temperature", "transfer_words": "words per snippet",
-                "transfer_select": "transfer selection", "precision": "precision"}
+                "transfer_select": "transfer selection", "blend_bag_of_words": "bag of words in the teacher",
+                "precision": "precision"}
 # What a run recorded before bertforge had these options did, as the options would record it.
-RECORDED_BEFORE = {"transfer_select": "random"}
+RECORDED_BEFORE = {"transfer_select": "random", "blend_bag_of_words": False}
 
 
 def distilled_and_scored(config: DistillConfig) -> dict:

@@ -27,14 +27,24 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from bertforge.config import PRESETS, BertConfig
+from bertforge.distill import bag_of_words
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.foreign import foreign_task, is_foreign
 from bertforge.distill.objective import DistillObjective, distill_batch, with_targets
-from bertforge.distill.teacher import TeacherOutputs, mean_outputs, teacher_outputs
-from bertforge.distill.transfer import median_words, most_like, transfer_texts
+from bertforge.distill.teacher import TeacherOutputs, default_cache_dir, mean_outputs, teacher_outputs
+from bertforge.distill.transfer import (
+    COMPARED_SNIPPETS,
+    SELECTION_C,
+    cached_texts,
+    median_words,
+    most_like,
+    selection_key,
+    transfer_texts,
+)
 from bertforge.errors import BertforgeError
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.run import (
@@ -151,10 +161,16 @@ def _transfer(config: DistillConfig, task: Any, train: list) -> list[TextExample
     task_texts = [ex.text for ex in train]
     words = o.transfer_words or median_words(task_texts)
     like = o.transfer_select == "task-like"
-    texts = transfer_texts(config.transfer, words=words, limit=o.max_transfer_texts * (CANDIDATES if like else 1),
-                           seed=TRANSFER_SEED, exclude=task_texts)
-    if like:
-        texts = most_like(task_texts, texts, o.max_transfer_texts, seed=TRANSFER_SEED)
+    limit = o.max_transfer_texts * (CANDIDATES if like else 1)
+
+    def select() -> list[str]:
+        texts = transfer_texts(config.transfer, words=words, limit=limit, seed=TRANSFER_SEED, exclude=task_texts)
+        return most_like(task_texts, texts, o.max_transfer_texts, seed=TRANSFER_SEED) if like else texts
+    settings = {"words": words, "limit": limit, "keep": o.max_transfer_texts, "select": o.transfer_select,
+                "seed": TRANSFER_SEED, **({"compared": COMPARED_SNIPPETS, "c": SELECTION_C} if like else {})}
+    key = selection_key(config.transfer, task_texts, settings)
+    cache = Path(config.cache_dir) if config.cache_dir is not None else default_cache_dir()
+    texts = cached_texts(cache / "transfer-sets" / f"{key}.txt", select)
     return [TextExample(id=f"transfer-{i}", text=t, source=f"--transfer-corpus snippet {i}")
             for i, t in enumerate(texts)]
 
@@ -183,7 +199,9 @@ def teacher_pass(config: DistillConfig) -> TeacherOutputs:
     """The teachers' outputs over what `config`'s student learns from (the task's training examples and the transfer
     set), computed into the cache or found there, the inputs checked as `distill` checks them: what a caller that
     runs several students of these inputs at once (the demo's seeds) computes first, so that no two compute them."""
-    _, teacher_tasks, train, orders, _, transfer = _examples(config)
+    _, teacher_tasks, train, orders, dev, transfer = _examples(config)
+    if config.distill.blend_bag_of_words:
+        _label(config, dev, teacher_tasks, orders)
     return _label(config, [*train, *transfer], teacher_tasks, orders)
 
 
@@ -195,6 +213,8 @@ def _examples(config: DistillConfig) -> tuple[Any, list, list, list, list, list[
         raise BertforgeError(f"distill: question answering ({task.name}) is not supported yet: the teacher's and the "
                              "student's tokenizers cut answer spans differently; fine-tune the student with "
                              "`bertforge finetune`")
+    if config.distill.blend_bag_of_words:
+        bag_of_words.check_task(task)
     teacher_tasks = [_teacher_task(config, teacher, task) for teacher in config.teachers]
     train = task.read_train(config.data_dir, config.options.max_train_examples)
     orders = _check_labels(task, teacher_tasks, config)
@@ -216,6 +236,11 @@ def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
     label_map = task.label_map() if labels else None
     examples = [*train, *transfer]
     outputs = _teacher(config, examples, teacher_tasks, orders, d)
+    blend: dict = {}
+    if config.distill.blend_bag_of_words:
+        teacher_dev = np.stack(_teacher(config, dev, teacher_tasks, orders, d).outputs)
+        logits, blend = bag_of_words.blended(np.stack(outputs.outputs), teacher_dev, label_map, (train, transfer, dev))
+        outputs = dataclasses.replace(outputs, outputs=list(logits))
     features = with_targets(task.features(examples, tokenizer, max_length, label_map), outputs.outputs, task.kind)
     dev_features = task.features(dev, tokenizer, max_length, label_map, windows=o.windows)
     task.references(dev)  # a dev split without gold answers fails now, not after the first epoch
@@ -226,7 +251,7 @@ def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
                 "teacher": {"dir": config.teacher, "outputs": outputs.key,
                             **({"members": [{"dir": t, "outputs": k} for t, k in zip(
                                 config.teachers, outputs.manifest["members"], strict=True)]}
-                               if config.more_teachers else {})},
+                               if config.more_teachers else {}), **({"bag_of_words": blend} if blend else {})},
                 "student": config.student,
                 "transfer": {"corpus": list(config.transfer), "texts": len(transfer)}}
     training = Training(DistillObjective(task.kind, config.distill.temperature, config.distill.alpha),

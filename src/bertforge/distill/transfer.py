@@ -15,6 +15,11 @@ their two language models): a logistic regression over TF-IDF words and word pai
 training texts from a sample of the snippets, and the snippets it scores highest are kept, so the teacher's labels go
 to text of the task's kind (what it measured: docs/experiments/distillation.md).
 
+Choosing the set reads the whole corpus and, task-like, scores ten times as many snippets (15-20 s for the demo's
+40,000 of its reviews on a 2-core CPU): the set is stored once under the teacher outputs' cache (`cached_texts`),
+named by what decides it (each corpus file's bytes, the task's texts, the settings), so the demo's seeds, a
+`--resume` and a repeated run read it back; a changed file or setting is another entry.
+
 Only single-text classification and regression tasks take a transfer set: a pair, choice or tagging task's inputs
 have a structure that plain text does not (they distil on the task's own examples).
 """
@@ -22,13 +27,16 @@ have a structure that plain text does not (they distil on the task's own example
 from __future__ import annotations
 
 import hashlib
+import json
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from bertforge.corpus import END, ReadStats, expand_inputs, plan_units, read_unit
 from bertforge.errors import BertforgeError
+from bertforge.files import file_sha256, write_text
 
 
 def median_words(texts: Sequence[str]) -> int:
@@ -128,3 +136,26 @@ def most_like(task_texts: Sequence[str], candidates: Sequence[str], keep: int, *
     score = classifier.decision_function(vectorizer.transform(candidates))
     best = np.sort(np.argsort(-score, kind="stable")[:keep])
     return [candidates[i] for i in best]
+
+
+# The stored sets' format: one snippet a line (a snippet is whitespace-joined words, so it holds no newline). Raise
+# it when the way a set is read or chosen changes, so that sets chosen the old way are not read back.
+SELECTION_FORMAT = 1
+
+
+def selection_key(paths: Sequence[str], task_texts: Sequence[str], settings: dict) -> str:
+    """The name of a transfer set's cache entry: a hash of what decides it, each corpus file's name and bytes (read
+    at disk speed, far faster than the corpus is parsed), the task's texts and `settings` (a JSON-able dict)."""
+    files = [[f.name, file_sha256(f)] for f in expand_inputs(list(paths), ReadStats())]
+    task = hashlib.sha256("\n".join(task_texts).encode()).hexdigest()
+    decided = {"format": SELECTION_FORMAT, "files": files, "task_texts": task, "settings": settings}
+    return hashlib.sha256(json.dumps(decided, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def cached_texts(entry: Path, make: Callable[[], list[str]]) -> list[str]:
+    """The snippets stored at `entry`, else `make()`'s, stored there first (written whole or not at all)."""
+    if entry.is_file():
+        return entry.read_text(encoding="utf-8").split("\n")
+    texts = make()
+    write_text(entry, "\n".join(texts))
+    return texts
