@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bertforge.errors import BertforgeError
 from bertforge.tasks import get_task, metrics
@@ -41,6 +41,16 @@ def vectorizer() -> TfidfVectorizer:
     return TfidfVectorizer(ngram_range=(1, 2), lowercase=True, sublinear_tf=True)
 
 
+def chosen_on_dev(x_train: Any, y_train: Sequence[int], x_dev: Any, y_dev: Sequence[int]
+                  ) -> tuple[float, LogisticRegression]:
+    """A logistic regression of the features `x_train` fitted at each C of C_GRID, and the one most accurate on dev
+    with its C (of equals the first: the stronger regularisation)."""
+    from sklearn.linear_model import LogisticRegression
+
+    fitted = [(c, LogisticRegression(C=c, max_iter=5000).fit(x_train, y_train)) for c in C_GRID]
+    return max(fitted, key=lambda cm: metrics.accuracy(cm[1].predict(x_dev).tolist(), list(y_dev)))
+
+
 def bag_of_words(data: str | Path, *, task_name: str = "csv", task_options: dict | None = None,
                  max_train_examples: int | None = None, test: bool = True) -> dict:
     """Train on the task's train split (its first `max_train_examples` when given, as fine-tuning takes them),
@@ -55,19 +65,13 @@ def bag_of_words(data: str | Path, *, task_name: str = "csv", task_options: dict
     def gold(examples: Sequence) -> list[int]:  # an unknown label fails as in fine-tuning, naming its line
         return [label_id(str(e.label), label_map, e.source) for e in examples]
 
-    from sklearn.linear_model import LogisticRegression
-
     words = vectorizer()
     x_train = words.fit_transform(texts_of(train))
     x = {name: words.transform(texts_of(examples)) for name, examples in splits.items()}
     y_train, y = gold(train), {name: gold(examples) for name, examples in splits.items()}
 
-    def accuracy(model: LogisticRegression, name: str) -> float:
-        return metrics.accuracy(model.predict(x[name]).tolist(), y[name])
-
-    fitted = [(c, LogisticRegression(C=c, max_iter=5000).fit(x_train, y_train)) for c in C_GRID]
-    c, model = max(fitted, key=lambda cm: accuracy(cm[1], "dev"))  # the first of equals: the stronger regularisation
-    scores = {name: accuracy(model, name) for name in splits}
+    c, model = chosen_on_dev(x_train, y_train, x["dev"], y["dev"])
+    scores = {name: metrics.accuracy(model.predict(x[name]).tolist(), y[name]) for name in splits}
     last = splits.get("test") or splits["dev"]
     return {"c": c, "train_examples": len(train), **scores, "texts_per_s": _speed(words, model, texts_of(last))}
 

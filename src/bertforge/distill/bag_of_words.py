@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.baseline import C_GRID, texts_of, vectorizer
+from bertforge.baseline import chosen_on_dev, texts_of, vectorizer
 from bertforge.errors import BertforgeError
 from bertforge.tasks.features import label_id
 
@@ -84,12 +84,13 @@ def blended(teacher: np.ndarray, teacher_dev: np.ndarray, label_map: dict,
         raise BertforgeError("--blend-bag-of-words: the bag of words needs two examples or more of each of two labels "
                              "or more in the training data: leave it out")
     train_texts, dev_texts, n = texts_of(train), texts_of(dev), len(label_map)
-    fits = {c: _fit(train_texts, y, c) for c in C_GRID}
-    c = max(C_GRID, key=lambda c: _accuracy(_log_probs(fits[c], dev_texts, n), y_dev))  # the first of equals
-    bow_dev = _log_probs(fits[c], dev_texts, n)
+    words = vectorizer()
+    x_train = words.fit_transform(train_texts)
+    c, model = chosen_on_dev(x_train, y.tolist(), words.transform(dev_texts), y_dev.tolist())
+    bow_dev = _log_probs((words, model), dev_texts, n)
     t_dev = _log_softmax(teacher_dev.astype(np.float64))
     accuracy, weight = max((_accuracy(w * t_dev + (1 - w) * bow_dev, y_dev), w) for w in WEIGHTS)
-    bow = np.concatenate([_out_of_fold(train_texts, y, c, n), _log_probs(fits[c], texts_of(transfer), n)])
+    bow = np.concatenate([_out_of_fold(train_texts, y, c, n), _log_probs((words, model), texts_of(transfer), n)])
     logits = weight * _log_softmax(teacher.astype(np.float64)) + (1 - weight) * bow
     record = {"weight": weight, "c": c, "dev": {"teacher": _accuracy(t_dev, y_dev),
                                                 "bag_of_words": _accuracy(bow_dev, y_dev), "blend": accuracy}}

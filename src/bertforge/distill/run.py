@@ -35,7 +35,7 @@ from bertforge.distill import bag_of_words
 from bertforge.distill.config import DistillConfig
 from bertforge.distill.foreign import foreign_task, is_foreign
 from bertforge.distill.objective import DistillObjective, distill_batch, with_targets
-from bertforge.distill.teacher import TeacherOutputs, default_cache_dir, mean_outputs, teacher_outputs
+from bertforge.distill.teacher import TeacherOutputs, cache_root, mean_outputs, teacher_outputs
 from bertforge.distill.transfer import (
     COMPARED_SNIPPETS,
     SELECTION_C,
@@ -169,8 +169,7 @@ def _transfer(config: DistillConfig, task: Any, train: list) -> list[TextExample
     settings = {"words": words, "limit": limit, "keep": o.max_transfer_texts, "select": o.transfer_select,
                 "seed": TRANSFER_SEED, **({"compared": COMPARED_SNIPPETS, "c": SELECTION_C} if like else {})}
     key = selection_key(config.transfer, task_texts, settings)
-    cache = Path(config.cache_dir) if config.cache_dir is not None else default_cache_dir()
-    texts = cached_texts(cache / "transfer-sets" / f"{key}.txt", select)
+    texts = cached_texts(cache_root(config.cache_dir) / "transfer-sets" / f"{key}.txt", select)
     return [TextExample(id=f"transfer-{i}", text=t, source=f"--transfer-corpus snippet {i}")
             for i, t in enumerate(texts)]
 

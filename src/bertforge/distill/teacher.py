@@ -50,6 +50,11 @@ def default_cache_dir() -> Path:
     return cache_dir() / "teacher-outputs"
 
 
+def cache_root(cache: str | Path | None) -> Path:
+    """The cache directory `cache` names (`--cache-dir`), else the default one."""
+    return Path(cache) if cache is not None else default_cache_dir()
+
+
 @dataclass(frozen=True)
 class TeacherOutputs:
     """The teacher's outputs, one float32 array per example ((L,), (1,), (C,), or (W_i, L) per word for tagging),
@@ -122,8 +127,7 @@ def teacher_outputs(teacher: str | Path, examples: Sequence[Any], options: Disti
                 "engine": {"precision": engine.precision, "quantize": engine.quantize,
                            "device": engine_device(engine).type, **({"runtime": "transformers"} if foreign else {})}}
     key = cache_key(manifest)
-    entry = Path(cache) if cache is not None else default_cache_dir()
-    entry = entry / key
+    entry = cache_root(cache) / key
     found = read_entry(entry, manifest)
     if found is not None:
         return TeacherOutputs(found, key, manifest, cached=True)
