@@ -337,6 +337,10 @@ def test_the_summary_says_which_model_to_deploy_and_where_bag_of_words_is_above_
     s["distill"]["student"]["transfer_texts"] = 40000
     assert deploy_verdict(s)[-1].startswith("The distilled BERT-tiny learned from up to 40,000 snippets of the corpus "
                                             "(--transfer-texts): where the corpus holds more, more kept paying")
+    s["distill"]["student"]["blend_bag_of_words"] = True
+    assert deploy_verdict(s)[-1].startswith("The distilled BERT-tiny learned from up to 40,000 snippets of the corpus "
+                                            "(--transfer-texts) and a bag of words in its teacher "
+                                            "(--blend-bag-of-words): where")
 
 
 def test_the_last_line_serves_the_model_the_summary_says_to_deploy(tmp_path):
@@ -406,3 +410,28 @@ def test_an_interrupted_demo_says_how_to_go_on_in_one_line_not_a_traceback(monke
     err = capsys.readouterr().err
     assert err.splitlines() == ["interrupted: the demo keeps what it finished and each interrupted run's checkpoint; "
                                 "run the same command again to continue"]
+
+
+def test_the_demo_blends_a_bag_of_words_into_its_teacher_when_asked(tmp_path, monkeypatch):
+    """`bertforge demo --blend-bag-of-words` reaches every student's DistillOptions (off by default), and a finished
+    student distilled without the blend is not read back as one distilled with it."""
+    from bertforge.cli import main
+
+    asked = []
+    monkeypatch.setattr(demo_module, "run_demo", asked.append)
+    assert main(["demo", "--transfer-texts", "400000", "--blend-bag-of-words", "--distill-seeds", "2"]) == 0
+    assert main(["demo"]) == 0
+    blended, plain = (demo_distill.student_configs(o, tmp_path, tmp_path / "task", tmp_path / "pretrain",
+                                                   ["corpus.txt"], "auto") for o in asked)
+    assert [(c.distill.blend_bag_of_words, c.distill.max_transfer_texts) for c in blended] == [(True, 400_000)] * 2
+    assert [c.options.seed for c in blended] == [12345, 12346] and blended[1].out_dir.endswith("seed1")
+    assert not any(c.distill.blend_bag_of_words for c in plain) and len(plain) == 3
+    seed0 = tmp_path / "distill" / "seed0"
+    seed0.mkdir(parents=True)
+    recorded = demo_distill.RunSettings(plain[0]).__dict__
+    (seed0 / "run_config.json").write_text(json.dumps({"command": "distill", "options": recorded}))
+    (seed0 / "scores.json").write_text(json.dumps({"dev": {}, "test": None, "seconds": 1.0}))
+    demo_distill.check_reused_run(seed0, demo_distill.RunSettings(plain[0]), "distillation", tmp_path)
+    named = "transfer texts 40000, not 400000; bag of words in the teacher False, not True)"
+    with pytest.raises(BertforgeError, match=re.escape(named)):
+        demo_distill.check_reused_run(seed0, demo_distill.RunSettings(blended[0]), "distillation", tmp_path)

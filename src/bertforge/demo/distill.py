@@ -69,14 +69,10 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
     chosen = "most like the task's training snippets" if select == "task-like" else "sampled uniformly"
     print(f"transfer set: up to {o.transfer_texts:,} snippets of the demo's corpus (--transfer-texts), those {chosen} "
           f"(--transfer-select {select}), labelled by the teacher once into {out / 'teacher-outputs'}", flush=True)
-    configs = [DistillConfig(
-        teacher=str(teacher_dir), student=str(student), task="csv", data_dir=str(task_dir),
-        out_dir=str(out / "distill" / f"seed{k}"), transfer=tuple(corpus), cache_dir=str(out / "teacher-outputs"),
-        options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
-                                max_train_examples=o.finetune_examples, progress=o.progress,
-                                precision=student_precision),
-        distill=DistillOptions(alpha=STUDENT_ALPHA, max_transfer_texts=o.transfer_texts, transfer_select=select))
-        for k in range(o.distill_seeds)]
+    if o.blend_bag_of_words:
+        print("the students learn the teacher blended with a bag of words fitted on the task's labels, its weight "
+              "chosen on dev (--blend-bag-of-words)", flush=True)
+    configs = student_configs(o, out, task_dir, student, corpus, student_precision)
     for config in configs:
         check_reused_run(Path(config.out_dir), RunSettings(config), "distillation", out / "distill")
     todo, jobs = runs_left([c.out_dir for c in configs], jobs)
@@ -99,8 +95,23 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
     return {"teacher": {"dev": _main(teacher["dev"]), "test": _main(teacher["test"]), "lr": TEACHER_LR,
                         "epochs": TEACHER_EPOCHS, "seconds": teacher["seconds"]},
             "student": {"lr": STUDENT_LR, "epochs": STUDENT_EPOCHS, "alpha": STUDENT_ALPHA, "runs": runs,
-                        **seed_stats(runs), "transfer_texts": o.transfer_texts, "precision": student_precision},
+                        **seed_stats(runs), "transfer_texts": o.transfer_texts, "precision": student_precision,
+                        "blend_bag_of_words": o.blend_bag_of_words},
             "texts_per_s": speed, "speed_texts": len(texts)}
+
+
+def student_configs(o: Any, out: Path, task_dir: Path, student: Path, corpus: list[str],
+                    precision: str) -> list[DistillConfig]:
+    """The demo's distillations of its teacher (`<out>/teacher`) into `student`, a seed each (`o` the demo's
+    options): the student's settings above, the transfer set and the bag of words as the demo was asked."""
+    return [DistillConfig(
+        teacher=str(out / "teacher"), student=str(student), task="csv", data_dir=str(task_dir),
+        out_dir=str(out / "distill" / f"seed{k}"), transfer=tuple(corpus), cache_dir=str(out / "teacher-outputs"),
+        options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
+                                max_train_examples=o.finetune_examples, progress=o.progress, precision=precision),
+        distill=DistillOptions(alpha=STUDENT_ALPHA, max_transfer_texts=o.transfer_texts,
+                               blend_bag_of_words=o.blend_bag_of_words))
+        for k in range(o.distill_seeds)]
 
 
 # What makes two training runs of the demo the same run: a finished one is read back only when these match (a

@@ -134,9 +134,11 @@ def deploy_verdict(s: dict) -> list[str]:
     else:
         lines.append(f"Deploy bag of words ({bow:.1f}): no BERT here beats it on this task.")
     if "transfer_texts" in d["student"]:  # summaries before --transfer-texts have none
+        blend = " and a bag of words in its teacher (--blend-bag-of-words)" if d["student"].get(
+            "blend_bag_of_words") else ""
         lines.append(f"The distilled {model} learned from up to {d['student']['transfer_texts']:,} snippets of the "
-                     f"corpus (--transfer-texts): where the corpus holds more, more kept paying in our runs, at the "
-                     f"student's training time (docs/distillation.md).")
+                     f"corpus (--transfer-texts){blend}: where the corpus holds more, more kept paying in our runs, at "
+                     f"the student's training time (docs/distillation.md).")
     return lines
 
 
