@@ -435,13 +435,16 @@ def test_students_of_other_seeds_learn_from_the_same_sample_of_the_transfer_set(
         "cached"] and first["teacher"]["transfer_texts"] == 40
 
 
-def test_a_bag_of_words_blended_into_the_teacher_is_chosen_on_dev_and_recorded(setup, tmp_path):
+def test_a_bag_of_words_blended_into_the_teacher_is_chosen_on_dev_and_recorded(setup, tmp_path, capsys):
     config = _config(setup, tmp_path, transfer=(str(setup["corpus"]),),
                      distill=DistillOptions(alpha=0.0, blend_bag_of_words=True))
     distill(config.with_options(epochs=0.5))
     blend = json.loads((tmp_path / "out" / "run_config.json").read_text())["teacher"]["bag_of_words"]
     # a teacher right on every dev example, and a bag of words no better: the teacher is kept whole
     assert blend["weight"] == 1.0 and blend["dev"]["teacher"] == blend["dev"]["blend"] == 100.0
+    # and said before the student trains
+    assert (f"bag of words in the teacher: weight 1.00 on the teacher (C {blend['c']:g}); dev accuracy teacher 100.00, "
+            f"bag of words {blend['dev']['bag_of_words']:.2f}, blend 100.00\n") in capsys.readouterr().out
     entries = [json.loads(m.read_text()) for m in (tmp_path / "cache").glob("*/manifest.json")]
     assert sorted(m["examples"] for m in entries) == [32, 96 + 150]  # the teacher on dev too, cached as its own
     with pytest.raises(BertforgeError, match="--blend-bag-of-words: .* is a token classification task"):

@@ -95,3 +95,10 @@ def blended(teacher: np.ndarray, teacher_dev: np.ndarray, label_map: dict,
     record = {"weight": weight, "c": c, "dev": {"teacher": _accuracy(t_dev, y_dev),
                                                 "bag_of_words": _accuracy(bow_dev, y_dev), "blend": accuracy}}
     return logits.astype(np.float32), record
+
+
+def described(record: dict) -> str:
+    """What `blended` chose, in a line for the run's output."""
+    dev = record["dev"]
+    return (f"bag of words in the teacher: weight {record['weight']:.2f} on the teacher (C {record['c']:g}); dev "
+            f"accuracy teacher {dev['teacher']:.2f}, bag of words {dev['bag_of_words']:.2f}, blend {dev['blend']:.2f}")

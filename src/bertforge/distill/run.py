@@ -240,6 +240,8 @@ def _prepare(config: DistillConfig, student: FinetuneConfig, d: distributed.Dist
         teacher_dev = np.stack(_teacher(config, dev, teacher_tasks, orders, d).outputs)
         logits, blend = bag_of_words.blended(np.stack(outputs.outputs), teacher_dev, label_map, (train, transfer, dev))
         outputs = dataclasses.replace(outputs, outputs=list(logits))
+        if d.is_main:
+            print(bag_of_words.described(blend), flush=True)
     features = with_targets(task.features(examples, tokenizer, max_length, label_map), outputs.outputs, task.kind)
     dev_features = task.features(dev, tokenizer, max_length, label_map, windows=o.windows)
     task.references(dev)  # a dev split without gold answers fails now, not after the first epoch
