@@ -421,8 +421,8 @@ def test_the_demo_blends_a_bag_of_words_into_its_teacher_when_asked(tmp_path, mo
     monkeypatch.setattr(demo_module, "run_demo", asked.append)
     assert main(["demo", "--transfer-texts", "400000", "--blend-bag-of-words", "--distill-seeds", "2"]) == 0
     assert main(["demo"]) == 0
-    blended, plain = (demo_distill.student_configs(o, tmp_path, tmp_path / "task", tmp_path / "pretrain",
-                                                   ["corpus.txt"], "auto") for o in asked)
+    blended, plain = (demo_distill.student_configs(o, tmp_path, tmp_path / "teacher", tmp_path / "task",
+                                                   ["corpus.txt"], tmp_path / "pretrain", "auto") for o in asked)
     assert [(c.distill.blend_bag_of_words, c.distill.max_transfer_texts) for c in blended] == [(True, 400_000)] * 2
     assert [c.options.seed for c in blended] == [12345, 12346] and blended[1].out_dir.endswith("seed1")
     assert not any(c.distill.blend_bag_of_words for c in plain) and len(plain) == 3

@@ -41,13 +41,18 @@ def vectorizer() -> TfidfVectorizer:
     return TfidfVectorizer(ngram_range=(1, 2), lowercase=True, sublinear_tf=True)
 
 
+def classifier(c: float) -> LogisticRegression:
+    """The bag of words' classifier at regularisation C (unfitted)."""
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=c, max_iter=5000)
+
+
 def chosen_on_dev(x_train: Any, y_train: Sequence[int], x_dev: Any, y_dev: Sequence[int]
                   ) -> tuple[float, LogisticRegression]:
     """A logistic regression of the features `x_train` fitted at each C of C_GRID, and the one most accurate on dev
     with its C (of equals the first: the stronger regularisation)."""
-    from sklearn.linear_model import LogisticRegression
-
-    fitted = [(c, LogisticRegression(C=c, max_iter=5000).fit(x_train, y_train)) for c in C_GRID]
+    fitted = [(c, classifier(c).fit(x_train, y_train)) for c in C_GRID]
     return max(fitted, key=lambda cm: metrics.accuracy(cm[1].predict(x_dev).tolist(), list(y_dev)))
 
 

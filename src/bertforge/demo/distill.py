@@ -72,7 +72,7 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
     if o.blend_bag_of_words:
         print("the students learn the teacher blended with a bag of words fitted on the task's labels, its weight "
               "chosen on dev (--blend-bag-of-words)", flush=True)
-    configs = student_configs(o, out, task_dir, student, corpus, student_precision)
+    configs = student_configs(o, out, teacher_dir, task_dir, corpus, student, student_precision)
     for config in configs:
         check_reused_run(Path(config.out_dir), RunSettings(config), "distillation", out / "distill")
     todo, jobs = runs_left([c.out_dir for c in configs], jobs)
@@ -100,12 +100,12 @@ def distill_stage(o: Any, out: Path, task_dir: Path, student: Path, corpus: list
             "texts_per_s": speed, "speed_texts": len(texts)}
 
 
-def student_configs(o: Any, out: Path, task_dir: Path, student: Path, corpus: list[str],
+def student_configs(o: Any, out: Path, teacher_dir: Path, task_dir: Path, corpus: list[str], student: Path,
                     precision: str) -> list[DistillConfig]:
-    """The demo's distillations of its teacher (`<out>/teacher`) into `student`, a seed each (`o` the demo's
-    options): the student's settings above, the transfer set and the bag of words as the demo was asked."""
+    """The demo's distillations of `teacher_dir` into `student`, a seed each (`o` the demo's options): the student's
+    settings above, the transfer set and the bag of words as the demo was asked."""
     return [DistillConfig(
-        teacher=str(out / "teacher"), student=str(student), task="csv", data_dir=str(task_dir),
+        teacher=str(teacher_dir), student=str(student), task="csv", data_dir=str(task_dir),
         out_dir=str(out / "distill" / f"seed{k}"), transfer=tuple(corpus), cache_dir=str(out / "teacher-outputs"),
         options=FinetuneOptions(lr=STUDENT_LR, epochs=STUDENT_EPOCHS, batch_size=32, seed=o.seed + k,
                                 max_train_examples=o.finetune_examples, progress=o.progress, precision=precision),

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.baseline import chosen_on_dev, texts_of, vectorizer
+from bertforge.baseline import chosen_on_dev, classifier, texts_of, vectorizer
 from bertforge.errors import BertforgeError
 from bertforge.tasks.features import label_id
 
@@ -40,19 +40,12 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
 
-def _log_probs(fitted: tuple, texts: list[str], n_labels: int) -> np.ndarray:
-    """The classifier's log-probabilities over all `n_labels` (a label its training data lacked: about log 1e-6)."""
-    words, model = fitted
-    out = np.full((len(texts), n_labels), np.log(1e-6))
-    out[:, model.classes_] = model.predict_log_proba(words.transform(texts))
+def _log_probs(model: Any, x: Any, n_labels: int) -> np.ndarray:
+    """The fitted classifier's log-probabilities of the features `x` over all `n_labels` (a label its training data
+    lacked: about log 1e-6)."""
+    out = np.full((x.shape[0], n_labels), np.log(1e-6))
+    out[:, model.classes_] = model.predict_log_proba(x)
     return out
-
-
-def _fit(texts: list[str], labels: np.ndarray, c: float) -> tuple:
-    from sklearn.linear_model import LogisticRegression
-
-    words = vectorizer()
-    return words, LogisticRegression(C=c, max_iter=5000).fit(words.fit_transform(texts), labels)
 
 
 def _accuracy(log_probs: np.ndarray, labels: np.ndarray) -> float:
@@ -67,8 +60,9 @@ def _out_of_fold(texts: list[str], labels: np.ndarray, c: float, n_labels: int) 
     folds = min(FOLDS, int(counts[counts > 0].min()))
     out = np.empty((len(texts), n_labels))
     for fit_on, scored in StratifiedKFold(folds, shuffle=True, random_state=0).split(np.zeros(len(labels)), labels):
-        fitted = _fit([texts[i] for i in fit_on], labels[fit_on], c)
-        out[scored] = _log_probs(fitted, [texts[i] for i in scored], n_labels)
+        words = vectorizer()
+        model = classifier(c).fit(words.fit_transform([texts[i] for i in fit_on]), labels[fit_on])
+        out[scored] = _log_probs(model, words.transform([texts[i] for i in scored]), n_labels)
     return out
 
 
@@ -85,12 +79,13 @@ def blended(teacher: np.ndarray, teacher_dev: np.ndarray, label_map: dict,
                              "or more in the training data: leave it out")
     train_texts, dev_texts, n = texts_of(train), texts_of(dev), len(label_map)
     words = vectorizer()
-    x_train = words.fit_transform(train_texts)
-    c, model = chosen_on_dev(x_train, y.tolist(), words.transform(dev_texts), y_dev.tolist())
-    bow_dev = _log_probs((words, model), dev_texts, n)
+    x_train, x_dev = words.fit_transform(train_texts), words.transform(dev_texts)
+    c, model = chosen_on_dev(x_train, y.tolist(), x_dev, y_dev.tolist())
+    bow_dev = _log_probs(model, x_dev, n)
     t_dev = _log_softmax(teacher_dev.astype(np.float64))
     accuracy, weight = max((_accuracy(w * t_dev + (1 - w) * bow_dev, y_dev), w) for w in WEIGHTS)
-    bow = np.concatenate([_out_of_fold(train_texts, y, c, n), _log_probs((words, model), texts_of(transfer), n)])
+    bow_transfer = _log_probs(model, words.transform(texts_of(transfer)), n)
+    bow = np.concatenate([_out_of_fold(train_texts, y, c, n), bow_transfer])
     logits = weight * _log_softmax(teacher.astype(np.float64)) + (1 - weight) * bow
     record = {"weight": weight, "c": c, "dev": {"teacher": _accuracy(t_dev, y_dev),
                                                 "bag_of_words": _accuracy(bow_dev, y_dev), "blend": accuracy}}
